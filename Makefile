@@ -1,0 +1,106 @@
+# OwlLayer Server: the README's commands.
+#   make run    start a local server on 127.0.0.1:$PORT (default 8000) with a demo key
+#   make test   the suite on SQLite + in-memory layer, then on PostgreSQL + Redis
+#   make bench  the benchmarks (bench/)
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The second test pass; both must answer, or it is skipped (a failure in CI).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# A hung test fails instead of hanging CI.
+PYTEST := $(PY) -m pytest -p no:cacheprovider --timeout=120
+PYTEST_ARGS ?=
+
+.PHONY: help setup chromium run test bench lint clean distclean
+
+help:
+	@echo "make setup   create .venv, install requirements-dev.txt and Chromium"
+	@echo "make run     migrate, ensure the demo key, serve on 127.0.0.1:\$${PORT:-8000}"
+	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
+	@echo "make bench   run the benchmarks"
+	@echo "make lint    compile every module (syntax check)"
+	@echo "make clean   remove caches and test databases"
+	@echo "make distclean   also the virtualenv, db.sqlite3 and .demo-key"
+
+setup: $(STAMP) chromium
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when a requirements file is newer than the last install.
+$(STAMP): requirements.txt requirements-dev.txt | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	touch $@
+
+# Browser tests drive Debian's Chromium (no browser downloads here).
+chromium:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian chromium and chromium-driver"; \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver; \
+	else \
+		echo "note: /usr/bin/chromium is missing and we are not root;" \
+			"browser tests will be skipped (as root: apt-get install chromium chromium-driver)"; \
+	fi
+
+# Local use: debug mode unless a real secret is given (settings refuse to
+# start without a secret otherwise).
+run: setup
+	@set -euo pipefail; \
+	if [ -z "$${DJANGO_SECRET_KEY:-}" ]; then export DJANGO_DEBUG="$${DJANGO_DEBUG:-true}"; fi; \
+	$(PY) manage.py migrate --noinput; \
+	$(PY) manage.py ensure_demo; \
+	exec $(VENV)/bin/daphne -b 127.0.0.1 -p "$${PORT:-8000}" owllayer_site.asgi:application
+
+# Pass 1 always runs on the embedded default. Pass 2 needs PostgreSQL and
+# Redis; without them it is skipped with a note, except in CI (CI=true).
+# pytest's exit 5 ("no tests ran") counts as a failure.
+test: setup
+	@set -uo pipefail; status=0; \
+	run_pass() { \
+		local name="$$1"; shift; \
+		echo "=== $$name"; \
+		env "$$@" $(PYTEST) $(PYTEST_ARGS); \
+		local code=$$?; \
+		if [ $$code = 5 ]; then echo "=== $$name: no tests ran"; fi; \
+		if [ $$code != 0 ]; then echo "=== $$name: FAILED (exit $$code)"; status=1; fi; \
+	}; \
+	run_pass "pass 1: SQLite + in-memory channel layer" -u DATABASE_URL -u REDIS_URL; \
+	if $(PY) -m tests.support.services "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)"; then \
+		run_pass "pass 2: PostgreSQL + Redis" \
+			DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)"; \
+	elif [ "$${CI:-}" = true ]; then \
+		echo "=== pass 2: PostgreSQL and Redis must answer in CI: FAILED"; status=1; \
+	else \
+		echo "=== pass 2: skipped: PostgreSQL and Redis do not both answer" \
+			"(start them, or see .ci/run)"; \
+	fi; \
+	exit $$status
+
+bench: setup
+	@if [ -f bench/__main__.py ]; then \
+		$(PY) -m bench; \
+	else \
+		echo "no benchmarks yet"; \
+	fi
+
+lint: setup
+	$(PY) -m compileall -q aitp aitp_client approvals console owllayer_site tests
+
+clean:
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	rm -rf .pytest_cache staticfiles test-db.sqlite3*
+
+# The local database and the demo key go together: a new database needs a new key.
+distclean: clean
+	rm -rf $(VENV) db.sqlite3 .demo-key

@@ -1,0 +1,193 @@
+"""Django admin for tenants, keys, sessions and the ledger.
+
+Operators (staff, not superusers) see only their tenants' rows; the admin
+never shows a full key (only its lookup prefix exists after creation).
+"""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.utils.html import format_html
+
+from aitp import services
+from aitp.models import (
+    ApiKey,
+    ConversationMessage,
+    DailyUsage,
+    OperatorAction,
+    Session,
+    Tenant,
+    TenantMembership,
+    ToolCall,
+)
+from aitp.selectors import scope_to_user, tenant_ids_for_user
+
+
+class TenantScopedAdmin(admin.ModelAdmin):
+    """Querysets and foreign-key choices limited to the user's tenants."""
+
+    tenant_field = "tenant"
+
+    def get_queryset(self, request):
+        return scope_to_user(super().get_queryset(request), request.user, self.tenant_field)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        tenant_ids = tenant_ids_for_user(request.user)
+        if tenant_ids is not None:
+            if db_field.name == "tenant":
+                kwargs["queryset"] = Tenant.objects.filter(pk__in=tenant_ids)
+            elif db_field.name == "api_key":
+                kwargs["queryset"] = ApiKey.objects.filter(tenant_id__in=tenant_ids)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class MembershipInline(admin.TabularInline):
+    model = TenantMembership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline]
+
+    def get_queryset(self, request):
+        tenant_ids = tenant_ids_for_user(request.user)
+        queryset = super().get_queryset(request)
+        return queryset if tenant_ids is None else queryset.filter(pk__in=tenant_ids)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(TenantScopedAdmin):
+    list_display = [
+        "prefix_display", "name", "tenant", "status", "origins", "max_sessions",
+        "expires_at", "last_used_at", "created_at",
+    ]
+    list_filter = ["status", "tenant"]
+    search_fields = ["prefix", "name", "tenant__slug"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = [
+        "tenant", "name", "prefix", "status", "allowed_origins", "max_sessions", "expires_at",
+        "created_at", "last_used_at", "revoked_at",
+    ]
+    actions = ["revoke_keys", "disable_keys"]
+
+    @admin.display(description="key", ordering="prefix")
+    def prefix_display(self, obj: ApiKey) -> str:
+        return f"{obj.prefix}…"
+
+    @admin.display(description="allowed origins")
+    def origins(self, obj: ApiKey) -> str:
+        return ", ".join(obj.allowed_origins) or "any"
+
+    def save_model(self, request, obj: ApiKey, form, change):
+        if change:
+            status_changed = "status" in form.changed_data
+            new_status = obj.status
+            if status_changed:
+                obj.status = form.initial.get("status", obj.status)
+            super().save_model(request, obj, form, change)
+            if status_changed:
+                services.api_key_set_status(key=obj, status=new_status, user=request.user)
+            return
+        key, raw = services.api_key_create(
+            tenant=obj.tenant, name=obj.name, allowed_origins=obj.allowed_origins,
+            max_sessions=obj.max_sessions, expires_at=obj.expires_at,
+        )
+        obj.pk = key.pk
+        obj.prefix = key.prefix
+        self.message_user(
+            request,
+            format_html("New key (shown once, copy it now): <code>{}</code>", raw),
+            messages.WARNING,
+        )
+
+    @admin.action(description="Revoke selected keys (closes their live sessions)")
+    def revoke_keys(self, request, queryset):
+        for key in queryset:
+            services.api_key_revoke(key=key, user=request.user)
+
+    @admin.action(description="Disable selected keys (closes their live sessions)")
+    def disable_keys(self, request, queryset):
+        for key in queryset.exclude(status=ApiKey.Status.REVOKED):
+            services.api_key_set_status(key=key, status=ApiKey.Status.DISABLED, user=request.user)
+
+
+class ToolCallInline(admin.TabularInline):
+    model = ToolCall
+    extra = 0
+    can_delete = False
+    fields = ["created_at", "name", "risk", "origin", "status", "arguments", "result", "error", "duration_ms"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Session)
+class SessionAdmin(TenantScopedAdmin):
+    list_display = [
+        "id", "tenant", "api_key", "origin", "current_url", "state", "turns", "total_tokens",
+        "started_at", "ended_at", "close_code",
+    ]
+    list_filter = ["state", "tenant", ("ended_at", admin.EmptyFieldListFilter)]
+    search_fields = ["id", "origin", "current_url", "title"]
+    date_hierarchy = "started_at"
+    readonly_fields = [f.name for f in Session._meta.fields]
+    inlines = [ToolCallInline]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(ToolCall)
+class ToolCallAdmin(TenantScopedAdmin):
+    tenant_field = "session__tenant"
+    list_display = ["call_id", "session", "name", "risk", "origin", "status", "created_at", "duration_ms"]
+    list_filter = ["status", "risk", "origin"]
+    search_fields = ["call_id", "tool_use_id", "name", "session__id"]
+    readonly_fields = [f.name for f in ToolCall._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(ConversationMessage)
+class ConversationMessageAdmin(TenantScopedAdmin):
+    tenant_field = "session__tenant"
+    list_display = ["session", "seq", "turn", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["session__id"]
+    readonly_fields = [f.name for f in ConversationMessage._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(DailyUsage)
+class DailyUsageAdmin(TenantScopedAdmin):
+    list_display = ["tenant", "date", "sessions", "turns", "input_tokens", "output_tokens",
+                    "cache_read_tokens", "cache_write_tokens"]
+    list_filter = ["tenant"]
+    date_hierarchy = "date"
+    readonly_fields = [f.name for f in DailyUsage._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(TenantScopedAdmin):
+    list_display = ["created_at", "tenant", "session", "user", "action"]
+    list_filter = ["action", "tenant"]
+    readonly_fields = [f.name for f in OperatorAction._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

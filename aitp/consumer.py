@@ -1,0 +1,306 @@
+"""The thin Channels consumer: authenticate, pump frames through the session
+machine, own the turn task, and carry out what the machine decides.
+
+``receive()`` never awaits a turn: the TOOL_RESULT the turn waits for arrives
+through this same handler, and Channels runs one handler at a time.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from aitp import live, notify, services
+from aitp import protocol as p
+from aitp.agent import Agent, AgentConfig, PageSnapshot
+from aitp.agent_store import AgentStore
+from aitp.llm import get_backend
+from aitp.session import (
+    CLOSE_POLICY,
+    ApprovalRequestReceived,
+    ApprovalResponseReceived,
+    ContextChanged,
+    HandshakeRequested,
+    Limits,
+    SessionMachine,
+    State,
+    ToolResultReceived,
+    UserTextReceived,
+)
+from aitp.tools import ToolSurface
+
+logger = logging.getLogger(__name__)
+
+CAPABILITIES = ("text", "tools")
+
+
+def limits_from_settings() -> Limits:
+    return Limits(
+        max_message_bytes=settings.OWLLAYER_MAX_MESSAGE_BYTES,
+        max_active_tools=settings.OWLLAYER_MAX_ACTIVE_TOOLS,
+        max_context_bytes=settings.OWLLAYER_MAX_CONTEXT_BYTES,
+        max_invalid_frames=settings.OWLLAYER_MAX_INVALID_FRAMES,
+        max_input_chars=settings.OWLLAYER_MAX_INPUT_CHARS,
+    )
+
+
+def agent_config_from_settings() -> AgentConfig:
+    return AgentConfig(
+        model=settings.OWLLAYER_MODEL,
+        max_tokens=settings.OWLLAYER_MAX_TOKENS,
+        tool_timeout=settings.OWLLAYER_TOOL_TIMEOUT,
+        approval_timeout=settings.OWLLAYER_APPROVAL_TIMEOUT,
+        max_tool_rounds=settings.OWLLAYER_MAX_TOOL_ROUNDS,
+        history_messages=settings.OWLLAYER_HISTORY_MESSAGES,
+        stream_interval=settings.OWLLAYER_STREAM_INTERVAL,
+    )
+
+
+def new_session_id() -> str:
+    return "ses_" + secrets.token_hex(12)
+
+
+class AitpConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        headers = dict(self.scope.get("headers") or [])
+        self.origin = headers.get(b"origin", b"").decode("latin-1")
+        self.machine = SessionMachine(
+            limits=limits_from_settings(),
+            server_version=settings.OWLLAYER_SERVER_VERSION,
+            capabilities=CAPABILITIES,
+            query_api_key=(query.get("apiKey") or [None])[0],
+        )
+        self.session_row = None
+        self.agent: Agent | None = None
+        self.turn_task: asyncio.Task | None = None
+        self.teardown_task: asyncio.Task | None = None
+        self.groups_joined: list[str] = []
+        self.closed = False
+        self.state = "idle"
+        # Accept first: every refusal is an AITP error frame + 1008, never an
+        # HTTP 403 the browser would retry forever (wire-compat.md section 2).
+        await self.accept()
+        self.timers = [
+            self._own(asyncio.create_task(self._handshake_deadline()), "handshake timer"),
+        ]
+
+    # --- frames in ----------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        data = text_data if text_data is not None else bytes_data
+        for event in self.machine.receive_text(data or ""):
+            await self._handle(event)
+        await self._flush()
+
+    async def _handle(self, event) -> None:
+        if isinstance(event, HandshakeRequested):
+            await self._open_session(event)
+        elif isinstance(event, ContextChanged):
+            await database_sync_to_async(services.session_update_context)(
+                session_id=self.machine.session_id,
+                url=event.url,
+                title=event.title,
+                context=event.context,
+                tools=[tool.to_wire() for tool in event.tools],
+            )
+            await live.publish_session(self.session_row, "context", url=event.url, title=event.title)
+        elif isinstance(event, UserTextReceived):
+            self._start_turn(event.text)
+        elif isinstance(event, ToolResultReceived):
+            await self._answer(self.agent.on_tool_result(event.result))
+        elif isinstance(event, ApprovalRequestReceived):
+            await self._answer(self.agent.on_approval_request(event.request))
+        elif isinstance(event, ApprovalResponseReceived):
+            await self._answer(self.agent.on_approval_response(event.response))
+
+    async def _answer(self, pending) -> None:
+        reply = await pending
+        if reply is not None:
+            self.machine.send(reply)
+
+    async def _open_session(self, event: HandshakeRequested) -> None:
+        init = event.init
+        info = services.HandshakeInfo(
+            session_id=new_session_id(),
+            origin=self.origin,
+            user_agent=init.userAgent or "",
+            viewport=init.viewport or "",
+            sdk_version=init.sdkVersion or "",
+            protocol_version=init.protocolVersion,
+            channel_name=self.channel_name,
+        )
+        session, refusal = await database_sync_to_async(services.session_open)(
+            raw_key=event.api_key, info=info
+        )
+        if refusal is not None:
+            logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
+            self.machine.refuse(refusal.code, refusal.message, refusal.reason)
+            return
+        self.session_row = session
+        server_tools = await _load_server_tools(session.tenant_id)
+        self.machine.set_server_tools(tuple(tool.spec for tool in server_tools))
+        for group in (notify.session_group(session.id), notify.key_group(session.api_key_id)):
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        self.agent = Agent(
+            session_id=session.id,
+            tenant_id=session.tenant_id,
+            system_prompt=session.tenant.system_prompt,
+            backend=get_backend(),
+            config=agent_config_from_settings(),
+            io=self,
+            store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
+            server_tools={tool.spec.name: tool for tool in server_tools},
+        )
+        self.machine.accept_handshake(session.id)
+        self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))
+        logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
+        await live.publish_session(session, "opened")
+
+    # --- the turn -------------------------------------------------------------
+
+    def _start_turn(self, text: str) -> None:
+        self.turn_task = self._own(asyncio.create_task(self._run_turn(text)), "turn")
+
+    async def _run_turn(self, text: str) -> None:
+        try:
+            await self.agent.run_turn(text)
+        finally:
+            self.machine.end_turn()
+
+    # --- AgentIO --------------------------------------------------------------
+
+    async def send_message(self, message: p.Message) -> None:
+        self.machine.send(message)
+        await self._flush()
+
+    def surface(self) -> ToolSurface:
+        return self.machine.surface
+
+    def page(self) -> PageSnapshot:
+        return PageSnapshot(self.machine.url, self.machine.title, self.machine.context)
+
+    async def set_state(self, state: str) -> None:
+        if state == self.state or self.session_row is None:
+            return
+        self.state = state
+        await database_sync_to_async(services.session_set_state)(
+            session_id=self.session_row.id, state=state
+        )
+        await live.publish_session(self.session_row, "state", state=state)
+
+    # --- frames out -------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        for frame in self.machine.data_to_send():
+            if self.closed:
+                return
+            await self.send(text_data=frame)
+        if self.machine.close is not None and not self.closed:
+            self.closed = True
+            await self.close(code=self.machine.close.code, reason=self.machine.close.reason)
+            # Teardown cancels the turn and the timers, and this flush may be
+            # running inside one of them: do it in a task of its own.
+            self._start_teardown(self.machine.close.code, self.machine.close.reason)
+
+    # --- notifications from the channel layer -----------------------------------
+
+    async def key_changed(self, event: dict) -> None:
+        await self._recheck_key()
+
+    async def session_command(self, event: dict) -> None:
+        command = event.get("command")
+        if command == "end":
+            self.machine.send(p.system_event(
+                "disconnect", message=event.get("message") or "An operator ended this session."
+            ))
+            self.machine.close_now(CLOSE_POLICY, "ended by operator")
+        elif command == "reload":
+            self.machine.send(p.system_event("reload", message=event.get("message") or None))
+        elif command == "redirect" and event.get("url"):
+            self.machine.send(p.system_event(
+                "redirect", message=event.get("message") or None, data={"url": str(event["url"])}
+            ))
+        elif command == "approval_decided" and self.agent is not None:
+            await self.agent.on_approval_decided(int(event["approval_id"]))
+        await self._flush()
+
+    async def _recheck_key(self) -> None:
+        if self.session_row is None or self.machine.state is not State.OPEN:
+            return
+        refusal = await database_sync_to_async(services.session_still_allowed)(
+            session_id=self.session_row.id
+        )
+        if refusal is not None:
+            self.machine.refuse(refusal.code, refusal.message, refusal.reason)
+            await self._flush()
+
+    # --- timers -------------------------------------------------------------------
+
+    async def _handshake_deadline(self) -> None:
+        await asyncio.sleep(settings.OWLLAYER_HANDSHAKE_TIMEOUT)
+        self.machine.handshake_timed_out()
+        await self._flush()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(settings.OWLLAYER_HEARTBEAT_INTERVAL)
+            await database_sync_to_async(services.session_heartbeat)(session_id=self.session_row.id)
+            await self._recheck_key()
+
+    # --- teardown -------------------------------------------------------------------
+
+    async def disconnect(self, code: int) -> None:
+        if not self.closed:
+            self.closed = True
+            self.machine.close_now(code, "client disconnected")
+        self._start_teardown(code, "client disconnected")
+        await self.teardown_task
+
+    def _start_teardown(self, code: int, reason: str) -> None:
+        if getattr(self, "teardown_task", None) is None:
+            self.teardown_task = self._own(asyncio.create_task(self._end(code, reason)), "teardown")
+
+    async def _end(self, code: int, reason: str) -> None:
+        """Stop everything this connection owns: the turn (its pending calls
+        become 'disconnected'), the timers, the groups, the row."""
+        if self.turn_task is not None and not self.turn_task.done():
+            self.agent.cancel_status = "disconnected"
+            self.turn_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.turn_task
+        for timer in self.timers:
+            timer.cancel()
+        for timer in self.timers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await timer
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.groups_joined = []
+        if self.session_row is not None:
+            await database_sync_to_async(services.session_close)(
+                session_id=self.session_row.id, code=code, reason=reason
+            )
+            await live.publish_session(self.session_row, "closed", code=code)
+            logger.info("session %s: closed (%s)", self.session_row.id, code)
+
+    def _own(self, task: asyncio.Task, what: str) -> asyncio.Task:
+        def done(t: asyncio.Task) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                logger.error("%s task failed", what, exc_info=t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+
+async def _load_server_tools(tenant_id: int) -> list:
+    from approvals.server_tools import load_server_tools
+
+    return await load_server_tools(tenant_id)

@@ -1,0 +1,250 @@
+"""The Anthropic Messages API backend, streamed through the official SDK.
+
+The SDK retries a request that failed before streaming began (429, 529, other
+5xx, connection errors), honouring retry-after; once events flow nothing is
+retried, because the page has already shown part of the answer. Everything
+that can go wrong leaves this module as an LlmError.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import anthropic
+import httpx2
+
+from .base import LlmError, LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
+
+logger = logging.getLogger(__name__)
+
+# A server that does not accept a connection within this long is not going to.
+CONNECT_TIMEOUT = 5.0
+
+# error.type in an API error body (or an SSE error event) -> our code.
+ERROR_TYPE_CODES = {
+    "rate_limit_error": "rate_limited",
+    "overloaded_error": "overloaded",
+    "api_error": "upstream_error",
+    "timeout_error": "timeout",
+    "authentication_error": "auth_failed",
+    "permission_error": "auth_failed",
+    "invalid_request_error": "bad_request",
+    "not_found_error": "bad_request",
+    "request_too_large": "bad_request",
+}
+
+
+@dataclass(frozen=True)
+class AnthropicConfig:
+    api_key: str
+    base_url: str | None
+    max_retries: int
+    timeout: float
+
+    @classmethod
+    def from_settings(cls) -> AnthropicConfig:
+        from django.conf import settings
+
+        return cls(
+            api_key=settings.ANTHROPIC_API_KEY,
+            base_url=settings.ANTHROPIC_BASE_URL or None,
+            max_retries=settings.OWLLAYER_LLM_MAX_RETRIES,
+            timeout=settings.OWLLAYER_LLM_TIMEOUT,
+        )
+
+
+# One client per process, so its connection pool is shared by every session.
+# It is rebuilt when the configuration changes (tests point it at a fake
+# server) or when it is used from another event loop: pooled connections
+# belong to the loop that opened them.
+_client_lock = threading.Lock()
+_client_key: tuple[AnthropicConfig, asyncio.AbstractEventLoop] | None = None
+_client: anthropic.AsyncAnthropic | None = None
+
+
+def get_client(config: AnthropicConfig) -> anthropic.AsyncAnthropic:
+    global _client, _client_key
+    key = (config, asyncio.get_running_loop())
+    with _client_lock:
+        if _client is None or _client_key != key:
+            # A replaced client is dropped, not closed: it may belong to a
+            # loop that no longer runs.
+            _client = anthropic.AsyncAnthropic(
+                api_key=config.api_key,
+                base_url=config.base_url,
+                max_retries=config.max_retries,
+                timeout=anthropic.Timeout(
+                    config.timeout, connect=min(CONNECT_TIMEOUT, config.timeout)
+                ),
+            )
+            _client_key = key
+        return _client
+
+
+def reset_client() -> None:
+    global _client, _client_key
+    with _client_lock:
+        _client = None
+        _client_key = None
+
+
+async def close_client() -> None:
+    """Close the shared client if it belongs to the running loop (at shutdown, in tests)."""
+    global _client, _client_key
+    with _client_lock:
+        client, key = _client, _client_key
+        if client is None or key is None or key[1] is not asyncio.get_running_loop():
+            return
+        _client = None
+        _client_key = None
+    await client.close()
+
+
+class AnthropicBackend:
+    name = "anthropic"
+
+    def __init__(self, config: AnthropicConfig | None = None) -> None:
+        # Without an explicit config the settings are read on every request,
+        # so a changed setting takes effect with a new client.
+        self._config = config
+
+    async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
+        client = get_client(self._config or AnthropicConfig.from_settings())
+        began = False
+        text_sent = False
+        finished = False
+        try:
+            async with client.messages.stream(**request_params(request)) as stream:
+                began = True
+                async for event in stream:
+                    if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                        if event.delta.text:
+                            text_sent = True
+                            yield TextDelta(event.delta.text)
+                    elif event.type == "message_stop":
+                        finished = True
+                if not finished:
+                    raise LlmError("stream_interrupted", detail="stream ended before message_stop")
+                message = await stream.get_final_message()
+        except LlmError:
+            raise
+        # The SDK's stream accumulator raises assorted built-in errors on
+        # malformed upstream data; every one of them must leave as an LlmError.
+        except Exception as exc:
+            error = to_llm_error(exc, began=began, text_sent=text_sent)
+            logger.warning("llm request failed: %s (status %s): %s",
+                           error.code, error.status, error.detail)
+            raise error from exc
+        yield complete_from_message(message)
+
+
+def request_params(request: LlmRequest) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": request.messages,
+    }
+    if request.system:
+        params["system"] = request.system
+    if request.tools:
+        params["tools"] = request.tools
+    if request.tool_choice is not None:
+        params["tool_choice"] = request.tool_choice
+    return params
+
+
+def complete_from_message(message: Any) -> MessageComplete:
+    content: list[dict] = []
+    for block in message.content:
+        if block.type == "text":
+            if block.text:
+                content.append({"type": "text", "text": block.text})
+        elif block.type == "tool_use":
+            content.append(
+                {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+            )
+        else:
+            content.append(block.to_dict(mode="json", exclude_none=True))
+    usage = message.usage
+    return MessageComplete(
+        content=content,
+        stop_reason=message.stop_reason or "end_turn",
+        usage=Usage(
+            input_tokens=usage.input_tokens or 0,
+            output_tokens=usage.output_tokens or 0,
+            cache_read_tokens=usage.cache_read_input_tokens or 0,
+            cache_write_tokens=usage.cache_creation_input_tokens or 0,
+        ),
+    )
+
+
+def to_llm_error(exc: Exception, *, began: bool, text_sent: bool) -> LlmError:
+    """Map an SDK or transport exception to an LlmError.
+
+    began: the response headers had arrived and events were flowing.
+    text_sent: at least one TextDelta had been yielded to the caller.
+    """
+    if isinstance(exc, anthropic.APIStatusError) and exc.status_code < 400:
+        # An SSE error event inside a 200 stream: the body names the cause.
+        error_type = str(exc.type or "")
+        code = ERROR_TYPE_CODES.get(error_type, "upstream_error")
+        return LlmError(code, detail=f"error event {error_type or 'without type'}")
+    if text_sent:
+        return LlmError("stream_interrupted", detail=_describe(exc))
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        return LlmError(
+            _status_code(status, str(exc.type or "")),
+            retry_after=_retry_after(exc.response.headers),
+            status=status,
+            detail=f"http {status} {exc.type or ''}".strip(),
+        )
+    if isinstance(exc, (anthropic.APITimeoutError, httpx2.TimeoutException)):
+        return LlmError("timeout", detail=_describe(exc))
+    if isinstance(exc, anthropic.APIConnectionError):
+        return LlmError("unreachable", detail=_describe(exc))
+    if isinstance(exc, (httpx2.TransportError, httpx2.StreamError)):
+        return LlmError("stream_interrupted" if began else "unreachable", detail=_describe(exc))
+    return LlmError("upstream_error", detail=_describe(exc))
+
+
+def _status_code(status: int, error_type: str) -> str:
+    if status == 429:
+        return "rate_limited"
+    if status == 529:
+        return "overloaded"
+    if status in (401, 403):
+        return "auth_failed"
+    if status == 408:
+        return "timeout"
+    if status in (400, 404, 413, 422):
+        return "bad_request"
+    return ERROR_TYPE_CODES.get(error_type, "upstream_error") if status < 500 else "upstream_error"
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds the server asked us to wait, from retry-after-ms or retry-after."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) / scale
+        except ValueError:
+            continue
+        if value >= 0:
+            return value
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    # The cause of an SDK connection error is the transport error that says
+    # what actually happened (refused, reset, incomplete body).
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    if isinstance(exc, anthropic.AnthropicError) and cause is not None:
+        text += f" ({type(cause).__name__}: {cause})"
+    return text[:300]

@@ -1,0 +1,243 @@
+"""Tenants, their publishable keys, sessions, the conversation and the tool-call ledger."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    system_prompt = models.TextField(
+        blank=True,
+        default="You are a helpful assistant embedded in this web site. Be concise.",
+        help_text="Sent to the model at the start of every turn, before the page context.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TenantMembership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner", "Owner"
+        VIEWER = "viewer", "Viewer"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership_tenant_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A publishable key. Only a lookup prefix and a keyed hash are stored."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        DISABLED = "disabled", "Disabled"
+        REVOKED = "revoked", "Revoked"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200, blank=True, default="")
+    prefix = models.CharField(max_length=32, unique=True)
+    key_hash = models.CharField(max_length=64)
+    allowed_origins = models.JSONField(
+        default=list, blank=True, help_text="Exact Origin values; an empty list accepts any origin."
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    max_sessions = models.PositiveIntegerField(default=10)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'unnamed'})"
+
+
+class Session(models.Model):
+    class State(models.TextChoices):
+        IDLE = "idle", "Idle"
+        ANSWERING = "answering", "Agent answering"
+        WAITING_TOOL = "waiting_tool", "Waiting for a tool"
+        WAITING_APPROVAL = "waiting_approval", "Waiting for approval"
+        ENDED = "ended", "Ended"
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sessions")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="sessions")
+    channel_name = models.CharField(max_length=200, blank=True, default="")
+    origin = models.CharField(max_length=500, blank=True, default="")
+    user_agent = models.CharField(max_length=500, blank=True, default="")
+    viewport = models.CharField(max_length=40, blank=True, default="")
+    sdk_version = models.CharField(max_length=40, blank=True, default="")
+    protocol_version = models.CharField(max_length=40, blank=True, default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    close_code = models.PositiveIntegerField(null=True, blank=True)
+    close_reason = models.CharField(max_length=200, blank=True, default="")
+    state = models.CharField(max_length=20, choices=State.choices, default=State.IDLE)
+    current_url = models.CharField(max_length=2000, blank=True, default="")
+    title = models.CharField(max_length=500, blank=True, default="")
+    context = models.JSONField(default=dict, blank=True)
+    tools = models.JSONField(default=list, blank=True)
+    page_history = models.JSONField(default=list, blank=True)
+    turns = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cache_read_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [
+            models.Index(fields=["api_key", "ended_at"], name="session_key_live_idx"),
+            models.Index(fields=["tenant", "started_at"], name="session_tenant_started_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def is_live(self) -> bool:
+        return self.ended_at is None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class ConversationMessage(models.Model):
+    """One message of the conversation as the model sees it (Anthropic content blocks)."""
+
+    class Role(models.TextChoices):
+        USER = "user", "User"
+        ASSISTANT = "assistant", "Assistant"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveIntegerField()
+    turn = models.PositiveIntegerField(default=0)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="uniq_message_session_seq")
+        ]
+
+
+class ToolCall(models.Model):
+    """The ledger: one row for every tool_use the model emitted."""
+
+    class Origin(models.TextChoices):
+        CLIENT = "client", "Interface (page)"
+        SERVER = "server", "Server"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent to page"
+        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+        RUNNING = "running", "Running"
+        SUCCESS = "success", "Success"
+        ERROR = "error", "Error"
+        TIMEOUT = "timeout", "Timed out"
+        INVALID_ARGS = "invalid_args", "Invalid arguments"
+        UNAVAILABLE = "unavailable", "Tool not available"
+        DENIED = "denied", "Denied"
+        EXPIRED = "expired", "Approval expired"
+        DISCONNECTED = "disconnected", "Client disconnected"
+        CANCELLED = "cancelled", "Cancelled"
+
+    FINAL_STATUSES = frozenset(
+        {
+            Status.SUCCESS,
+            Status.ERROR,
+            Status.TIMEOUT,
+            Status.INVALID_ARGS,
+            Status.UNAVAILABLE,
+            Status.DENIED,
+            Status.EXPIRED,
+            Status.DISCONNECTED,
+            Status.CANCELLED,
+        }
+    )
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
+    call_id = models.CharField(max_length=64, unique=True)
+    tool_use_id = models.CharField(max_length=128)
+    turn = models.PositiveIntegerField(default=0)
+    name = models.CharField(max_length=64)
+    arguments = models.JSONField(default=dict)
+    risk = models.CharField(max_length=16, default="none")
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.CLIENT)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["session", "created_at"], name="toolcall_session_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.call_id})"
+
+
+class DailyUsage(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_usage")
+    date = models.DateField()
+    sessions = models.PositiveIntegerField(default=0)
+    turns = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cache_read_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-date"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "date"], name="uniq_usage_tenant_date")
+        ]
+
+
+class OperatorAction(models.Model):
+    """An action an operator or tenant member took on a session (recorded, never edited)."""
+
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="operator_actions", null=True, blank=True
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="operator_actions")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    action = models.CharField(max_length=40)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]

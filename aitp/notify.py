@@ -1,0 +1,49 @@
+"""Channel-layer notifications: the database holds the truth, these only say
+"look again". Event types are built here, never copied from a client frame."""
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+
+def key_group(key_id: int) -> str:
+    return f"aitp.key.{key_id}"
+
+
+def session_group(session_id: str) -> str:
+    return f"aitp.session.{session_id}"
+
+
+def tenant_watch_group(tenant_id: int) -> str:
+    return f"aitp.watch.tenant.{tenant_id}"
+
+
+ALL_WATCH_GROUP = "aitp.watch.all"
+
+
+async def asend(group: str, event_type: str, **fields) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    await layer.group_send(group, {"type": event_type, **fields})
+
+
+def send(group: str, event_type: str, **fields) -> None:
+    """From sync code (services, admin, management commands)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    async_to_sync(layer.group_send)(group, {"type": event_type, **fields})
+
+
+def key_changed(key_id: int) -> None:
+    send(key_group(key_id), "key.changed", key_id=key_id)
+
+
+def session_command(session_id: str, command: str, **fields) -> None:
+    """Ask the process holding a session to act on it (end, reload, redirect, re-read an approval)."""
+    send(session_group(session_id), "session.command", command=command, **fields)

@@ -1,0 +1,488 @@
+"""AITP wire format: the 14 message types, frame parsing, serialization.
+
+Pure and synchronous: no Django, no Channels, no asyncio, no I/O. The rules
+quoted in comments come from docs/aitp-spec.md ("the spec") and
+docs/wire-compat.md ("wire-compat"), which describe what deployed clients do.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROTOCOL_VERSION = "1.0.0"
+
+# wire-compat section 8: "one frame: 1 MiB (daphne's default limit)".
+DEFAULT_MAX_BYTES = 1024 * 1024
+
+
+class MessageType(str, enum.Enum):
+    HANDSHAKE_INIT = "HANDSHAKE_INIT"
+    HANDSHAKE_ACK = "HANDSHAKE_ACK"
+    CONTEXT_UPDATE = "CONTEXT_UPDATE"
+    USER_INPUT = "USER_INPUT"
+    TOOL_CALL = "TOOL_CALL"
+    TOOL_RESULT = "TOOL_RESULT"
+    APPROVAL_REQUEST = "APPROVAL_REQUEST"
+    APPROVAL_RESPONSE = "APPROVAL_RESPONSE"
+    AGENT_RESPONSE = "AGENT_RESPONSE"
+    AUDIO_STREAM = "AUDIO_STREAM"
+    VOICE_INPUT_END = "VOICE_INPUT_END"
+    VOICE_INTERRUPT = "VOICE_INTERRUPT"
+    VOICE_STATE_EVENT = "VOICE_STATE_EVENT"
+    SYSTEM_EVENT = "SYSTEM_EVENT"
+
+
+# The spec's direction column. APPROVAL_REQUEST and AUDIO_STREAM go both ways.
+CLIENT_TYPES: frozenset[MessageType] = frozenset({
+    MessageType.HANDSHAKE_INIT,
+    MessageType.CONTEXT_UPDATE,
+    MessageType.USER_INPUT,
+    MessageType.TOOL_RESULT,
+    MessageType.APPROVAL_REQUEST,
+    MessageType.APPROVAL_RESPONSE,
+    MessageType.AUDIO_STREAM,
+    MessageType.VOICE_INPUT_END,
+    MessageType.VOICE_INTERRUPT,
+})
+SERVER_TYPES: frozenset[MessageType] = frozenset({
+    MessageType.HANDSHAKE_ACK,
+    MessageType.TOOL_CALL,
+    MessageType.APPROVAL_REQUEST,
+    MessageType.AGENT_RESPONSE,
+    MessageType.AUDIO_STREAM,
+    MessageType.VOICE_STATE_EVENT,
+    MessageType.SYSTEM_EVENT,
+})
+
+SYSTEM_EVENT_KINDS = (
+    "error", "waiting", "approval_required", "tools_effective",
+    "transcript", "reload", "redirect", "disconnect",
+)
+
+_TYPES_BY_VALUE = {t.value: t for t in MessageType}
+
+
+# --- payload models -------------------------------------------------------
+
+
+class Payload(BaseModel):
+    """Base of every payload model.
+
+    strict: JSON has real booleans and integers, so "true" is not a bool and a
+    bool is not an int. extra="ignore": the client strips unknown keys too.
+    """
+
+    # ser_json_inf_nan="constants": a NaN we were handed must fail loudly in
+    # serialize() (JSON has no NaN), not turn silently into a null.
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True,
+                              ser_json_inf_nan="constants")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        # Be liberal in what we accept: an explicit null for an optional field
+        # with a non-null default ("url": null) means "not given".
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        drop = [
+            key for key, value in data.items()
+            if value is None and key in fields and not fields[key].is_required()
+            and (fields[key].default is not None or fields[key].default_factory is not None)
+        ]
+        if not drop:
+            return data
+        return {k: v for k, v in data.items() if k not in drop}
+
+
+class HandshakeInit(Payload):
+    apiKey: str | None = None
+    userAgent: str | None = None
+    viewport: str | None = None
+    sdkVersion: str | None = None
+    protocolVersion: str
+
+
+class HandshakeAck(Payload):
+    sessionId: str
+    serverVersion: str
+    protocolVersion: str
+    capabilities: list[str]
+    # wire-compat 3: any value but an integer >= 1 invalidates the whole ACK.
+    maxActiveTools: int | None = Field(default=None, ge=1)
+
+
+class ContextUpdate(Payload):
+    url: str = ""
+    title: str = ""
+    # Tool declarations are checked by aitp.tools; here only "objects".
+    activeTools: list[dict] = Field(default_factory=list)
+    context: dict = Field(default_factory=dict)
+
+
+class UserInput(Payload):
+    modality: Literal["text", "audio"]
+    content: str
+    mimeType: str | None = None
+
+
+class ToolCall(Payload):
+    callId: str = Field(min_length=1)
+    name: str
+    args: dict
+
+
+class ToolResult(Payload):
+    callId: str = Field(min_length=1)
+    status: Literal["success", "error", "pending_approval"]
+    result: Any = None
+    error: str | None = None
+
+
+class ApprovalRequest(Payload):
+    callId: str = Field(min_length=1)
+    toolName: str
+    risk: Literal["none", "low", "high", "critical"]
+    args: dict
+    # wire-compat 3: an empty message makes the client drop the frame.
+    message: str = Field(min_length=1)
+
+
+class ApprovalResponse(Payload):
+    callId: str = Field(min_length=1)
+    approved: bool
+    result: Any = None
+    error: str | None = None
+
+
+class AgentResponse(Payload):
+    chunk: str
+    done: bool
+
+
+class AudioStream(Payload):
+    data: str
+    mimeType: str | None = None
+
+
+class VoiceInputEnd(Payload):
+    reason: Literal["user_stop", "vad", "timeout"]
+
+
+class VoiceInterrupt(Payload):
+    reason: str = "barge_in"
+
+
+class VoiceStateEvent(Payload):
+    event: Literal["turn_complete", "interrupted", "waiting_for_input"]
+    reason: str | None = None
+
+
+class SystemEvent(Payload):
+    kind: Literal[
+        "error", "waiting", "approval_required", "tools_effective",
+        "transcript", "reload", "redirect", "disconnect",
+    ]
+    message: str | None = None
+    data: dict | None = None
+
+
+PAYLOAD_MODELS: dict[MessageType, type[BaseModel]] = {
+    MessageType.HANDSHAKE_INIT: HandshakeInit,
+    MessageType.HANDSHAKE_ACK: HandshakeAck,
+    MessageType.CONTEXT_UPDATE: ContextUpdate,
+    MessageType.USER_INPUT: UserInput,
+    MessageType.TOOL_CALL: ToolCall,
+    MessageType.TOOL_RESULT: ToolResult,
+    MessageType.APPROVAL_REQUEST: ApprovalRequest,
+    MessageType.APPROVAL_RESPONSE: ApprovalResponse,
+    MessageType.AGENT_RESPONSE: AgentResponse,
+    MessageType.AUDIO_STREAM: AudioStream,
+    MessageType.VOICE_INPUT_END: VoiceInputEnd,
+    MessageType.VOICE_INTERRUPT: VoiceInterrupt,
+    MessageType.VOICE_STATE_EVENT: VoiceStateEvent,
+    MessageType.SYSTEM_EVENT: SystemEvent,
+}
+
+
+# --- envelope ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    type: MessageType
+    payload: BaseModel
+    id: str
+    timestamp: int
+    meta: dict | None = None
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol.
+
+    code is stable and machine-readable (invalid_json, invalid_message,
+    unknown_type, wrong_direction, too_large); message is a short sentence
+    safe to show to the peer. message_id and type are those of the offending
+    frame when they could be read.
+    """
+
+    def __init__(self, code: str, message: str, *,
+                 message_id: str | None = None, type: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.message_id = message_id
+        self.type = type
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.code!r}, {self.message!r})"
+
+
+def parse_client_frame(text: str | bytes, *, max_bytes: int) -> Message:
+    """Parse one frame received from a client; raise ProtocolError."""
+    return _parse_frame(text, max_bytes=max_bytes, allowed=CLIENT_TYPES)
+
+
+def parse_server_frame(text: str | bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
+    """Parse one frame received from a server (our own Python client, tests)."""
+    return _parse_frame(text, max_bytes=max_bytes, allowed=SERVER_TYPES)
+
+
+def _parse_frame(text: str | bytes, *, max_bytes: int,
+                 allowed: frozenset[MessageType]) -> Message:
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        raw = bytes(text)
+        if len(raw) > max_bytes:
+            raise _too_large(max_bytes)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("invalid_json", "frame is not valid utf-8") from None
+    elif _utf8_length_exceeds(text, max_bytes):
+        raise _too_large(max_bytes)
+
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ProtocolError("invalid_json", "frame is nested too deeply") from None
+    except ValueError:
+        # JSONDecodeError, non-finite numbers, integers too long to convert.
+        raise ProtocolError("invalid_json", "frame is not valid json") from None
+
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_message", "frame must be a json object")
+
+    message_id = data.get("id")
+    if not isinstance(message_id, str) or not message_id:
+        raise ProtocolError("invalid_message", "field 'id' must be a non-empty string")
+
+    type_name = data.get("type")
+    if not isinstance(type_name, str):
+        raise ProtocolError("invalid_message", "field 'type' must be a string",
+                            message_id=message_id)
+    # Keep what we echo back short: the type comes from the peer.
+    shown_type = type_name[:64]
+
+    def invalid(reason: str) -> ProtocolError:
+        return ProtocolError("invalid_message", reason, message_id=message_id, type=shown_type)
+
+    timestamp = data.get("timestamp")
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
+        raise invalid("field 'timestamp' must be a number")
+    payload = data.get("payload")
+    if not isinstance(payload, dict):
+        raise invalid("field 'payload' must be an object")
+    meta = data.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise invalid("field 'meta' must be an object")
+
+    message_type = _TYPES_BY_VALUE.get(type_name)
+    if message_type is None:
+        raise ProtocolError("unknown_type", f"unknown message type '{shown_type}'",
+                            message_id=message_id, type=shown_type)
+    if message_type not in allowed:
+        raise ProtocolError("wrong_direction",
+                            f"message type '{shown_type}' cannot be sent by this peer",
+                            message_id=message_id, type=shown_type)
+
+    try:
+        model = PAYLOAD_MODELS[message_type].model_validate(payload)
+    except ValidationError as exc:
+        raise invalid(describe_validation_error(exc, prefix="payload")) from None
+
+    return Message(type=message_type, payload=model, id=message_id,
+                   timestamp=int(timestamp), meta=meta)
+
+
+def _utf8_length_exceeds(text: str, max_bytes: int) -> bool:
+    # A code point takes 1 to 4 bytes: decide without encoding when we can.
+    if len(text) > max_bytes:
+        return True
+    if len(text) * 4 <= max_bytes:
+        return False
+    # surrogatepass: a lone surrogate must not turn a size check into a crash.
+    return len(text.encode("utf-8", "surrogatepass")) > max_bytes
+
+
+def _too_large(max_bytes: int) -> ProtocolError:
+    return ProtocolError("too_large", f"frame is larger than {max_bytes} bytes")
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON; JSON.stringify never produces them.
+    raise ValueError(f"{name} is not json")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise ValueError("number out of range")
+    return value
+
+
+_ERROR_TEXT = {
+    "missing": "is required",
+    "string_type": "must be a string",
+    "bool_type": "must be a boolean",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "list_type": "must be a list",
+    "string_too_short": "must not be empty",
+}
+
+
+def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
+    """A short message from the first pydantic error: "field 'payload.callId' is required".
+
+    Pydantic's own text is not sent to peers: it is long and changes between versions.
+    """
+    error = exc.errors(include_url=False)[0]
+    path = prefix
+    for part in error["loc"]:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path = f"{path}.{part}" if path else str(part)
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind in _ERROR_TEXT:
+        fact = _ERROR_TEXT[kind]
+    elif kind == "literal_error":
+        fact = f"must be {ctx.get('expected', 'one of the allowed values')}"
+    elif kind == "greater_than_equal":
+        fact = f"must be >= {ctx.get('ge')}"
+    else:
+        fact = "is invalid"
+    return f"field '{path}' {fact}" if path else f"payload {fact}"
+
+
+# --- building and serializing -----------------------------------------------
+
+
+def make_message(type: MessageType, payload: BaseModel | dict, *, meta: dict | None = None,
+                 now_ms: int | None = None, id: str | None = None) -> Message:
+    """Build a message; dict payloads are validated through the type's model.
+
+    Raises ValueError (pydantic's ValidationError) when our own code builds an
+    invalid payload, TypeError when the payload model does not match the type.
+    """
+    message_type = MessageType(type)
+    model_class = PAYLOAD_MODELS[message_type]
+    if isinstance(payload, dict):
+        model = model_class.model_validate(payload)
+    elif isinstance(payload, model_class):
+        model = payload
+    else:
+        raise TypeError(f"payload for {message_type.value} must be {model_class.__name__}")
+    if id is None:
+        id = f"msg_{uuid.uuid4()}"
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    return Message(type=message_type, payload=model, id=id, timestamp=now_ms, meta=meta)
+
+
+def serialize(message: Message) -> str:
+    """Compact JSON for one frame.
+
+    wire-compat 3: the deployed client drops a whole frame when an optional
+    field is null, so None-valued payload fields and a None meta are left out.
+    Only top-level payload fields are pruned: a null inside args, data or a
+    result is data, not an absent field.
+    """
+    envelope: dict[str, Any] = {
+        "id": message.id,
+        "type": MessageType(message.type).value,
+        "timestamp": message.timestamp,
+        "payload": message.payload.model_dump(mode="json", exclude_none=True),
+    }
+    if message.meta is not None:
+        envelope["meta"] = message.meta
+    text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (which a client may legitimately send as "\ud800")
+        # cannot be written as UTF-8; escaped JSON carries it unchanged.
+        text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text
+
+
+# --- convenience constructors (server -> client) ------------------------------
+
+
+def system_event(kind: str, message: str | None = None, data: dict | None = None,
+                 **kw: Any) -> Message:
+    """SYSTEM_EVENT; kw goes to make_message (meta, now_ms, id)."""
+    if kind not in SYSTEM_EVENT_KINDS:
+        raise ValueError(f"unknown system event kind {kind!r}")
+    return make_message(MessageType.SYSTEM_EVENT,
+                        SystemEvent(kind=kind, message=message, data=data), **kw)
+
+
+def error_event(code: str, message: str, **data: Any) -> Message:
+    """SYSTEM_EVENT kind=error with data={"code": code, **data}; None values are left out."""
+    extra = {key: value for key, value in data.items() if value is not None}
+    return system_event("error", message, {"code": code, **extra})
+
+
+def handshake_ack(session_id: str, server_version: str, capabilities: list[str] | tuple[str, ...],
+                  max_active_tools: int | None) -> Message:
+    return make_message(MessageType.HANDSHAKE_ACK, HandshakeAck(
+        sessionId=session_id,
+        serverVersion=server_version,
+        protocolVersion=PROTOCOL_VERSION,
+        capabilities=list(capabilities),
+        maxActiveTools=max_active_tools,
+    ))
+
+
+def agent_response(chunk: str, done: bool) -> Message:
+    return make_message(MessageType.AGENT_RESPONSE, AgentResponse(chunk=chunk, done=done))
+
+
+def tool_call(call_id: str, name: str, args: dict) -> Message:
+    return make_message(MessageType.TOOL_CALL, ToolCall(callId=call_id, name=name, args=args))
+
+
+def approval_request(call_id: str, tool_name: str, risk: str, args: dict,
+                     message: str) -> Message:
+    # risk may be an aitp.tools.Risk (a str enum): send its plain value.
+    risk_value = risk.value if isinstance(risk, enum.Enum) else risk
+    return make_message(MessageType.APPROVAL_REQUEST, ApprovalRequest(
+        callId=call_id, toolName=tool_name, risk=risk_value, args=args, message=message,
+    ))
+
+
+def voice_state(event: str, reason: str | None = None) -> Message:
+    return make_message(MessageType.VOICE_STATE_EVENT,
+                        VoiceStateEvent(event=event, reason=reason))

@@ -1,0 +1,27 @@
+"""Reads shared by the admin, the console and the consumer."""
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from aitp.models import Session, TenantMembership
+
+
+def tenant_ids_for_user(user) -> set[int] | None:
+    """The tenants a signed-in user may see: None means all (superuser)."""
+    if not user.is_authenticated or not user.is_active:
+        return set()
+    if user.is_superuser:
+        return None
+    return set(TenantMembership.objects.filter(user=user).values_list("tenant_id", flat=True))
+
+
+def scope_to_user(queryset: QuerySet, user, tenant_field: str = "tenant") -> QuerySet:
+    """Filter any queryset with a tenant relation down to what the user may see."""
+    tenant_ids = tenant_ids_for_user(user)
+    if tenant_ids is None:
+        return queryset
+    return queryset.filter(**{f"{tenant_field}__in": tenant_ids})
+
+
+def session_conversation(session: Session):
+    return session.messages.order_by("seq")

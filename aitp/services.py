@@ -1,0 +1,365 @@
+"""Writes: every change to tenants, keys and sessions goes through here.
+
+Sync functions, one transaction per unit of work; async callers wrap each one
+in a single ``database_sync_to_async`` call. Functions that must reach live
+sessions on other processes write first, then notify over the channel layer
+(see ``aitp.notify``); receivers re-read the database.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from aitp import notify
+from aitp.models import (
+    ApiKey,
+    ConversationMessage,
+    DailyUsage,
+    OperatorAction,
+    Session,
+    Tenant,
+    ToolCall,
+)
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "pk_live_"
+# The lookup prefix: "pk_live_" + 8 characters of the random part. Unique per
+# key, shown in the console and admin, useless on its own.
+LOOKUP_PREFIX_LENGTH = len(KEY_PREFIX) + 8
+
+
+# --- tenants --------------------------------------------------------------
+
+
+def tenant_create(*, slug: str, name: str = "") -> Tenant:
+    return Tenant.objects.create(slug=slug, name=name or slug)
+
+
+# --- API keys -------------------------------------------------------------
+
+
+def _key_hash(raw_key: str) -> str:
+    secret = settings.OWLLAYER_KEY_HASH_SECRET.encode()
+    return hmac.new(secret, raw_key.encode(), hashlib.sha256).hexdigest()
+
+
+def api_key_create(
+    *,
+    tenant: Tenant,
+    name: str = "",
+    allowed_origins: list[str] | tuple[str, ...] = (),
+    max_sessions: int | None = None,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key; returns the row and the plaintext key, which is never stored."""
+    raw_key = KEY_PREFIX + secrets.token_urlsafe(24).replace("-", "x").replace("_", "y")
+    key = ApiKey.objects.create(
+        tenant=tenant,
+        name=name,
+        prefix=raw_key[:LOOKUP_PREFIX_LENGTH],
+        key_hash=_key_hash(raw_key),
+        allowed_origins=list(allowed_origins),
+        max_sessions=max_sessions or settings.OWLLAYER_DEFAULT_SESSION_CAP,
+        expires_at=expires_at,
+    )
+    return key, raw_key
+
+
+def api_key_lookup(raw_key: str) -> ApiKey | None:
+    """The key row for a plaintext key, whatever its status; None if unknown."""
+    if not raw_key or len(raw_key) < LOOKUP_PREFIX_LENGTH or len(raw_key) > 200:
+        return None
+    key = (
+        ApiKey.objects.select_related("tenant")
+        .filter(prefix=raw_key[:LOOKUP_PREFIX_LENGTH])
+        .first()
+    )
+    if key is None:
+        # Hash anyway so an unknown prefix costs the same as a wrong key.
+        _key_hash(raw_key)
+        return None
+    if not hmac.compare_digest(key.key_hash, _key_hash(raw_key)):
+        return None
+    return key
+
+
+def api_key_update(
+    *,
+    key: ApiKey,
+    name: str | None = None,
+    allowed_origins: list[str] | None = None,
+    max_sessions: int | None = None,
+    expires_at: datetime | None = None,
+    user=None,
+) -> ApiKey:
+    changed = {}
+    if name is not None:
+        key.name = name
+        changed["name"] = name
+    if allowed_origins is not None:
+        key.allowed_origins = list(allowed_origins)
+        changed["allowed_origins"] = list(allowed_origins)
+    if max_sessions is not None:
+        key.max_sessions = max_sessions
+        changed["max_sessions"] = max_sessions
+    if expires_at is not None:
+        key.expires_at = expires_at
+        changed["expires_at"] = expires_at.isoformat()
+    with transaction.atomic():
+        key.save()
+        OperatorAction.objects.create(
+            tenant_id=key.tenant_id, user=user, action="key_updated",
+            data={"prefix": key.prefix, **changed},
+        )
+    return key
+
+
+def api_key_set_status(*, key: ApiKey, status: str, user=None) -> ApiKey:
+    """Disable, revoke or re-activate a key; live sessions of a key that can
+    no longer be used are closed on every process."""
+    if key.status == ApiKey.Status.REVOKED and status != ApiKey.Status.REVOKED:
+        raise ValueError("a revoked key cannot be re-activated")
+    with transaction.atomic():
+        key.status = status
+        if status == ApiKey.Status.REVOKED:
+            key.revoked_at = timezone.now()
+        key.save(update_fields=["status", "revoked_at"])
+        OperatorAction.objects.create(
+            tenant_id=key.tenant_id, user=user, action=f"key_{status}", data={"prefix": key.prefix}
+        )
+    if status != ApiKey.Status.ACTIVE:
+        transaction.on_commit(lambda: notify.key_changed(key.pk))
+    return key
+
+
+def api_key_revoke(*, key: ApiKey, user=None) -> ApiKey:
+    return api_key_set_status(key=key, status=ApiKey.Status.REVOKED, user=user)
+
+
+# --- key checks (pure decisions on a loaded row) ----------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str
+    message: str
+    reason: str  # the WebSocket close reason, short
+
+
+def api_key_refusal(key: ApiKey | None, *, origin: str | None, now: datetime) -> Refusal | None:
+    if key is None:
+        return Refusal("invalid_api_key", "The API key is not valid.", "invalid api key")
+    if key.status == ApiKey.Status.REVOKED:
+        return Refusal("api_key_revoked", "This API key has been revoked.", "api key revoked")
+    if key.status == ApiKey.Status.DISABLED:
+        return Refusal("api_key_disabled", "This API key is disabled.", "api key disabled")
+    if key.expires_at is not None and key.expires_at <= now:
+        return Refusal("api_key_expired", "This API key has expired.", "api key expired")
+    if key.allowed_origins and (origin or "") not in key.allowed_origins:
+        return Refusal(
+            "origin_not_allowed",
+            "This page's origin is not allowed for this API key.",
+            "origin not allowed",
+        )
+    return None
+
+
+# --- sessions ---------------------------------------------------------------
+
+
+def live_sessions_filter(now: datetime) -> dict:
+    """Rows of sessions that are open on a process still alive."""
+    stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
+    return {"ended_at__isnull": True, "last_seen_at__gte": stale_before}
+
+
+@dataclass(frozen=True)
+class HandshakeInfo:
+    session_id: str
+    origin: str
+    user_agent: str
+    viewport: str
+    sdk_version: str
+    protocol_version: str
+    channel_name: str
+
+
+def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, Refusal | None]:
+    """Check the key and the concurrent-session cap, and open the session, in
+    one transaction: the key row is locked so two handshakes racing on two
+    processes cannot both take the last slot."""
+    now = timezone.now()
+    key = api_key_lookup(raw_key)
+    refusal = api_key_refusal(key, origin=info.origin, now=now)
+    if refusal is not None:
+        return None, refusal
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().select_related("tenant").get(pk=key.pk)
+        refusal = api_key_refusal(key, origin=info.origin, now=now)
+        if refusal is not None:
+            return None, refusal
+        live = Session.objects.filter(api_key=key, **live_sessions_filter(now)).count()
+        if live >= key.max_sessions:
+            return None, Refusal(
+                "session_limit",
+                "Too many concurrent sessions for this API key.",
+                "session limit reached",
+            )
+        session = Session.objects.create(
+            id=info.session_id,
+            tenant=key.tenant,
+            api_key=key,
+            channel_name=info.channel_name,
+            origin=info.origin[:500],
+            user_agent=info.user_agent[:500],
+            viewport=info.viewport[:40],
+            sdk_version=info.sdk_version[:40],
+            protocol_version=info.protocol_version[:40],
+            started_at=now,
+            last_seen_at=now,
+            last_activity_at=now,
+        )
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        _usage_add(key.tenant_id, now, sessions=1)
+    return session, None
+
+
+def session_still_allowed(*, session_id: str) -> Refusal | None:
+    """Re-check the key of a live session (on a key-change notice, and at each
+    heartbeat so a process that missed the notice still closes it)."""
+    session = Session.objects.select_related("api_key").filter(id=session_id).first()
+    if session is None:
+        return Refusal("session_ended", "This session no longer exists.", "session ended")
+    return api_key_refusal(session.api_key, origin=session.origin, now=timezone.now())
+
+
+def session_heartbeat(*, session_id: str) -> None:
+    Session.objects.filter(id=session_id, ended_at__isnull=True).update(last_seen_at=timezone.now())
+
+
+def session_update_context(
+    *, session_id: str, url: str, title: str, context: dict, tools: list[dict]
+) -> None:
+    """Replace the page snapshot; append to the page history when the URL changed."""
+    now = timezone.now()
+    with transaction.atomic():
+        session = Session.objects.select_for_update().get(id=session_id)
+        if url and url != session.current_url:
+            session.page_history = [*session.page_history, {"url": url, "title": title, "at": now.isoformat()}]
+        session.current_url = url[:2000]
+        session.title = title[:500]
+        session.context = context
+        session.tools = tools
+        session.last_activity_at = now
+        session.save(
+            update_fields=["current_url", "title", "context", "tools", "page_history", "last_activity_at"]
+        )
+
+
+def session_set_state(*, session_id: str, state: str) -> None:
+    Session.objects.filter(id=session_id, ended_at__isnull=True).update(
+        state=state, last_activity_at=timezone.now()
+    )
+
+
+def session_close(*, session_id: str, code: int | None, reason: str = "") -> None:
+    now = timezone.now()
+    Session.objects.filter(id=session_id, ended_at__isnull=True).update(
+        ended_at=now, close_code=code, close_reason=(reason or "")[:200], state=Session.State.ENDED,
+        last_seen_at=now,
+    )
+
+
+def session_add_usage(
+    *, session_id: str, tenant_id: int, input_tokens: int, output_tokens: int,
+    cache_read_tokens: int, cache_write_tokens: int, turns: int = 0,
+) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        Session.objects.filter(id=session_id).update(
+            turns=F("turns") + turns,
+            input_tokens=F("input_tokens") + input_tokens,
+            output_tokens=F("output_tokens") + output_tokens,
+            cache_read_tokens=F("cache_read_tokens") + cache_read_tokens,
+            cache_write_tokens=F("cache_write_tokens") + cache_write_tokens,
+            last_activity_at=now,
+        )
+        _usage_add(
+            tenant_id, now, turns=turns, input_tokens=input_tokens, output_tokens=output_tokens,
+            cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
+        )
+
+
+def _usage_add(tenant_id: int, now: datetime, **amounts: int) -> None:
+    day = timezone.localdate(now)
+    row, _ = DailyUsage.objects.get_or_create(tenant_id=tenant_id, date=day)
+    DailyUsage.objects.filter(pk=row.pk).update(**{k: F(k) + v for k, v in amounts.items() if v})
+
+
+# --- the conversation and the tool-call ledger --------------------------------
+
+
+def conversation_append(*, session_id: str, seq: int, turn: int, role: str, content: list) -> None:
+    ConversationMessage.objects.create(
+        session_id=session_id, seq=seq, turn=turn, role=role, content=content
+    )
+
+
+def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
+    """Record every tool_use of one assistant message before any is dispatched,
+    so a crash half way still leaves a row per call."""
+    ToolCall.objects.bulk_create(
+        [
+            ToolCall(
+                session_id=session_id,
+                turn=turn,
+                call_id=call["call_id"],
+                tool_use_id=call["tool_use_id"],
+                name=call["name"][:64],
+                arguments=call["arguments"],
+                risk=call.get("risk", "none"),
+                origin=call.get("origin", ToolCall.Origin.CLIENT),
+            )
+            for call in calls
+        ]
+    )
+
+
+def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str | None = None,
+                   origin: str | None = None) -> None:
+    fields: dict = {"status": status}
+    if sent:
+        fields["sent_at"] = timezone.now()
+    if risk is not None:
+        fields["risk"] = risk
+    if origin is not None:
+        fields["origin"] = origin
+    ToolCall.objects.filter(call_id=call_id).update(**fields)
+
+
+def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
+                     risk: str | None = None, origin: str | None = None) -> None:
+    """Write a call's one final outcome; a call already final is left alone."""
+    now = timezone.now()
+    call = ToolCall.objects.filter(call_id=call_id).only("created_at", "status").first()
+    if call is None or call.status in ToolCall.FINAL_STATUSES:
+        return
+    ToolCall.objects.filter(call_id=call_id).exclude(status__in=ToolCall.FINAL_STATUSES).update(
+        status=status,
+        result=result,
+        error=error[:4000],
+        finished_at=now,
+        duration_ms=max(0, int((now - call.created_at).total_seconds() * 1000)),
+        **({"risk": risk} if risk is not None else {}),
+        **({"origin": origin} if origin is not None else {}),
+    )

@@ -1,0 +1,339 @@
+"""The AITP connection state machine, sans I/O.
+
+No awaits, no clock, no ORM: the consumer feeds it the text of each frame and
+carries out what it decides (frames to send, a close). Everything the spec
+says about what may happen in which state lives in this one file.
+
+    AWAITING_HANDSHAKE --HANDSHAKE_INIT ok--> OPEN --refuse/close--> CLOSED
+            |                                   ^
+            +------- refuse / timeout ----------+--> CLOSED
+
+A HANDSHAKE_INIT that passes the pure checks (protocol version, key present
+and consistent) becomes a ``HandshakeRequested`` event: the key lookup is I/O,
+so the consumer answers with ``accept_handshake()`` or ``refuse()``.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Union
+
+from aitp import protocol as p
+from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
+
+# wire-compat.md section 2: the client treats 1008 as permanent.
+CLOSE_POLICY = 1008
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_GOING_AWAY = 1001
+CLOSE_TRY_AGAIN_LATER = 1013
+MAX_CLOSE_REASON_BYTES = 123
+
+
+class State(enum.Enum):
+    AWAITING_HANDSHAKE = "awaiting_handshake"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 1024 * 1024
+    max_active_tools: int = 30
+    max_context_bytes: int = 64 * 1024
+    max_invalid_frames: int = 20
+    max_input_chars: int = 8000
+
+
+# --- events the consumer acts on ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class HandshakeRequested:
+    api_key: str
+    init: p.HandshakeInit
+
+
+@dataclass(frozen=True)
+class ContextChanged:
+    url: str
+    title: str
+    context: dict
+    tools: tuple[ToolSpec, ...]
+    surface: ToolSurface
+
+
+@dataclass(frozen=True)
+class UserTextReceived:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolResultReceived:
+    result: p.ToolResult
+
+
+@dataclass(frozen=True)
+class ApprovalRequestReceived:
+    request: p.ApprovalRequest
+
+
+@dataclass(frozen=True)
+class ApprovalResponseReceived:
+    response: p.ApprovalResponse
+
+
+Event = Union[
+    HandshakeRequested,
+    ContextChanged,
+    UserTextReceived,
+    ToolResultReceived,
+    ApprovalRequestReceived,
+    ApprovalResponseReceived,
+]
+
+
+@dataclass
+class Close:
+    code: int
+    reason: str
+
+
+def _short_reason(reason: str) -> str:
+    encoded = reason.encode("utf-8")[:MAX_CLOSE_REASON_BYTES]
+    return encoded.decode("utf-8", errors="ignore")
+
+
+@dataclass
+class SessionMachine:
+    limits: Limits
+    server_version: str
+    capabilities: tuple[str, ...] = ("text", "tools")
+    query_api_key: str | None = None
+
+    state: State = State.AWAITING_HANDSHAKE
+    session_id: str | None = None
+    handshake_pending: bool = False
+    turn_active: bool = False
+    invalid_in_a_row: int = 0
+    close: Close | None = None
+    url: str = ""
+    title: str = ""
+    context: dict = field(default_factory=dict)
+    client_tools: tuple[ToolSpec, ...] = ()
+    server_tools: tuple[ToolSpec, ...] = ()
+    _outgoing: list[str] = field(default_factory=list)
+
+    # --- input -----------------------------------------------------------
+
+    def receive_text(self, data: str | bytes) -> list[Event]:
+        """Feed one frame; returns the events for the consumer. Replies and a
+        close, if any, are queued (``data_to_send()``, ``close``)."""
+        if self.state is State.CLOSED:
+            return []
+        try:
+            message = p.parse_client_frame(data, max_bytes=self.limits.max_message_bytes)
+        except p.ProtocolError as exc:
+            self._invalid(exc.code, exc.message, message_id=exc.message_id)
+            return []
+        events = self._dispatch(message)
+        return events
+
+    def _dispatch(self, message: p.Message) -> list[Event]:
+        kind = message.type
+        if self.state is State.AWAITING_HANDSHAKE:
+            if kind is p.MessageType.HANDSHAKE_INIT and not self.handshake_pending:
+                self.invalid_in_a_row = 0
+                return self._handshake(message.payload)
+            self._invalid(
+                "handshake_required",
+                "send HANDSHAKE_INIT before any other message",
+                message_id=message.id,
+            )
+            return []
+        # OPEN
+        if kind is p.MessageType.HANDSHAKE_INIT:
+            self._invalid("already_open", "the session is already open", message_id=message.id)
+            return []
+        if kind is p.MessageType.CONTEXT_UPDATE:
+            return self._context_update(message)
+        if kind is p.MessageType.USER_INPUT:
+            return self._user_input(message)
+        if kind is p.MessageType.TOOL_RESULT:
+            self.invalid_in_a_row = 0
+            return [ToolResultReceived(message.payload)]
+        if kind is p.MessageType.APPROVAL_REQUEST:
+            self.invalid_in_a_row = 0
+            return [ApprovalRequestReceived(message.payload)]
+        if kind is p.MessageType.APPROVAL_RESPONSE:
+            self.invalid_in_a_row = 0
+            return [ApprovalResponseReceived(message.payload)]
+        # AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT: no voice backend yet,
+        # and HANDSHAKE_ACK did not offer "audio".
+        self.invalid_in_a_row = 0
+        self.error("voice_unavailable", "voice is not available on this server", message_id=message.id)
+        return []
+
+    def _handshake(self, init: p.HandshakeInit) -> list[Event]:
+        if init.protocolVersion != p.PROTOCOL_VERSION:
+            self.refuse(
+                "protocol_version_mismatch",
+                f"protocol version {init.protocolVersion} is not supported; "
+                f"this server speaks {p.PROTOCOL_VERSION}",
+                "protocol version mismatch",
+            )
+            return []
+        query_key = self.query_api_key or None
+        init_key = init.apiKey or None
+        if query_key and init_key and query_key != init_key:
+            self.refuse(
+                "api_key_mismatch",
+                "the API key in the URL and in HANDSHAKE_INIT differ",
+                "api key mismatch",
+            )
+            return []
+        api_key = init_key or query_key
+        if not api_key:
+            self.refuse("missing_api_key", "an API key is required", "missing api key")
+            return []
+        self.handshake_pending = True
+        return [HandshakeRequested(api_key=api_key, init=init)]
+
+    def _context_update(self, message: p.Message) -> list[Event]:
+        update: p.ContextUpdate = message.payload
+        if len(update.activeTools) > self.limits.max_active_tools:
+            self._invalid(
+                "too_many_tools",
+                f"{len(update.activeTools)} tools declared; at most "
+                f"{self.limits.max_active_tools} are allowed",
+                message_id=message.id,
+            )
+            return []
+        context_bytes = len(
+            json.dumps(update.context, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        )
+        if context_bytes > self.limits.max_context_bytes:
+            self._invalid(
+                "context_too_large",
+                f"context is {context_bytes} bytes; at most {self.limits.max_context_bytes} are allowed",
+                message_id=message.id,
+            )
+            return []
+        try:
+            tools = tuple(parse_client_tools(update.activeTools))
+        except ToolError as exc:
+            self._invalid(exc.code, exc.message, message_id=message.id)
+            return []
+        self.invalid_in_a_row = 0
+        self.url, self.title, self.context, self.client_tools = (
+            update.url, update.title, update.context, tools,
+        )
+        surface = self.surface
+        self.send(p.system_event("tools_effective", data=surface.to_event_data()))
+        return [ContextChanged(update.url, update.title, update.context, tools, surface)]
+
+    def _user_input(self, message: p.Message) -> list[Event]:
+        user_input: p.UserInput = message.payload
+        if user_input.modality != "text":
+            self.invalid_in_a_row = 0
+            self.error(
+                "voice_unavailable", "audio input is not available on this server",
+                message_id=message.id,
+            )
+            return []
+        text = user_input.content
+        if not text.strip():
+            self._invalid("empty_input", "the message is empty", message_id=message.id)
+            return []
+        if len(text) > self.limits.max_input_chars:
+            self._invalid(
+                "input_too_long",
+                f"the message has {len(text)} characters; at most "
+                f"{self.limits.max_input_chars} are allowed",
+                message_id=message.id,
+            )
+            return []
+        self.invalid_in_a_row = 0
+        if self.turn_active:
+            self.error(
+                "turn_in_progress",
+                "the agent is still answering; wait for it to finish",
+                message_id=message.id,
+            )
+            return []
+        self.turn_active = True
+        return [UserTextReceived(text)]
+
+    # --- decisions from the consumer ------------------------------------------
+
+    def accept_handshake(self, session_id: str) -> None:
+        assert self.state is State.AWAITING_HANDSHAKE and self.handshake_pending
+        self.session_id = session_id
+        self.state = State.OPEN
+        self.handshake_pending = False
+        self.send(
+            p.handshake_ack(
+                session_id, self.server_version, list(self.capabilities), self.limits.max_active_tools
+            )
+        )
+
+    def refuse(self, code: str, message: str, reason: str, *, close_code: int = CLOSE_POLICY) -> None:
+        """A permanent refusal: an error the client can show, then a close it
+        will not retry (wire-compat.md section 2)."""
+        if self.state is State.CLOSED:
+            return
+        self._queue(p.error_event(code, message))
+        self.close_now(close_code, reason)
+
+    def close_now(self, code: int, reason: str) -> None:
+        if self.state is State.CLOSED:
+            return
+        self.state = State.CLOSED
+        self.close = Close(code, _short_reason(reason))
+
+    def handshake_timed_out(self) -> None:
+        if self.state is State.AWAITING_HANDSHAKE and not self.handshake_pending:
+            self.refuse("handshake_timeout", "no HANDSHAKE_INIT received in time", "handshake timeout")
+
+    def set_server_tools(self, tools: tuple[ToolSpec, ...]) -> None:
+        self.server_tools = tuple(tools)
+
+    def end_turn(self) -> None:
+        self.turn_active = False
+
+    @property
+    def surface(self) -> ToolSurface:
+        return ToolSurface.build(self.server_tools, self.client_tools)
+
+    # --- output --------------------------------------------------------------
+
+    def send(self, message: p.Message) -> None:
+        """Queue a frame for the peer; nothing is sent once closed."""
+        if self.state is State.OPEN or (
+            self.state is State.AWAITING_HANDSHAKE and message.type is p.MessageType.SYSTEM_EVENT
+        ):
+            self._queue(message)
+
+    def error(self, code: str, message: str, **data) -> None:
+        self.send(p.error_event(code, message, **{k: v for k, v in data.items() if v is not None}))
+
+    def data_to_send(self) -> list[str]:
+        out, self._outgoing = self._outgoing, []
+        return out
+
+    def _queue(self, message: p.Message) -> None:
+        self._outgoing.append(p.serialize(message))
+
+    def _invalid(self, code: str, message: str, *, message_id: str | None = None) -> None:
+        """The peer sent something we cannot use: tell it, keep the
+        connection, but not forever."""
+        self.invalid_in_a_row += 1
+        if self.invalid_in_a_row >= self.limits.max_invalid_frames:
+            self.refuse(
+                "too_many_invalid_frames",
+                f"{self.invalid_in_a_row} invalid messages in a row",
+                "too many invalid frames",
+            )
+            return
+        data = {"messageId": message_id} if message_id else {}
+        self._queue(p.error_event(code, message, **data))

@@ -1,0 +1,388 @@
+"""Tool declarations, AITP schema <-> JSON Schema, and the session's tool surface.
+
+Pure: no Django, no Channels, no asyncio. Clients declare tools in
+CONTEXT_UPDATE.activeTools with upper-case AITP schemas (wire-compat 4); the
+model needs lower-case JSON Schema, and the arguments it produces are checked
+against that schema before a TOOL_CALL leaves the server.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from operator import attrgetter
+from typing import Any, Iterable
+
+TOOL_NAME_RE = r"^[a-zA-Z0-9_-]{1,64}$"
+_TOOL_NAME = re.compile(TOOL_NAME_RE)
+# The model API refuses property keys outside this pattern and fails the
+# whole request, so a bad key is caught when the tool is declared instead.
+_PROPERTY_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
+
+MAX_DESCRIPTION_CHARS = 1024
+MAX_SCHEMA_DEPTH = 8
+AITP_TYPES = ("STRING", "NUMBER", "INTEGER", "BOOLEAN", "OBJECT", "ARRAY")
+ORIGINS = ("client", "server")
+
+
+class Risk(str, enum.Enum):
+    NONE = "none"
+    LOW = "low"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def needs_approval(self) -> bool:
+        return self in (Risk.HIGH, Risk.CRITICAL)
+
+
+_RISK_VALUES = ", ".join(r.value for r in Risk)
+
+
+class ToolError(Exception):
+    """A tool declaration or schema is invalid; message names the offending path."""
+
+    code: str = "invalid_tool"
+
+    def __init__(self, message: str, *, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict | None  # the AITP schema as declared (upper-case types)
+    risk: Risk = Risk.NONE
+    origin: str = "client"  # "client" | "server"
+
+    @cached_property
+    def _json_schema(self) -> dict:
+        return aitp_to_json_schema(self.parameters)
+
+    @property
+    def input_schema(self) -> dict:
+        """JSON Schema for the model; always {"type": "object", ...}. A fresh copy."""
+        return copy.deepcopy(self._json_schema)
+
+    def to_wire(self) -> dict:
+        wire: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "risk": Risk(self.risk).value,
+        }
+        if self.parameters is not None:
+            wire["parameters"] = copy.deepcopy(self.parameters)
+        return wire
+
+    def to_anthropic(self) -> dict:
+        return {"name": self.name, "description": self.description,
+                "input_schema": self.input_schema}
+
+
+# --- declarations -------------------------------------------------------------
+
+
+def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool") -> ToolSpec:
+    """One tool declaration {name, description, parameters?, risk?}; raises ToolError."""
+    if origin not in ORIGINS:
+        raise ValueError(f"origin must be one of {', '.join(ORIGINS)}")
+    if not isinstance(raw, dict):
+        raise ToolError(f"{path}: must be an object")
+
+    name = raw.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise ToolError(f"{path}.name: must be 1-64 letters, digits, '_' or '-'")
+
+    description = raw.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise ToolError(f"{path}.description: must be a non-empty string")
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise ToolError(f"{path}.description: must be at most {MAX_DESCRIPTION_CHARS} characters")
+
+    parameters = raw.get("parameters")
+    if parameters is not None:
+        validate_aitp_schema(parameters, f"{path}.parameters")
+        if parameters["type"].upper() != "OBJECT":
+            raise ToolError(f"{path}.parameters.type: must be OBJECT")
+        # Detach from the frame it came in: the spec is frozen, its schema should be too.
+        parameters = copy.deepcopy(parameters)
+
+    # wire-compat 4: absent means none; any other value is an error, never a silent none.
+    risk_raw = raw.get("risk")
+    if risk_raw is None:
+        risk = Risk.NONE
+    elif isinstance(risk_raw, str) and risk_raw in Risk._value2member_map_:
+        risk = Risk(risk_raw)
+    else:
+        raise ToolError(f"{path}.risk: must be one of {_RISK_VALUES}")
+
+    return ToolSpec(name=name, description=description, parameters=parameters,
+                    risk=risk, origin=origin)
+
+
+def parse_client_tools(raw: list) -> list[ToolSpec]:
+    """CONTEXT_UPDATE.activeTools -> specs; raises ToolError naming the tool index."""
+    if not isinstance(raw, list):
+        raise ToolError("activeTools: must be a list")
+    specs: list[ToolSpec] = []
+    seen: set[str] = set()
+    for index, item in enumerate(raw):
+        spec = parse_tool(item, origin="client", path=f"activeTools[{index}]")
+        if spec.name in seen:
+            raise ToolError(f"activeTools[{index}].name: duplicate tool name '{spec.name}'")
+        seen.add(spec.name)
+        specs.append(spec)
+    return specs
+
+
+# --- AITP schema --------------------------------------------------------------
+
+
+def validate_aitp_schema(schema: Any, path: str) -> None:
+    """Check an AITP parameter schema; raises ToolError naming the path."""
+    _validate_schema(schema, path, depth=1)
+
+
+def _validate_schema(schema: Any, path: str, depth: int) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ToolError(f"{path}: nested deeper than {MAX_SCHEMA_DEPTH} levels")
+    if not isinstance(schema, dict):
+        raise ToolError(f"{path}: must be an object")
+
+    kind = schema.get("type")
+    if not isinstance(kind, str) or kind.upper() not in AITP_TYPES:
+        raise ToolError(f"{path}.type: must be one of {', '.join(AITP_TYPES)}")
+    kind = kind.upper()
+
+    description = schema.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ToolError(f"{path}.description: must be a string")
+
+    properties = schema.get("properties")
+    if properties is not None:
+        if kind != "OBJECT":
+            raise ToolError(f"{path}.properties: only allowed for type OBJECT")
+        if not isinstance(properties, dict):
+            raise ToolError(f"{path}.properties: must be an object")
+        for key, child in properties.items():
+            if not isinstance(key, str) or not _PROPERTY_NAME.fullmatch(key):
+                raise ToolError(f"{path}.properties: key '{str(key)[:64]}' must be 1-64 "
+                                "letters, digits, '_', '.' or '-'")
+            _validate_schema(child, f"{path}.properties.{key}", depth + 1)
+
+    required = schema.get("required")
+    if required is not None:
+        if kind != "OBJECT":
+            raise ToolError(f"{path}.required: only allowed for type OBJECT")
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise ToolError(f"{path}.required: must be a list of strings")
+        for key in required:
+            if key not in (properties or {}):
+                raise ToolError(f"{path}.required: '{key[:64]}' is not a declared property")
+        if len(set(required)) != len(required):
+            raise ToolError(f"{path}.required: must not repeat a name")
+
+    items = schema.get("items")
+    if items is not None:
+        if kind != "ARRAY":
+            raise ToolError(f"{path}.items: only allowed for type ARRAY")
+        _validate_schema(items, f"{path}.items", depth + 1)
+
+    enum_values = schema.get("enum")
+    if enum_values is not None:
+        if not isinstance(enum_values, list) or not enum_values:
+            raise ToolError(f"{path}.enum: must be a non-empty list")
+        for index, value in enumerate(enum_values):
+            if not _matches_type(kind.lower(), value):
+                raise ToolError(f"{path}.enum[{index}]: expected {kind.lower()}")
+
+
+def aitp_to_json_schema(schema: dict | None) -> dict:
+    """AITP schema -> JSON Schema for the model (lower-case types).
+
+    Carries type, description, properties, required, items and enum; other
+    keys are dropped so the model sees only what validate_arguments checks.
+    """
+    if schema is None:
+        return {"type": "object", "properties": {}}
+    validate_aitp_schema(schema, "parameters")
+    converted = _convert(schema)
+    if converted["type"] != "object":
+        raise ToolError("parameters.type: must be OBJECT")
+    converted.setdefault("properties", {})
+    return converted
+
+
+def _convert(schema: dict) -> dict:
+    out: dict[str, Any] = {"type": schema["type"].lower()}
+    if isinstance(schema.get("description"), str):
+        out["description"] = schema["description"]
+    if schema.get("properties") is not None:
+        out["properties"] = {k: _convert(v) for k, v in schema["properties"].items()}
+    if schema.get("required"):
+        out["required"] = list(schema["required"])
+    if schema.get("items") is not None:
+        out["items"] = _convert(schema["items"])
+    if schema.get("enum") is not None:
+        out["enum"] = copy.deepcopy(schema["enum"])
+    return out
+
+
+# --- arguments ------------------------------------------------------------------
+
+
+def validate_arguments(schema: dict, args: Any) -> list[str]:
+    """Check model-produced arguments against a JSON Schema from aitp_to_json_schema.
+
+    Returns human messages ("quantity: expected number"); empty means valid.
+    Extra properties are allowed.
+    """
+    if not isinstance(args, dict):
+        return ["arguments must be an object"]
+    errors: list[str] = []
+    _check_object(schema, args, "", errors)
+    return errors
+
+
+def _check(schema: dict, value: Any, path: str, errors: list[str]) -> None:
+    kind = schema.get("type")
+    kind = kind.lower() if isinstance(kind, str) else None
+    if kind is not None and not _matches_type(kind, value):
+        errors.append(f"{path}: expected {kind}")
+        return
+    enum_values = schema.get("enum")
+    if enum_values is not None and not any(_same_value(value, e) for e in enum_values):
+        allowed = ", ".join(json.dumps(e, ensure_ascii=False) for e in enum_values)
+        errors.append(f"{path}: must be one of {allowed}")
+        return
+    if kind == "object":
+        _check_object(schema, value, path, errors)
+    elif kind == "array" and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            _check(schema["items"], item, f"{path}[{index}]", errors)
+
+
+def _check_object(schema: dict, value: dict, path: str, errors: list[str]) -> None:
+    prefix = f"{path}." if path else ""
+    for key in schema.get("required") or ():
+        if key not in value:
+            errors.append(f"{prefix}{key}: is required")
+    for key, child in (schema.get("properties") or {}).items():
+        if key in value and isinstance(child, dict):
+            _check(child, value[key], f"{prefix}{key}", errors)
+
+
+def _matches_type(kind: str, value: Any) -> bool:
+    # bool is an int in Python but never a number or an integer in JSON.
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "number":
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (not isinstance(value, float) or math.isfinite(value)))
+    if kind == "integer":
+        if isinstance(value, bool):
+            return False
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "array":
+        return isinstance(value, list)
+    return False
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    # Python says True == 1; JSON does not.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    return a == b
+
+
+# --- the tool surface -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolSurface:
+    """The tools one session offers the model: server tools win name clashes."""
+
+    server_tools: tuple[ToolSpec, ...]
+    client_tools: tuple[ToolSpec, ...]
+
+    @classmethod
+    def build(cls, server_tools: Iterable[ToolSpec], client_tools: Iterable[ToolSpec]) -> ToolSurface:
+        server = tuple(server_tools)
+        client = tuple(client_tools)
+        for label, group in (("server", server), ("client", client)):
+            seen: set[str] = set()
+            for tool in group:
+                if tool.name in seen:
+                    raise ToolError(f"duplicate {label} tool name '{tool.name}'")
+                seen.add(tool.name)
+        return cls(server_tools=server, client_tools=client)
+
+    @cached_property
+    def _server_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.server_tools)
+
+    @cached_property
+    def effective(self) -> tuple[ToolSpec, ...]:
+        return self.server_tools + tuple(
+            t for t in self.client_tools if t.name not in self._server_names)
+
+    @cached_property
+    def ignored(self) -> tuple[ToolSpec, ...]:
+        return tuple(t for t in self.client_tools if t.name in self._server_names)
+
+    @cached_property
+    def _by_name(self) -> dict[str, ToolSpec]:
+        return {t.name: t for t in self.effective}
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self._by_name.get(name)
+
+    def to_event_data(self) -> dict:
+        """data of SYSTEM_EVENT tools_effective (wire-compat 4)."""
+        return {
+            "effectiveTools": [t.to_wire() for t in self.effective],
+            "serverTools": [t.to_wire() for t in self.server_tools],
+            "clientTools": [t.to_wire() for t in self.client_tools],
+            "ignoredClientTools": [t.to_wire() for t in self.ignored],
+        }
+
+    def anthropic_tools(self) -> list[dict]:
+        """Tools for the model in a canonical order.
+
+        The prompt cache keys on the exact tool list, so the same surface
+        must always produce the same bytes: server tools by name, then
+        client tools by name, with the cache breakpoint on the last one.
+        """
+        server = sorted(self.server_tools, key=attrgetter("name"))
+        client = sorted(self.effective[len(self.server_tools):], key=attrgetter("name"))
+        tools = [t.to_anthropic() for t in server + client]
+        if tools:
+            tools[-1]["cache_control"] = {"type": "ephemeral"}
+        return tools
+
+
+# --- hashing ----------------------------------------------------------------------
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def args_hash(name: str, args: dict) -> str:
+    """sha256 hex of the canonical call; equal for equal calls whatever the key order."""
+    text = canonical_json({"name": name, "args": args})
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,0 +1,5 @@
+import sys
+
+from aitp_client.chat import main
+
+sys.exit(main())

@@ -1,0 +1,395 @@
+"""Operator screens: pending approvals, the review queue, the audit log, server tools.
+
+Access follows tenancy rather than Django's per-model permissions: staff
+users see and act on the rows of the tenants they are members of, superusers
+on all. Every decision goes through approvals.services, which checks the
+membership again inside its transaction.
+"""
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from aitp.models import TenantMembership
+from aitp.selectors import scope_to_user, session_conversation, tenant_ids_for_user
+from approvals import services
+from approvals.models import (
+    RISKS_NEEDING_APPROVAL,
+    Approval,
+    AuditEvent,
+    DemoOrder,
+    PendingApproval,
+    ReviewedApproval,
+    ServerTool,
+)
+from approvals.selectors import is_operator
+from approvals.server_tools import python_tool_names
+
+MAX_NOTE_CHARS = 2000
+
+
+def _pretty(value) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+class TenantScopedAdmin(admin.ModelAdmin):
+    """Rows limited to the user's tenants; open to operators without model permissions."""
+
+    tenant_field = "tenant"
+
+    def get_queryset(self, request):
+        return scope_to_user(super().get_queryset(request), request.user, self.tenant_field)
+
+    def has_module_permission(self, request) -> bool:
+        return is_operator(request.user)
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return is_operator(request.user)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+# --- approvals ------------------------------------------------------------------
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
+    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, widget=forms.Textarea)
+
+
+class ReviewForm(forms.Form):
+    verdict = forms.ChoiceField(choices=[("ok", "OK"), ("concern", "Concern")])
+    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, widget=forms.Textarea)
+
+
+class ApprovalAdmin(TenantScopedAdmin):
+    list_display = (
+        "id", "created_at", "tenant", "session_id", "tool_name", "risk", "origin", "status",
+        "parties", "deadline", "review_status",
+    )
+    list_filter = ("status", "risk", "origin", "needs_operator", "review_status", "review_verdict")
+    search_fields = ("tool_name", "session__id", "tool_call__call_id")
+    list_select_related = ("tenant",)
+    ordering = ("-created_at",)
+    detail_template = "admin/approvals/approval/detail.html"
+
+    @admin.display(description="decided by")
+    def parties(self, obj: Approval) -> str:
+        return {
+            (True, False): "user", (False, True): "operator", (True, True): "user + operator",
+        }.get((obj.needs_user, obj.needs_operator), "-")
+
+    # The detail page replaces the change form: nothing here is edited in place,
+    # decisions and reviews are posted to their own views below.
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/decide/", wrap(self.decide_view), name="%s_%s_decide" % info),
+            path("<path:object_id>/review/", wrap(self.review_view), name="%s_%s_review" % info),
+        ] + super().get_urls()
+
+    def _get_visible(self, request, object_id) -> Approval:
+        try:
+            pk = int(object_id)
+        except (TypeError, ValueError):
+            raise Http404("no such approval") from None
+        approval = (
+            self.get_queryset(request)
+            .select_related("tenant", "session", "tool_call", "operator", "reviewed_by")
+            .filter(pk=pk)
+            .first()
+        )
+        if approval is None:
+            raise Http404("no such approval")
+        return approval
+
+    def _detail_url(self, approval: Approval) -> str:
+        return reverse(
+            f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change",
+            args=[approval.pk],
+        )
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        approval = self._get_visible(request, object_id)
+        info = self.opts.app_label, self.opts.model_name
+        can_decide = (
+            approval.is_pending and approval.needs_operator and approval.operator_decision is None
+        )
+        can_review = not approval.is_pending and approval.risk in RISKS_NEEDING_APPROVAL
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Approval #{approval.pk}: {approval.tool_name}",
+            "approval": approval,
+            "arguments_json": _pretty(approval.arguments),
+            "conversation": _conversation_rows(approval),
+            "audit_events": AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq"),
+            "can_decide": can_decide,
+            "can_review": can_review,
+            "decision_form": DecisionForm(),
+            "review_form": ReviewForm(initial={"verdict": approval.review_verdict or "ok"}),
+            "decide_url": reverse(f"{self.admin_site.name}:%s_%s_decide" % info, args=[approval.pk]),
+            "review_url": reverse(f"{self.admin_site.name}:%s_%s_review" % info, args=[approval.pk]),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, self.detail_template, context)
+
+    def decide_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        approval = self._get_visible(request, object_id)
+        form = DecisionForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "choose approve or deny")
+            return HttpResponseRedirect(self._detail_url(approval))
+        approved = form.cleaned_data["decision"] == "approve"
+        try:
+            approval = services.approval_decide_operator(
+                approval_id=approval.pk, user=request.user, approved=approved,
+                note=form.cleaned_data["note"], channel="admin",
+            )
+        except services.ApprovalError as exc:
+            messages.error(request, f"Not recorded: {exc.message}.")
+        else:
+            messages.success(
+                request, f"{'Approved' if approved else 'Denied'}; the approval is now {approval.status}."
+            )
+        return HttpResponseRedirect(self._detail_url(approval))
+
+    def review_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        approval = self._get_visible(request, object_id)
+        form = ReviewForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "choose a verdict")
+            return HttpResponseRedirect(self._detail_url(approval))
+        try:
+            services.approval_review(
+                approval_id=approval.pk, user=request.user, verdict=form.cleaned_data["verdict"],
+                note=form.cleaned_data["note"], channel="admin",
+            )
+        except services.ApprovalError as exc:
+            messages.error(request, f"Not recorded: {exc.message}.")
+        else:
+            messages.success(request, "Review recorded.")
+        return HttpResponseRedirect(self._detail_url(approval))
+
+
+def _conversation_rows(approval: Approval) -> list[dict]:
+    """The session's conversation as (role, blocks) with each block made readable."""
+    rows = []
+    for message in session_conversation(approval.session):
+        blocks = message.content if isinstance(message.content, list) else [message.content]
+        rows.append({"role": message.role, "seq": message.seq, "blocks": [_block(b) for b in blocks]})
+    return rows
+
+
+def _block(block) -> dict:
+    if isinstance(block, str):
+        return {"kind": "text", "text": block}
+    if not isinstance(block, dict):
+        return {"kind": "other", "text": _pretty(block)}
+    kind = block.get("type", "other")
+    if kind == "text":
+        return {"kind": "text", "text": block.get("text", "")}
+    if kind == "tool_use":
+        return {"kind": "tool_use", "title": f"calls {block.get('name', '?')}",
+                "text": _pretty(block.get("input", {}))}
+    if kind == "tool_result":
+        content = block.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                c.get("text", "") if isinstance(c, dict) else str(c) for c in content
+            )
+        title = "tool error" if block.get("is_error") else "tool result"
+        return {"kind": "tool_result", "title": title, "text": str(content)}
+    return {"kind": "other", "title": kind, "text": _pretty(block)}
+
+
+@admin.register(Approval)
+class AllApprovalsAdmin(ApprovalAdmin):
+    pass
+
+
+@admin.register(PendingApproval)
+class PendingApprovalAdmin(ApprovalAdmin):
+    list_display = ("id", "session_id", "tenant", "tool_name", "risk", "arguments_short",
+                    "created_at", "deadline")
+    list_filter = ("risk", "tenant")
+    ordering = ("deadline",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(
+            status=Approval.Status.PENDING, needs_operator=True, operator_decision__isnull=True
+        )
+
+    @admin.display(description="arguments")
+    def arguments_short(self, obj: Approval) -> str:
+        text = json.dumps(obj.arguments, sort_keys=True, ensure_ascii=False)
+        return text if len(text) <= 120 else text[:119] + "…"
+
+
+class ReviewStateFilter(admin.SimpleListFilter):
+    """Unreviewed by default: the queue shows what still needs a look."""
+
+    title = "review"
+    parameter_name = "review"
+
+    def lookups(self, request, model_admin):
+        return [("unreviewed", "Unreviewed"), ("reviewed", "Reviewed"), ("all", "All")]
+
+    def value(self):
+        return super().value() or "unreviewed"
+
+    def choices(self, changelist):
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request, queryset):
+        if self.value() == "all":
+            return queryset
+        return queryset.filter(review_status=self.value())
+
+
+@admin.register(ReviewedApproval)
+class ReviewQueueAdmin(ApprovalAdmin):
+    list_display = ("id", "created_at", "tenant", "session_id", "tool_name", "risk", "status",
+                    "decided_at", "review_status", "review_verdict")
+    list_filter = (ReviewStateFilter, "risk", "status", "review_verdict")
+    actions = ["mark_reviewed_ok"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(risk__in=RISKS_NEEDING_APPROVAL).exclude(
+            status=Approval.Status.PENDING
+        )
+
+    @admin.action(description="Mark reviewed: OK")
+    def mark_reviewed_ok(self, request, queryset):
+        done = 0
+        for approval in queryset:
+            try:
+                services.approval_review(approval_id=approval.pk, user=request.user, verdict="ok")
+            except services.ApprovalError as exc:
+                messages.error(request, f"#{approval.pk} not reviewed: {exc.message}.")
+            else:
+                done += 1
+        messages.success(request, f"{done} approval(s) marked reviewed.")
+
+
+# --- the audit log ------------------------------------------------------------
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(TenantScopedAdmin):
+    list_display = ("seq", "action", "actor_kind", "actor", "channel", "created_at", "hash_prefix",
+                    "tenant_id", "approval_id", "call_id")
+    list_filter = ("action", "actor_kind", "channel")
+    search_fields = ("session_id", "call_id", "actor", "hash")
+    ordering = ("-seq",)
+    actions = None
+
+    @admin.display(description="hash")
+    def hash_prefix(self, obj: AuditEvent) -> str:
+        return obj.hash[:12]
+
+
+# --- server tools ---------------------------------------------------------------
+
+
+def _owner_tenant_ids(user) -> set[int] | None:
+    """Tenants whose tools the user may change: None means all (superuser)."""
+    if tenant_ids_for_user(user) is None:
+        return None
+    return set(
+        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
+        .values_list("tenant_id", flat=True)
+    )
+
+
+class ServerToolForm(forms.ModelForm):
+    python_handler = forms.ChoiceField(required=False)
+
+    class Meta:
+        model = ServerTool
+        fields = ("tenant", "name", "description", "kind", "webhook_url", "timeout_seconds",
+                  "python_handler", "parameters", "risk", "approval_policy", "enabled")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["python_handler"].choices = [("", "-")] + [(n, n) for n in python_tool_names()]
+
+
+@admin.register(ServerTool)
+class ServerToolAdmin(TenantScopedAdmin):
+    form = ServerToolForm
+    list_display = ("name", "tenant", "kind", "risk", "approval_policy", "enabled", "created_at")
+    list_filter = ("kind", "risk", "approval_policy", "enabled")
+    search_fields = ("name", "description")
+    readonly_fields = ("masked_secret",)
+
+    def _may_manage(self, request, obj=None) -> bool:
+        owners = _owner_tenant_ids(request.user)
+        if not is_operator(request.user):
+            return False
+        if owners is None:
+            return True
+        return bool(owners) if obj is None else obj.tenant_id in owners
+
+    def has_add_permission(self, request) -> bool:
+        return self._may_manage(request)
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return self._may_manage(request, obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return self._may_manage(request, obj)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "tenant":
+            owners = _owner_tenant_ids(request.user)
+            if owners is not None:
+                kwargs["queryset"] = db_field.related_model.objects.filter(pk__in=owners)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    @admin.display(description="webhook secret")
+    def masked_secret(self, obj: ServerTool) -> str:
+        if obj is None or not obj.pk:
+            return "shown once, after saving"
+        return format_html("<code>{}…</code>", obj.webhook_secret[:10])
+
+    def response_add(self, request, obj, post_url_continue=None):
+        # The only time the whole secret is shown: the receiver needs it to
+        # check signatures; afterwards the admin shows a prefix.
+        if obj.kind == ServerTool.Kind.WEBHOOK:
+            messages.warning(
+                request,
+                format_html("Webhook secret for {} (shown once, copy it now): <code>{}</code>",
+                            obj.name, obj.webhook_secret),
+            )
+        return super().response_add(request, obj, post_url_continue)
+
+
+@admin.register(DemoOrder)
+class DemoOrderAdmin(TenantScopedAdmin):
+    list_display = ("number", "tenant", "status", "total", "updated_at")
+    list_filter = ("status",)
+    search_fields = ("number",)

@@ -1,0 +1,173 @@
+"""The audit chain: every approval event is linked to the one before by a hash.
+
+Each event's hash covers its own fields and the previous event's hash, so
+altering, removing or reordering a stored row breaks the chain at that row,
+and ``verify_chain`` names it. The chain head row is locked by every
+appender, inside the caller's transaction, so concurrent writers (on any
+number of processes) queue instead of forking the chain.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from approvals.models import GENESIS_HASH, AuditChainHead, AuditEvent
+
+# The data field holds a short note, a verdict or an error text; never raw
+# tool arguments (those are identified by args_hash).
+MAX_DATA_TEXT = 500
+
+
+def _canonical(value) -> str:
+    # Same canonical form as aitp.tools.canonical_json (sorted keys, no
+    # whitespace, UTF-8 kept); defined here too so a change there can never
+    # silently re-hash history.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(dt_timezone.utc).isoformat(timespec="microseconds")
+
+
+def compute_hash(
+    *, seq: int, tenant_id: int, approval_id: int | None, session_id: str, call_id: str,
+    action: str, actor_kind: str, actor: str, channel: str, args_hash: str, data: dict,
+    created_at: datetime, prev_hash: str,
+) -> str:
+    fields = [
+        seq, tenant_id, approval_id, session_id, call_id, action, actor_kind, actor, channel,
+        args_hash, _canonical(data), _iso(created_at), prev_hash,
+    ]
+    return hashlib.sha256(_canonical(fields).encode("utf-8")).hexdigest()
+
+
+def _event_hash(event: AuditEvent) -> str:
+    return compute_hash(
+        seq=event.seq, tenant_id=event.tenant_id, approval_id=event.approval_id,
+        session_id=event.session_id, call_id=event.call_id, action=event.action,
+        actor_kind=event.actor_kind, actor=event.actor, channel=event.channel,
+        args_hash=event.args_hash, data=event.data, created_at=event.created_at,
+        prev_hash=event.prev_hash,
+    )
+
+
+def _short_data(data: dict | None) -> dict:
+    clean = {}
+    for key, value in (data or {}).items():
+        if isinstance(value, str) and len(value) > MAX_DATA_TEXT:
+            value = value[:MAX_DATA_TEXT]
+        clean[str(key)] = value
+    return clean
+
+
+def lock_chain() -> AuditChainHead:
+    """Lock the chain head for the rest of the current transaction.
+
+    Call it first in a transaction that will append. PostgreSQL locks the row
+    (the UPDATE and FOR UPDATE); SQLite ignores FOR UPDATE, but the UPDATE
+    takes the database write lock before anything is read, so a second writer
+    waits for it instead of failing on a read-to-write lock upgrade.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("the audit chain can only be locked inside a transaction")
+    pk = AuditChainHead.SINGLETON_PK
+    touched = AuditChainHead.objects.filter(pk=pk).update(last_seq=F("last_seq"))
+    if not touched:
+        # The row comes with the migration; a test flush or a hand-cleaned
+        # database removes it. Recreate it (a racing creator is handled by
+        # get_or_create's retry on the unique pk).
+        AuditChainHead.objects.get_or_create(pk=pk)
+    return AuditChainHead.objects.select_for_update().get(pk=pk)
+
+
+def append_event(
+    *, tenant_id: int, action: str, actor_kind: str, actor: str = "", channel: str,
+    approval_id: int | None = None, session_id: str = "", call_id: str = "",
+    args_hash: str = "", data: dict | None = None,
+) -> AuditEvent:
+    """Append one event to the chain. Must run inside the transaction that
+    writes the change it records, so both commit or neither does."""
+    if action not in AuditEvent.Action.values:
+        raise ValueError(f"unknown audit action {action!r}")
+    if actor_kind not in AuditEvent.ActorKind.values:
+        raise ValueError(f"unknown actor kind {actor_kind!r}")
+    if channel not in AuditEvent.Channel.values:
+        raise ValueError(f"unknown channel {channel!r}")
+    head = lock_chain()
+    event = AuditEvent(
+        seq=head.last_seq + 1,
+        tenant_id=tenant_id,
+        approval_id=approval_id,
+        session_id=session_id or "",
+        call_id=call_id or "",
+        action=action,
+        actor_kind=actor_kind,
+        actor=(actor or "")[:150],
+        channel=channel,
+        args_hash=args_hash or "",
+        data=_short_data(data),
+        # Whole microseconds in UTC: what every supported database stores, so
+        # the hash recomputed from the stored row matches.
+        created_at=timezone.now().astimezone(dt_timezone.utc),
+        prev_hash=head.last_hash,
+    )
+    event.hash = _event_hash(event)
+    event.save()
+    AuditChainHead.objects.filter(pk=head.pk).update(last_seq=event.seq, last_hash=event.hash)
+    return event
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    ok: bool
+    count: int
+    first_bad_seq: int | None
+    problem: str
+
+
+def verify_chain() -> VerifyResult:
+    """Walk the whole chain in order and report the first broken link."""
+    expected_seq = 1
+    expected_prev = GENESIS_HASH
+    count = 0
+    # One snapshot for the rows and the head, so a concurrent append cannot
+    # look like a missing tail.
+    with transaction.atomic():
+        head = AuditChainHead.objects.filter(pk=AuditChainHead.SINGLETON_PK).first()
+        for event in AuditEvent.objects.order_by("seq").iterator(chunk_size=2000):
+            if event.seq != expected_seq:
+                if event.seq > expected_seq:
+                    problem = f"event #{expected_seq} is missing"
+                else:
+                    problem = f"duplicate or reordered sequence number {event.seq}"
+                return VerifyResult(False, count, event.seq, problem)
+            if event.prev_hash != expected_prev:
+                problem = (
+                    "first event does not start the chain" if expected_seq == 1
+                    else f"does not link to event #{expected_seq - 1} (removed or reordered)"
+                )
+                return VerifyResult(False, count, event.seq, problem)
+            if _event_hash(event) != event.hash:
+                return VerifyResult(False, count, event.seq, "hash mismatch (row altered)")
+            count += 1
+            expected_seq += 1
+            expected_prev = event.hash
+    if head is None:
+        if count:
+            return VerifyResult(False, count, None, "chain head row is missing")
+        return VerifyResult(True, 0, None, "")
+    if head.last_seq > count:
+        # Every stored row checked out, but the head knows of later events.
+        return VerifyResult(
+            False, count, count + 1,
+            f"event #{count + 1} is missing (chain head records {head.last_seq} events)",
+        )
+    if head.last_seq != count or head.last_hash != expected_prev:
+        return VerifyResult(False, count, count or None, "chain head does not match the last event")
+    return VerifyResult(True, count, None, "")

@@ -1,0 +1,172 @@
+"""Tools that run on the server: a tenant's webhooks and Python handlers in code.
+
+A Python tool is registered with ``@register_python_tool``; a tenant offers
+it (or a webhook) to its sessions with an enabled ``ServerTool`` row.
+``load_server_tools`` turns those rows into ``ServerToolDef`` objects that the
+agent runs.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from aitp.tools import ToolError, ToolSpec, parse_tool
+from approvals.models import Policy, ServerTool, higher_risk
+from approvals.webhooks import ToolRunError, call_webhook
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PythonTool", "ServerToolDef", "ToolRunError", "load_server_tools", "python_tool",
+    "python_tool_def", "python_tool_names", "register_python_tool", "spec_for_row",
+]
+
+Runner = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class PythonTool:
+    spec: ToolSpec
+    # handler(args, *, session_id, tenant_id) -> JSON-able result; sync
+    # handlers run in a thread (they may use the ORM), async ones are awaited.
+    handler: Callable[..., Any]
+
+
+_registry: dict[str, PythonTool] = {}
+
+
+def register_python_tool(name: str, *, description: str, parameters: dict | None,
+                         risk: str = "none"):
+    """Decorator: make a function available as the server tool ``name``."""
+    spec = parse_tool(
+        {"name": name, "description": description, "parameters": parameters, "risk": risk},
+        origin="server", path=f"python tool {name}",
+    )
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        existing = _registry.get(name)
+        if existing is not None and existing.handler is not func:
+            raise ValueError(f"python tool {name!r} is already registered")
+        _registry[name] = PythonTool(spec=spec, handler=func)
+        return func
+
+    return decorator
+
+
+def python_tool(name: str) -> PythonTool | None:
+    return _registry.get(name)
+
+
+def python_tool_names() -> list[str]:
+    return sorted(_registry)
+
+
+@dataclass(frozen=True)
+class ServerToolDef:
+    spec: ToolSpec  # origin="server"
+    policy: str  # user / operator / user_and_operator
+    tool_id: int | None  # ServerTool pk; None for a code tool not configured in the database
+    runner: Runner = field(repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    async def run(self, args: dict, *, session_id: str, tenant_id: int, call_id: str = "") -> Any:
+        """Run the tool; raises ToolRunError with a message fit for the model."""
+        return await self.runner(args, session_id=session_id, tenant_id=tenant_id, call_id=call_id)
+
+
+def _python_runner(tool: PythonTool) -> Runner:
+    handler = tool.handler
+    is_async = inspect.iscoroutinefunction(handler)
+    name = tool.spec.name
+
+    async def run(args: dict, *, session_id: str, tenant_id: int, call_id: str) -> Any:
+        try:
+            if is_async:
+                return await handler(args, session_id=session_id, tenant_id=tenant_id)
+            return await database_sync_to_async(handler)(
+                args, session_id=session_id, tenant_id=tenant_id
+            )
+        except ToolRunError:
+            raise
+        except Exception as exc:
+            # A bug in a handler: log it whole, give the model a plain fact.
+            logger.exception("session %s: python tool %s failed", session_id, name)
+            raise ToolRunError("tool failed") from exc
+
+    return run
+
+
+def _webhook_runner(row: ServerTool) -> Runner:
+    url, secret, timeout, name = row.webhook_url, row.webhook_secret, row.timeout_seconds, row.name
+    max_bytes = settings.OWLLAYER_WEBHOOK_MAX_BYTES
+
+    async def run(args: dict, *, session_id: str, tenant_id: int, call_id: str) -> Any:
+        return await call_webhook(
+            url=url, secret=secret, tool=name, arguments=args, session_id=session_id,
+            call_id=call_id, timeout=timeout, max_bytes=max_bytes,
+        )
+
+    return run
+
+
+def python_tool_def(name: str, *, policy: str = Policy.USER) -> ServerToolDef:
+    """A registered Python tool as the agent runs it, without a database row."""
+    tool = _registry[name]
+    return ServerToolDef(spec=tool.spec, policy=Policy(policy).value, tool_id=None,
+                         runner=_python_runner(tool))
+
+
+def spec_for_row(row: ServerTool) -> ToolSpec:
+    """The declaration a ServerTool row offers; raises ToolError when invalid.
+
+    A Python tool row may leave description and parameters empty to use the
+    handler's own, and can raise the risk above the handler's, never lower it.
+    """
+    description, parameters, risk = row.description, row.parameters, row.risk
+    if row.kind == ServerTool.Kind.PYTHON:
+        tool = _registry.get(row.python_handler)
+        if tool is None:
+            raise ToolError(f"{row.name}: python handler {row.python_handler!r} is not registered")
+        description = description or tool.spec.description
+        parameters = parameters if parameters is not None else tool.spec.parameters
+        risk = higher_risk(risk, tool.spec.risk)
+    return parse_tool(
+        {"name": row.name, "description": description, "parameters": parameters, "risk": risk},
+        origin="server", path=row.name,
+    )
+
+
+def _def_for_row(row: ServerTool) -> ServerToolDef | None:
+    try:
+        spec = spec_for_row(row)
+    except ToolError as exc:
+        logger.warning("tenant %s: server tool %s skipped: %s", row.tenant_id, row.name, exc.message)
+        return None
+    if row.kind == ServerTool.Kind.PYTHON:
+        runner = _python_runner(_registry[row.python_handler])
+    elif row.kind == ServerTool.Kind.WEBHOOK and row.webhook_url.startswith(("http://", "https://")):
+        runner = _webhook_runner(row)
+    else:
+        logger.warning("tenant %s: server tool %s skipped: no usable webhook url",
+                       row.tenant_id, row.name)
+        return None
+    return ServerToolDef(spec=spec, policy=row.approval_policy, tool_id=row.pk, runner=runner)
+
+
+async def load_server_tools(tenant_id: int) -> list[ServerToolDef]:
+    """The tenant's enabled server tools, ready to run (one query)."""
+    defs = []
+    async for row in ServerTool.objects.filter(tenant_id=tenant_id, enabled=True).order_by("name"):
+        tool_def = _def_for_row(row)
+        if tool_def is not None:
+            defs.append(tool_def)
+    return defs
+

@@ -1,0 +1,398 @@
+"""Writes for approvals. Each function is one transaction holding the change
+and its audit event, so the record of a decision can never disagree with it.
+
+Every transaction starts by locking the audit chain head (see
+``approvals.audit.lock_chain``): decisions on approvals are therefore
+serialised across processes, and of two racing answers the first one wins
+and the second sees the approval already decided.
+
+Async callers wrap each call in one ``database_sync_to_async``.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+from django.utils import timezone
+
+from aitp import notify
+from aitp.models import OperatorAction, ToolCall
+from aitp.selectors import tenant_ids_for_user
+from aitp.tools import args_hash as compute_args_hash
+from approvals.audit import append_event, lock_chain
+from approvals.models import Approval, AuditEvent, Policy, ServerTool, higher_risk, policy_parties
+
+if TYPE_CHECKING:
+    from approvals.server_tools import ServerToolDef
+
+logger = logging.getLogger(__name__)
+
+Action = AuditEvent.Action
+ActorKind = AuditEvent.ActorKind
+Channel = AuditEvent.Channel
+Status = Approval.Status
+Decision = Approval.Decision
+
+
+class ApprovalError(Exception):
+    """A request the caller may not make; ``code`` is stable, ``message`` is for people."""
+
+    MESSAGES = {
+        "unknown_call": "no such pending call",
+        "approval_mismatch": "approval does not match the call's arguments",
+        "already_decided": "approval already decided",
+        "not_allowed": "not allowed to decide this approval",
+    }
+
+    def __init__(self, code: str, message: str = "") -> None:
+        self.code = code
+        self.message = message or self.MESSAGES.get(code, code)
+        super().__init__(self.message)
+
+
+# --- helpers ------------------------------------------------------------------
+
+
+def _locked_approval(approval_id) -> Approval:
+    """The approval row, locked; call after lock_chain() inside a transaction."""
+    try:
+        pk = int(approval_id)
+    except (TypeError, ValueError):
+        raise ApprovalError("unknown_call") from None
+    approval = (
+        Approval.objects.select_for_update().select_related("tool_call").filter(pk=pk).first()
+    )
+    if approval is None:
+        raise ApprovalError("unknown_call")
+    return approval
+
+
+def _audit(approval: Approval, action: str, *, actor_kind: str, actor: str, channel: str,
+           data: dict | None = None) -> AuditEvent:
+    return append_event(
+        tenant_id=approval.tenant_id,
+        approval_id=approval.pk,
+        session_id=approval.session_id,
+        call_id=approval.tool_call.call_id,
+        action=action,
+        actor_kind=actor_kind,
+        actor=actor,
+        channel=channel,
+        args_hash=approval.args_hash,
+        data=data,
+    )
+
+
+def _resolve(approval: Approval, now) -> None:
+    """Set the overall status from the parties' decisions: one refusal denies,
+    approval needs every required party."""
+    decisions = [approval.user_decision, approval.operator_decision]
+    if Decision.DENIED in decisions:
+        approval.status = Status.DENIED
+    elif (not approval.needs_user or approval.user_decision == Decision.APPROVED) and (
+        not approval.needs_operator or approval.operator_decision == Decision.APPROVED
+    ):
+        approval.status = Status.APPROVED
+    if approval.status != Status.PENDING:
+        approval.decided_at = now
+
+
+def _close(approval: Approval, status: str, action: str, now, *, data: dict | None = None) -> None:
+    approval.status = status
+    approval.decided_at = now
+    approval.save(update_fields=["status", "decided_at"])
+    _audit(approval, action, actor_kind=ActorKind.SYSTEM, actor="system", channel=Channel.SYSTEM,
+           data=data)
+
+
+def _is_overdue(approval: Approval, now) -> bool:
+    return now > approval.deadline
+
+
+def _tool_facts(tool: ServerTool | ServerToolDef) -> tuple[str, str, str]:
+    """(name, risk, policy) of a ServerTool row or a loaded ServerToolDef."""
+    if isinstance(tool, ServerTool):
+        return tool.name, tool.risk, tool.approval_policy
+    risk = tool.spec.risk
+    return tool.spec.name, str(getattr(risk, "value", risk)), tool.policy
+
+
+def _request(*, tool_call: ToolCall, tool_name: str, args: dict, risk: str, message: str,
+             session_id: str, timeout: float, origin: str, policy: str) -> Approval:
+    """Shared by both directions: open an approval for a call, or extend the open one."""
+    requested_hash = compute_args_hash(tool_name, args)
+    if origin == Approval.Origin.CLIENT:
+        actor_kind, actor, channel = ActorKind.PAGE, session_id, Channel.PAGE
+    else:
+        actor_kind, actor, channel = ActorKind.SYSTEM, "agent", Channel.SYSTEM
+    mismatch = False
+    with transaction.atomic():
+        lock_chain()
+        now = timezone.now()
+        call = ToolCall.objects.select_for_update().filter(pk=tool_call.pk).first()
+        # Only the session that holds the call may ask, and only while the call is open.
+        if (
+            call is None
+            or call.session_id != session_id
+            or call.origin != origin
+        ):
+            raise ApprovalError("unknown_call")
+        existing = Approval.objects.select_for_update().select_related("tool_call").filter(
+            tool_call=call
+        ).first()
+        expected_hash = compute_args_hash(call.name, call.arguments)
+        if requested_hash != expected_hash:
+            # Recorded and committed: a page asking approval for arguments other
+            # than those the call carries is worth an operator's look.
+            append_event(
+                tenant_id=call.session.tenant_id,
+                approval_id=existing.pk if existing else None,
+                session_id=session_id,
+                call_id=call.call_id,
+                action=Action.MISMATCH,
+                actor_kind=actor_kind,
+                actor=actor,
+                channel=channel,
+                args_hash=requested_hash,
+                data={"expected_args_hash": expected_hash, "tool": tool_name[:64]},
+            )
+            mismatch = True
+        elif existing is not None:
+            if existing.status != Status.PENDING:
+                raise ApprovalError("already_decided")
+            existing.deadline = max(existing.deadline, now + timedelta(seconds=timeout))
+            existing.save(update_fields=["deadline"])
+            _audit(existing, Action.EXTENDED, actor_kind=actor_kind, actor=actor, channel=channel,
+                   data={"deadline": existing.deadline.isoformat()})
+            return existing
+        elif call.status in ToolCall.FINAL_STATUSES:
+            raise ApprovalError("unknown_call")
+        else:
+            needs_user, needs_operator = policy_parties(policy)
+            approval = Approval.objects.create(
+                tenant_id=call.session.tenant_id,
+                session_id=session_id,
+                tool_call=call,
+                tool_name=call.name,
+                arguments=call.arguments,
+                args_hash=expected_hash,
+                risk=higher_risk(risk, call.risk),
+                origin=origin,
+                policy=policy,
+                message=message,
+                needs_user=needs_user,
+                needs_operator=needs_operator,
+                deadline=now + timedelta(seconds=timeout),
+                created_at=now,
+            )
+            ToolCall.objects.filter(pk=call.pk).update(status=ToolCall.Status.AWAITING_APPROVAL)
+            _audit(approval, Action.REQUESTED, actor_kind=actor_kind, actor=actor, channel=channel,
+                   data={"policy": policy, "risk": approval.risk})
+            return approval
+    if mismatch:
+        logger.warning("session %s: approval arguments differ from call %s", session_id,
+                       tool_call.call_id)
+        raise ApprovalError("approval_mismatch")
+    raise AssertionError("unreachable")
+
+
+# --- requests -----------------------------------------------------------------
+
+
+def approval_request_client(*, tool_call: ToolCall, tool_name: str, args: dict, risk: str,
+                            message: str, session_id: str, timeout: float) -> Approval:
+    """The page asks approval for an interface call it holds (its APPROVAL_REQUEST).
+    A second request for the same call extends the pending approval's deadline."""
+    return _request(
+        tool_call=tool_call, tool_name=tool_name, args=args, risk=risk, message=message,
+        session_id=session_id, timeout=timeout, origin=Approval.Origin.CLIENT,
+        policy=Policy.USER,
+    )
+
+
+def approval_request_server(*, tool_call: ToolCall, tool: ServerTool | ServerToolDef, args: dict,
+                            session_id: str, timeout: float, message: str = "") -> Approval:
+    """The agent wants to run a risky server tool: open an approval with the tool's policy."""
+    name, risk, policy = _tool_facts(tool)
+    return _request(
+        tool_call=tool_call, tool_name=name, args=args, risk=risk,
+        message=message or f"Allow {name} to run? (risk: {risk})",
+        session_id=session_id, timeout=timeout, origin=Approval.Origin.SERVER, policy=policy,
+    )
+
+
+# --- decisions ----------------------------------------------------------------
+
+
+def approval_decide_user(*, approval_id, session_id: str, approved: bool,
+                         error: str | None = None) -> Approval:
+    """The page user's answer (APPROVAL_RESPONSE). Only the session holding the
+    call may answer, once, before the deadline."""
+    expired = False
+    with transaction.atomic():
+        lock_chain()
+        now = timezone.now()
+        approval = _locked_approval(approval_id)
+        if approval.session_id != session_id or not approval.needs_user:
+            raise ApprovalError("not_allowed")
+        if approval.status != Status.PENDING or approval.user_decision is not None:
+            raise ApprovalError("already_decided")
+        if _is_overdue(approval, now):
+            _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "user"})
+            expired = True
+        else:
+            approval.user_decision = Decision.APPROVED if approved else Decision.DENIED
+            approval.user_decided_at = now
+            _resolve(approval, now)
+            approval.save(update_fields=["user_decision", "user_decided_at", "status", "decided_at"])
+            data = {"party": "user", "status": approval.status}
+            if error:
+                data["error"] = error
+            _audit(approval, Action.APPROVED if approved else Action.DENIED,
+                   actor_kind=ActorKind.PAGE, actor=session_id, channel=Channel.PAGE, data=data)
+    if expired:
+        raise ApprovalError("already_decided", "approval expired")
+    return approval
+
+
+def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "",
+                             channel: str = "admin") -> Approval:
+    """An operator's decision, from the admin or the console. The process
+    holding the session is told to re-read the approval after commit."""
+    expired = False
+    with transaction.atomic():
+        lock_chain()
+        now = timezone.now()
+        approval = _locked_approval(approval_id)
+        tenant_ids = tenant_ids_for_user(user)
+        if tenant_ids is not None and approval.tenant_id not in tenant_ids:
+            raise ApprovalError("not_allowed")
+        if not approval.needs_operator:
+            raise ApprovalError("not_allowed", "this approval is for the page user")
+        if approval.status != Status.PENDING or approval.operator_decision is not None:
+            raise ApprovalError("already_decided")
+        if _is_overdue(approval, now):
+            _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "operator"})
+            expired = True
+        else:
+            approval.operator_decision = Decision.APPROVED if approved else Decision.DENIED
+            approval.operator = user
+            approval.operator_note = note
+            approval.operator_decided_at = now
+            _resolve(approval, now)
+            approval.save(update_fields=[
+                "operator_decision", "operator", "operator_note", "operator_decided_at",
+                "status", "decided_at",
+            ])
+            data = {"party": "operator", "status": approval.status}
+            if note:
+                data["note"] = note
+            _audit(approval, Action.APPROVED if approved else Action.DENIED,
+                   actor_kind=ActorKind.OPERATOR, actor=user.get_username(), channel=channel,
+                   data=data)
+            OperatorAction.objects.create(
+                session_id=approval.session_id, tenant_id=approval.tenant_id, user=user,
+                action="approval_approved" if approved else "approval_denied",
+                data={"approval_id": approval.pk, "tool": approval.tool_name, "note": note[:500]},
+            )
+        session_id, pk = approval.session_id, approval.pk
+        transaction.on_commit(
+            lambda: notify.session_command(session_id, "approval_decided", approval_id=pk),
+            robust=True,
+        )
+    if expired:
+        raise ApprovalError("already_decided", "approval expired")
+    logger.info("session %s: operator %s %s approval %s", approval.session_id,
+                user.get_username(), "approved" if approved else "denied", approval.pk)
+    return approval
+
+
+# --- endings ------------------------------------------------------------------
+
+
+def approval_expire(*, approval_id) -> Approval:
+    """The waiting side gave up: a pending approval becomes expired. Idempotent;
+    the caller's timer decides when, so an approval the agent stopped waiting
+    for can never be approved afterwards."""
+    with transaction.atomic():
+        lock_chain()
+        approval = _locked_approval(approval_id)
+        if approval.status == Status.PENDING:
+            _close(approval, Status.EXPIRED, Action.EXPIRED, timezone.now())
+    return approval
+
+
+def approval_expire_overdue() -> int:
+    """Expire every pending approval past its deadline (those whose session's
+    process died before its timer fired). Returns how many."""
+    now = timezone.now()
+    overdue = list(
+        Approval.objects.filter(status=Status.PENDING, deadline__lt=now).values_list("pk", flat=True)
+    )
+    expired = 0
+    for pk in overdue:
+        with transaction.atomic():
+            lock_chain()
+            approval = _locked_approval(pk)
+            if approval.status == Status.PENDING and _is_overdue(approval, timezone.now()):
+                _close(approval, Status.EXPIRED, Action.EXPIRED, timezone.now())
+                expired += 1
+    return expired
+
+
+def approval_close(*, approval_id, status: str) -> Approval:
+    """End a pending approval because the turn was cancelled or the page went away."""
+    if status not in (Status.CANCELLED, Status.DISCONNECTED):
+        raise ValueError(f"cannot close an approval as {status!r}")
+    action = Action.CANCELLED if status == Status.CANCELLED else Action.DISCONNECTED
+    with transaction.atomic():
+        lock_chain()
+        approval = _locked_approval(approval_id)
+        if approval.status == Status.PENDING:
+            _close(approval, status, action, timezone.now())
+    return approval
+
+
+def approval_record_execution(*, approval_id, ok: bool, error: str = "") -> None:
+    """Record that the approved tool ran (executed) or failed."""
+    with transaction.atomic():
+        lock_chain()
+        approval = _locked_approval(approval_id)
+        if approval.status != Status.APPROVED:
+            raise ApprovalError("not_allowed", "approval was not approved")
+        _audit(approval, Action.EXECUTED if ok else Action.FAILED, actor_kind=ActorKind.SYSTEM,
+               actor="system", channel=Channel.SYSTEM, data={"error": error} if error else None)
+
+
+# --- review -------------------------------------------------------------------
+
+
+def approval_review(*, approval_id, user, verdict: str, note: str = "",
+                    channel: str = "admin") -> Approval:
+    """An operator looks back at a decided approval and records a verdict."""
+    if verdict not in (Approval.Verdict.OK, Approval.Verdict.CONCERN):
+        raise ValueError(f"unknown review verdict {verdict!r}")
+    with transaction.atomic():
+        lock_chain()
+        approval = _locked_approval(approval_id)
+        tenant_ids = tenant_ids_for_user(user)
+        if tenant_ids is not None and approval.tenant_id not in tenant_ids:
+            raise ApprovalError("not_allowed")
+        if approval.status == Status.PENDING:
+            raise ApprovalError("not_allowed", "a pending approval cannot be reviewed")
+        approval.review_status = Approval.ReviewStatus.REVIEWED
+        approval.review_verdict = verdict
+        approval.review_note = note
+        approval.reviewed_by = user
+        approval.reviewed_at = timezone.now()
+        approval.save(update_fields=[
+            "review_status", "review_verdict", "review_note", "reviewed_by", "reviewed_at",
+        ])
+        data = {"verdict": verdict}
+        if note:
+            data["note"] = note
+        _audit(approval, Action.REVIEWED, actor_kind=ActorKind.OPERATOR,
+               actor=user.get_username(), channel=channel, data=data)
+    return approval

@@ -1,0 +1,220 @@
+"""OwlLayer Server settings: everything comes from the environment, read here.
+
+Each helper fails loudly on a value it cannot use, so a typo in a deployment
+stops the process at start-up instead of changing behaviour silently.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name) or default
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and os.environ.get("OWLLAYER_INSECURE_DEV_SECRET") != "1":
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY must be set (or DJANGO_DEBUG=true for local development)"
+        )
+    SECRET_KEY = "owllayer-insecure-development-secret-do-not-deploy"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "aitp",
+    "approvals",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "owllayer_site.urls"
+ASGI_APPLICATION = "owllayer_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+import dj_database_url  # noqa: E402
+
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+except Exception as exc:  # dj_database_url raises a bare ValueError / KeyError
+    raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {exc}") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several coroutines write through sync_to_async threads: wait for the
+    # lock instead of failing at once.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channel layer --------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": env_str("OWLLAYER_CHANNEL_PREFIX", "owllayer"),
+                "capacity": 1000,
+                "expiry": 30,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+LOGIN_URL = "/console/login/"
+LOGIN_REDIRECT_URL = "/console/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_choice(
+        "OWLLAYER_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+}
+
+# --- The AITP protocol ----------------------------------------------------
+OWLLAYER_WS_PATH = env_str("OWLLAYER_WS_PATH", "/owllayer")
+if not OWLLAYER_WS_PATH.startswith("/"):
+    raise ImproperlyConfigured(f"OWLLAYER_WS_PATH must start with '/', got {OWLLAYER_WS_PATH!r}")
+OWLLAYER_MAX_ACTIVE_TOOLS = env_int("OWLLAYER_MAX_ACTIVE_TOOLS", 30, minimum=1)
+OWLLAYER_HANDSHAKE_TIMEOUT = env_float("OWLLAYER_HANDSHAKE_TIMEOUT", 10.0, minimum=0.1)
+OWLLAYER_MAX_MESSAGE_BYTES = env_int("OWLLAYER_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
+OWLLAYER_MAX_CONTEXT_BYTES = env_int("OWLLAYER_MAX_CONTEXT_BYTES", 64 * 1024, minimum=1)
+OWLLAYER_MAX_INVALID_FRAMES = env_int("OWLLAYER_MAX_INVALID_FRAMES", 20, minimum=1)
+OWLLAYER_DEFAULT_SESSION_CAP = env_int("OWLLAYER_DEFAULT_SESSION_CAP", 10, minimum=1)
+OWLLAYER_SERVER_VERSION = "0.4.0"
+
+# --- The agent turn -------------------------------------------------------
+ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
+ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
+OWLLAYER_LLM = env_choice(
+    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", ("anthropic", "offline")
+)
+if OWLLAYER_LLM == "anthropic" and not ANTHROPIC_API_KEY:
+    raise ImproperlyConfigured("OWLLAYER_LLM=anthropic needs ANTHROPIC_API_KEY")
+OWLLAYER_MODEL = env_str("OWLLAYER_MODEL", "claude-sonnet-4-5")
+OWLLAYER_MAX_TOKENS = env_int("OWLLAYER_MAX_TOKENS", 1024, minimum=1)
+OWLLAYER_LLM_TIMEOUT = env_float("OWLLAYER_LLM_TIMEOUT", 30.0, minimum=0.1)
+OWLLAYER_LLM_MAX_RETRIES = env_int("OWLLAYER_LLM_MAX_RETRIES", 2, minimum=0)
+OWLLAYER_TOOL_TIMEOUT = env_float("OWLLAYER_TOOL_TIMEOUT", 10.0, minimum=0.1)
+OWLLAYER_MAX_TOOL_ROUNDS = env_int("OWLLAYER_MAX_TOOL_ROUNDS", 8, minimum=1)
+OWLLAYER_MAX_INPUT_CHARS = env_int("OWLLAYER_MAX_INPUT_CHARS", 8000, minimum=1)
+OWLLAYER_HISTORY_MESSAGES = env_int("OWLLAYER_HISTORY_MESSAGES", 40, minimum=2)
+OWLLAYER_STREAM_INTERVAL = env_float("OWLLAYER_STREAM_INTERVAL", 0.04, minimum=0.0)
+
+# --- Human approval -------------------------------------------------------
+OWLLAYER_APPROVAL_TIMEOUT = env_float("OWLLAYER_APPROVAL_TIMEOUT", 120.0, minimum=0.1)
+OWLLAYER_WEBHOOK_TIMEOUT = env_float("OWLLAYER_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
+OWLLAYER_WEBHOOK_MAX_BYTES = env_int("OWLLAYER_WEBHOOK_MAX_BYTES", 256 * 1024, minimum=1)
+
+# API keys are stored as an HMAC of the key under this secret, so a leaked
+# database does not leak usable keys. Rotating it invalidates every key.
+OWLLAYER_KEY_HASH_SECRET = os.environ.get("OWLLAYER_KEY_HASH_SECRET", "") or SECRET_KEY
+# A live session refreshes its row at this interval; a row not refreshed for
+# three intervals belongs to a process that died and stops counting.
+OWLLAYER_HEARTBEAT_INTERVAL = env_float("OWLLAYER_HEARTBEAT_INTERVAL", 15.0, minimum=0.5)

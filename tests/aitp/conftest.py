@@ -1,0 +1,118 @@
+"""Fixtures for the protocol app: a tenant, its keys, and a connected page."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ORIGIN = "https://shop.example"
+
+
+@pytest.fixture
+def tenant(db):
+    from aitp import services
+
+    return services.tenant_create(slug="acme", name="Acme Store")
+
+
+@pytest.fixture
+def api_key(tenant):
+    """A key for the shop's origin; ``api_key.raw`` is the plaintext."""
+    from aitp import services
+
+    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
+    key.raw = raw
+    return key
+
+
+def application():
+    from owllayer_site.asgi import application as app
+
+    return app
+
+
+class Page:
+    """A page talking to the consumer through Channels' WebsocketCommunicator."""
+
+    def __init__(self, communicator):
+        self.ws = communicator
+
+    async def send(self, type_: str, payload: dict, **envelope) -> None:
+        frame = {"id": "msg_test", "type": type_, "timestamp": 1, "payload": payload, **envelope}
+        await self.ws.send_to(text_data=json.dumps(frame))
+
+    async def recv(self, timeout: float = 5) -> dict:
+        output = await self.ws.receive_output(timeout)
+        if output["type"] == "websocket.close":
+            return {"type": "__close__", "code": output.get("code"), "reason": output.get("reason")}
+        text = output["text"]
+        from tests.wire import assert_client_accepts
+
+        assert_client_accepts(text)
+        return json.loads(text)
+
+    async def recv_until(self, type_: str, timeout: float = 5, **payload_match) -> dict:
+        while True:
+            frame = await self.recv(timeout)
+            if frame["type"] == type_ and all(
+                frame.get("payload", {}).get(k) == v for k, v in payload_match.items()
+            ):
+                return frame
+
+    async def handshake(self, key: str | None, **overrides) -> dict:
+        payload = {
+            "apiKey": key,
+            "userAgent": "pytest",
+            "viewport": "1440x900",
+            "sdkVersion": "0.4.0",
+            "protocolVersion": "1.0.0",
+            **overrides,
+        }
+        await self.send("HANDSHAKE_INIT", {k: v for k, v in payload.items() if v is not None})
+        return await self.recv()
+
+    async def context(self, url="/", title="Home", tools=(), context=None) -> dict:
+        await self.send(
+            "CONTEXT_UPDATE",
+            {"url": url, "title": title, "activeTools": list(tools), "context": context or {}},
+        )
+        return await self.recv()
+
+    async def close(self) -> None:
+        await self.ws.disconnect()
+
+
+@pytest.fixture
+def connect():
+    """``page = await connect(query="apiKey=...", origin=...)``; all closed at the end."""
+    pages: list[Page] = []
+
+    async def _connect(query: str = "", origin: str | None = ORIGIN) -> Page:
+        from channels.testing import WebsocketCommunicator
+
+        headers = [(b"origin", origin.encode())] if origin else []
+        path = "/owllayer" + (f"?{query}" if query else "")
+        communicator = WebsocketCommunicator(application(), path, headers=headers)
+        connected, _ = await communicator.connect()
+        assert connected
+        page = Page(communicator)
+        pages.append(page)
+        return page
+
+    yield _connect
+    # Communicators are closed by each test (they need the running loop).
+
+
+async def open_page(connect, api_key, tools=(), url="/", context=None) -> Page:
+    page = await connect()
+    ack = await page.handshake(api_key.raw)
+    assert ack["type"] == "HANDSHAKE_ACK", ack
+    effective = await page.context(url=url, tools=tools, context=context)
+    assert effective["payload"]["kind"] == "tools_effective", effective
+    return page
+
+
+def in_db(fn):
+    from channels.db import database_sync_to_async
+
+    return database_sync_to_async(fn)

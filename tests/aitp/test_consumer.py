@@ -1,0 +1,272 @@
+"""The consumer's wiring: authentication, handshake, context, limits, close codes.
+
+Each test talks to the real ASGI application through Channels'
+WebsocketCommunicator; rows must be committed for the consumer's database
+thread to see them, hence transaction=True.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from aitp import services
+from aitp.models import ApiKey, Session
+from tests.aitp.conftest import ORIGIN, in_db, open_page
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+ADD_TO_CART = {
+    "name": "add_to_cart",
+    "description": "Add the product to the cart",
+    "parameters": {
+        "type": "OBJECT",
+        "properties": {"quantity": {"type": "NUMBER", "description": "How many"}},
+        "required": ["quantity"],
+    },
+    "risk": "low",
+}
+
+
+async def test_a_valid_handshake_gets_an_ack_with_a_session_and_integer_tool_limit(connect, api_key):
+    page = await connect()
+    ack = await page.handshake(api_key.raw)
+    assert ack["type"] == "HANDSHAKE_ACK"
+    payload = ack["payload"]
+    assert payload["sessionId"].startswith("ses_")
+    assert payload["protocolVersion"] == "1.0.0"
+    assert payload["maxActiveTools"] == 30
+    assert "audio" not in payload["capabilities"]
+    session = await Session.objects.aget(id=payload["sessionId"])
+    assert session.origin == ORIGIN and session.viewport == "1440x900"
+    await page.close()
+
+
+async def test_the_key_may_come_from_the_query_string_alone(connect, api_key):
+    page = await connect(query=f"apiKey={api_key.raw}")
+    ack = await page.handshake(None)
+    assert ack["type"] == "HANDSHAKE_ACK"
+    await page.close()
+
+
+async def test_different_keys_in_query_and_handshake_are_refused_with_1008(connect, api_key, tenant):
+    _, other = await in_db(services.api_key_create)(tenant=tenant)
+    page = await connect(query=f"apiKey={other}")
+    error = await page.handshake(api_key.raw)
+    assert error["payload"]["kind"] == "error"
+    assert error["payload"]["data"]["code"] == "api_key_mismatch"
+    close = await page.recv()
+    assert close == {"type": "__close__", "code": 1008, "reason": "api key mismatch"}
+
+
+@pytest.mark.parametrize(
+    "change, code",
+    [
+        ({"status": ApiKey.Status.REVOKED}, "api_key_revoked"),
+        ({"status": ApiKey.Status.DISABLED}, "api_key_disabled"),
+        ({"expires_at": timezone.now() - timedelta(seconds=1)}, "api_key_expired"),
+    ],
+)
+async def test_a_key_that_cannot_be_used_is_refused_with_its_reason(connect, api_key, change, code):
+    await ApiKey.objects.filter(pk=api_key.pk).aupdate(**change)
+    page = await connect()
+    error = await page.handshake(api_key.raw)
+    assert error["payload"]["data"]["code"] == code
+    assert (await page.recv())["code"] == 1008
+
+
+async def test_an_unknown_key_is_refused_without_an_http_403(connect, api_key):
+    page = await connect()
+    error = await page.handshake(api_key.raw[:-2] + "zz")
+    assert error["payload"]["data"]["code"] == "invalid_api_key"
+    assert (await page.recv())["code"] == 1008
+
+
+async def test_an_origin_not_on_the_key_list_is_refused(connect, api_key):
+    page = await connect(origin="https://evil.example")
+    error = await page.handshake(api_key.raw)
+    assert error["payload"]["data"]["code"] == "origin_not_allowed"
+    assert (await page.recv())["code"] == 1008
+
+
+async def test_a_key_with_no_origin_list_accepts_a_client_without_origin(connect, tenant):
+    _, raw = await in_db(services.api_key_create)(tenant=tenant)
+    page = await connect(origin=None)
+    assert (await page.handshake(raw))["type"] == "HANDSHAKE_ACK"
+    await page.close()
+
+
+async def test_a_protocol_version_mismatch_is_an_error_then_1008(connect, api_key):
+    page = await connect()
+    error = await page.handshake(api_key.raw, protocolVersion="2.0.0")
+    assert error["payload"]["data"]["code"] == "protocol_version_mismatch"
+    assert (await page.recv())["code"] == 1008
+
+
+async def test_messages_before_the_handshake_get_handshake_required(connect, api_key):
+    page = await connect()
+    await page.send("USER_INPUT", {"modality": "text", "content": "hi"})
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "handshake_required"
+    assert (await page.handshake(api_key.raw))["type"] == "HANDSHAKE_ACK"
+    await page.close()
+
+
+@override_settings(OWLLAYER_HANDSHAKE_TIMEOUT=0.2)
+async def test_no_handshake_within_the_timeout_closes_the_socket(connect):
+    page = await connect()
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "handshake_timeout"
+    assert (await page.recv())["code"] == 1008
+
+
+async def test_the_concurrent_session_cap_refuses_one_more(connect, tenant):
+    key, raw = await in_db(services.api_key_create)(tenant=tenant, max_sessions=2)
+    pages = []
+    for _ in range(2):
+        page = await connect()
+        assert (await page.handshake(raw))["type"] == "HANDSHAKE_ACK"
+        pages.append(page)
+    extra = await connect()
+    error = await extra.handshake(raw)
+    assert error["payload"]["data"]["code"] == "session_limit"
+    assert (await extra.recv())["code"] == 1008
+    await pages[0].close()
+    # A closed session frees its slot.
+    again = await connect()
+    assert (await again.handshake(raw))["type"] == "HANDSHAKE_ACK"
+    await again.close()
+    await pages[1].close()
+
+
+async def test_a_context_update_replaces_the_snapshot_and_reports_effective_tools(connect, api_key):
+    page = await connect()
+    ack = await page.handshake(api_key.raw)
+    effective = await page.context(url="/p/1", title="Headphones", tools=[ADD_TO_CART],
+                                   context={"productId": "p1"})
+    data = effective["payload"]["data"]
+    assert [t["name"] for t in data["effectiveTools"]] == ["add_to_cart"]
+    assert data["clientTools"][0]["risk"] == "low"
+    assert data["serverTools"] == [] and data["ignoredClientTools"] == []
+    await page.context(url="/cart", title="Cart", tools=[], context={})
+    session = await Session.objects.aget(id=ack["payload"]["sessionId"])
+    assert session.current_url == "/cart" and session.tools == [] and session.context == {}
+    assert [entry["url"] for entry in session.page_history] == ["/p/1", "/cart"]
+    await page.close()
+
+
+async def test_too_many_tools_are_refused_and_the_previous_tools_kept(connect, api_key):
+    page = await open_page(connect, api_key, tools=[ADD_TO_CART])
+    many = [dict(ADD_TO_CART, name=f"tool_{i}") for i in range(31)]
+    error = await page.context(tools=many)
+    assert error["payload"]["data"]["code"] == "too_many_tools"
+    await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
+    # The offline backend lists the page's tools: still the old set.
+    done = await page.recv_until("AGENT_RESPONSE", done=True)
+    assert "add_to_cart" in done["payload"]["chunk"]
+    await page.close()
+
+
+async def test_a_context_over_64_kib_is_refused(connect, api_key):
+    page = await open_page(connect, api_key)
+    error = await page.context(context={"blob": "x" * (64 * 1024)})
+    assert error["payload"]["data"]["code"] == "context_too_large"
+    await page.close()
+
+
+async def test_an_unknown_risk_is_an_error_never_a_silent_none(connect, api_key):
+    page = await open_page(connect, api_key)
+    error = await page.context(tools=[dict(ADD_TO_CART, risk="medium")])
+    assert error["payload"]["data"]["code"] == "invalid_tool"
+    assert "risk" in error["payload"]["message"]
+    await page.close()
+
+
+async def test_invalid_frames_get_coded_errors_and_keep_the_connection(connect, api_key):
+    page = await open_page(connect, api_key)
+    await page.ws.send_to(text_data="{not json")
+    assert (await page.recv())["payload"]["data"]["code"] == "invalid_json"
+    await page.ws.send_to(text_data="[1,2]")
+    assert (await page.recv())["payload"]["data"]["code"] == "invalid_message"
+    await page.send("NOT_A_TYPE", {})
+    assert (await page.recv())["payload"]["data"]["code"] == "unknown_type"
+    await page.send("TOOL_CALL", {"callId": "x", "name": "y", "args": {}})
+    assert (await page.recv())["payload"]["data"]["code"] == "wrong_direction"
+    await page.send("TOOL_RESULT", {"status": "success"})
+    assert (await page.recv())["payload"]["data"]["code"] == "invalid_message"
+    # Still open: a valid message works.
+    effective = await page.context()
+    assert effective["payload"]["kind"] == "tools_effective"
+    await page.close()
+
+
+async def test_twenty_invalid_frames_in_a_row_close_the_connection(connect, api_key):
+    page = await open_page(connect, api_key)
+    for _ in range(19):
+        await page.ws.send_to(text_data="nope")
+        assert (await page.recv())["payload"]["data"]["code"] == "invalid_json"
+    await page.ws.send_to(text_data="nope")
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "too_many_invalid_frames"
+    assert (await page.recv())["code"] == 1008
+
+
+@override_settings(OWLLAYER_MAX_MESSAGE_BYTES=2048)
+async def test_an_oversize_frame_gets_a_readable_error_not_a_close(connect, api_key):
+    page = await open_page(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "x" * 4096})
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "too_large"
+    assert (await page.context())["payload"]["kind"] == "tools_effective"
+    await page.close()
+
+
+async def test_a_second_user_input_during_a_turn_gets_turn_in_progress(connect, api_key):
+    page = await open_page(connect, api_key, tools=[ADD_TO_CART])
+    await page.send("USER_INPUT", {"modality": "text", "content": '/tool add_to_cart {"quantity": 1}'})
+    call = await page.recv_until("TOOL_CALL")
+    await page.send("USER_INPUT", {"modality": "text", "content": "again"})
+    error = await page.recv_until("SYSTEM_EVENT", kind="error")
+    assert error["payload"]["data"]["code"] == "turn_in_progress"
+    await page.send("TOOL_RESULT", {"callId": call["payload"]["callId"], "status": "success",
+                                    "result": {"added": True}})
+    done = await page.recv_until("AGENT_RESPONSE", done=True)
+    assert "add_to_cart" in done["payload"]["chunk"]
+    await page.close()
+
+
+async def test_text_over_8000_characters_is_refused(connect, api_key):
+    page = await open_page(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "a" * 8001})
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "input_too_long"
+    await page.close()
+
+
+async def test_audio_is_refused_because_no_voice_backend_is_offered(connect, api_key):
+    page = await open_page(connect, api_key)
+    await page.send("AUDIO_STREAM", {"data": "AAAA", "mimeType": "audio/pcm;rate=16000"})
+    assert (await page.recv())["payload"]["data"]["code"] == "voice_unavailable"
+    await page.close()
+
+
+async def test_revoking_a_key_closes_its_live_sessions(connect, api_key):
+    page = await open_page(connect, api_key)
+    key = await ApiKey.objects.aget(pk=api_key.pk)
+    await in_db(services.api_key_revoke)(key=key)
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "api_key_revoked"
+    assert (await page.recv())["code"] == 1008
+
+
+async def test_closing_records_the_end_of_the_session(connect, api_key):
+    page = await connect()
+    ack = await page.handshake(api_key.raw)
+    await page.close()
+    await asyncio.sleep(0.1)
+    session = await Session.objects.aget(id=ack["payload"]["sessionId"])
+    assert session.ended_at is not None and session.state == Session.State.ENDED

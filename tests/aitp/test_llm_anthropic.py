@@ -1,0 +1,383 @@
+"""The Anthropic backend against a fake Messages API server, through the real SDK."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+
+import pytest
+
+from aitp.llm import LlmError, LlmRequest, MessageComplete, TextDelta, Usage, get_backend, reset_backend
+from aitp.llm.anthropic_backend import AnthropicBackend, AnthropicConfig, close_client, get_client
+from aitp.llm.offline import OfflineBackend
+from tests.support.fake_anthropic import (
+    FakeAnthropicServer,
+    broken_stream,
+    error_response,
+    in_stream_error,
+    text_response,
+    tool_use_response,
+)
+
+API_KEY = "sk-ant-test-0123456789"
+
+
+@pytest.fixture
+def fake():
+    with FakeAnthropicServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def backend(fake, settings):
+    settings.ANTHROPIC_API_KEY = API_KEY
+    settings.ANTHROPIC_BASE_URL = fake.base_url
+    settings.OWLLAYER_LLM_MAX_RETRIES = 2
+    settings.OWLLAYER_LLM_TIMEOUT = 5.0
+    yield AnthropicBackend()
+    await close_client()
+
+
+def make_request(text: str = "Hello", **overrides) -> LlmRequest:
+    fields = {
+        "model": "claude-test",
+        "system": [{"type": "text", "text": "You are a shop assistant."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+        "tools": [],
+        "max_tokens": 256,
+    }
+    fields.update(overrides)
+    return LlmRequest(**fields)
+
+
+async def collect(backend, request: LlmRequest | None = None) -> tuple[list[str], MessageComplete]:
+    """The text deltas and the final message, checking the event order on the way."""
+    deltas: list[str] = []
+    completes: list[MessageComplete] = []
+    async for event in backend.stream(request or make_request()):
+        assert not completes, "an event arrived after MessageComplete"
+        if isinstance(event, TextDelta):
+            deltas.append(event.text)
+        else:
+            assert isinstance(event, MessageComplete)
+            completes.append(event)
+    assert len(completes) == 1
+    return deltas, completes[0]
+
+
+async def failure(backend, request: LlmRequest | None = None) -> tuple[list[str], LlmError]:
+    """The text deltas seen before the stream failed, and the LlmError it failed with."""
+    deltas: list[str] = []
+    with pytest.raises(LlmError) as caught:
+        async for event in backend.stream(request or make_request()):
+            assert isinstance(event, TextDelta), "a failing stream must not complete"
+            deltas.append(event.text)
+    return deltas, caught.value
+
+
+async def test_streams_text_as_deltas_then_one_complete_message_with_usage(backend, fake):
+    fake.enqueue(text_response("Hello there, how can I help?", chunks=4, usage={
+        "input_tokens": 21, "output_tokens": 9,
+        "cache_read_input_tokens": 7, "cache_creation_input_tokens": 3,
+    }))
+
+    deltas, complete = await collect(backend)
+
+    assert len(deltas) == 4
+    assert "".join(deltas) == "Hello there, how can I help?"
+    assert complete.content == [{"type": "text", "text": "Hello there, how can I help?"}]
+    assert complete.stop_reason == "end_turn"
+    assert complete.usage == Usage(input_tokens=21, output_tokens=9,
+                                   cache_read_tokens=7, cache_write_tokens=3)
+
+
+async def test_passes_max_tokens_as_the_stop_reason(backend, fake):
+    fake.enqueue(text_response("Cut sho", stop_reason="max_tokens"))
+
+    _, complete = await collect(backend)
+
+    assert complete.stop_reason == "max_tokens"
+
+
+async def test_sends_system_messages_tools_and_tool_choice_with_the_api_key(backend, fake):
+    system = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+    tools = [{
+        "name": "add_to_cart",
+        "description": "Add a product to the cart.",
+        "input_schema": {"type": "object", "properties": {"sku": {"type": "string"}}},
+        "cache_control": {"type": "ephemeral"},
+    }]
+    request = make_request("Add A1", system=system, tools=tools, tool_choice={"type": "auto"})
+
+    await collect(backend, request)
+
+    [sent] = fake.requests
+    assert sent["model"] == "claude-test"
+    assert sent["max_tokens"] == 256
+    assert sent["stream"] is True
+    assert sent["system"] == system
+    assert sent["messages"] == request.messages
+    assert sent["tools"] == tools
+    assert sent["tool_choice"] == {"type": "auto"}
+    assert sent.api_key == API_KEY
+
+
+async def test_leaves_out_tools_and_tool_choice_when_there_are_none(backend, fake):
+    await collect(backend, make_request(tools=[], tool_choice=None))
+
+    [sent] = fake.requests
+    assert "tools" not in sent
+    assert "tool_choice" not in sent
+
+
+async def test_returns_one_tool_use_with_its_input(backend, fake):
+    fake.enqueue(tool_use_response([("toolu_01", "add_to_cart", {"sku": "A1", "quantity": 2})]))
+
+    deltas, complete = await collect(backend)
+
+    assert deltas == []
+    assert complete.stop_reason == "tool_use"
+    assert complete.content == [
+        {"type": "tool_use", "id": "toolu_01", "name": "add_to_cart",
+         "input": {"sku": "A1", "quantity": 2}},
+    ]
+
+
+async def test_keeps_text_and_several_tool_uses_in_their_order(backend, fake):
+    fake.enqueue(tool_use_response(
+        [("toolu_a", "find_product", {"query": "red shoes"}),
+         ("toolu_b", "get_cart", {}),
+         ("toolu_c", "find_product", {"query": "socks", "limit": 3})],
+        text="Let me check both.",
+    ))
+
+    deltas, complete = await collect(backend)
+
+    assert "".join(deltas) == "Let me check both."
+    assert [block["type"] for block in complete.content] == ["text", "tool_use", "tool_use", "tool_use"]
+    assert [block.get("id") for block in complete.content[1:]] == ["toolu_a", "toolu_b", "toolu_c"]
+    assert complete.content[3]["input"] == {"query": "socks", "limit": 3}
+    assert complete.tool_uses == complete.content[1:]
+
+
+async def test_drops_an_empty_text_block_from_the_final_content(backend, fake):
+    fake.enqueue(tool_use_response([("toolu_01", "get_cart", {})], text=""))
+
+    _, complete = await collect(backend)
+
+    assert complete.content == [{"type": "tool_use", "id": "toolu_01", "name": "get_cart", "input": {}}]
+
+
+AWKWARD_INPUT = {
+    "note": 'Caf\u00e9 "quoted" back\\slash\nnew line \u65e5\u672c\u8a9e \U0001F600 end',
+    "nested": {"list": [1, 2.5, None, True], "emoji": "\U0001F9C1\u200d"},
+}
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True], ids=["raw-utf8", "unicode-escapes"])
+async def test_reassembles_tool_input_split_at_every_byte_boundary(backend, fake, ensure_ascii):
+    encoded = json.dumps(AWKWARD_INPUT, ensure_ascii=ensure_ascii).encode("utf-8")
+    response = tool_use_response(
+        [("toolu_01", "save_note", AWKWARD_INPUT)],
+        split_json_at=list(range(1, len(encoded))),
+        ensure_ascii=ensure_ascii,
+    )
+    pieces = response.blocks[0].pieces
+    if ensure_ascii:
+        # Splits fall inside \uXXXX and \" escapes.
+        assert any(piece.text.endswith("\\") for piece in pieces)
+        assert "\\ud83d" in encoded.decode()
+    else:
+        # Some HTTP chunks end inside a multi-byte character.
+        assert any(piece.cut is not None for piece in pieces)
+    fake.enqueue(response)
+
+    _, complete = await collect(backend)
+
+    assert complete.content[0]["input"] == AWKWARD_INPUT
+
+
+async def test_retries_a_rate_limit_after_the_wait_it_asks_for_then_succeeds(backend, fake):
+    fake.enqueue(error_response(429, retry_after=0.05), text_response("Now it works."))
+
+    _, complete = await collect(backend)
+
+    assert complete.content == [{"type": "text", "text": "Now it works."}]
+    assert [request.outcome for request in fake.requests] == ["error", "complete"]
+
+
+async def test_reports_overloaded_once_every_retry_was_refused(backend, fake):
+    fake.enqueue(*[error_response(529, retry_after_ms=10) for _ in range(3)])
+
+    _, error = await failure(backend)
+
+    assert error.code == "overloaded"
+    assert error.status == 529
+    assert error.retry_after == pytest.approx(0.01)
+    assert error.retryable
+    assert len(fake.requests) == 3  # the first try and OWLLAYER_LLM_MAX_RETRIES=2
+
+
+async def test_reports_a_server_error_as_upstream_error(backend, fake, settings):
+    settings.OWLLAYER_LLM_MAX_RETRIES = 0
+    fake.enqueue(error_response(500, message="Internal server error"))
+
+    _, error = await failure(backend)
+
+    assert error.code == "upstream_error"
+    assert error.status == 500
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize(("status", "code"), [
+    (401, "auth_failed"), (403, "auth_failed"),
+    (400, "bad_request"), (404, "bad_request"), (413, "bad_request"), (422, "bad_request"),
+])
+async def test_maps_a_client_error_status_to_its_code_without_retrying(backend, fake, status, code):
+    fake.enqueue(error_response(status))
+
+    _, error = await failure(backend)
+
+    assert (error.code, error.status) == (code, status)
+    assert not error.retryable
+    assert len(fake.requests) == 1
+
+
+async def test_reports_a_key_the_api_refuses_as_auth_failed_without_revealing_it(backend, fake):
+    fake.api_key = "sk-ant-the-right-key"
+
+    _, error = await failure(backend)
+
+    assert error.code == "auth_failed"
+    assert API_KEY not in error.message
+    assert API_KEY not in str(error)
+
+
+async def test_reports_a_stream_that_stops_half_way_as_interrupted(backend, fake):
+    fake.enqueue(broken_stream(6, response=text_response("one two three four five six", chunks=6)))
+
+    deltas, error = await failure(backend)
+
+    assert deltas, "some text arrived before the break"
+    assert error.code == "stream_interrupted"
+
+
+async def test_reports_a_stream_cut_before_any_text_as_interrupted_without_retrying(backend, fake):
+    fake.enqueue(broken_stream(1))
+
+    deltas, error = await failure(backend)
+
+    assert deltas == []
+    assert error.code == "stream_interrupted"
+    assert len(fake.requests) == 1
+
+
+async def test_reports_a_stream_that_ends_without_message_stop_as_interrupted(backend, fake):
+    fake.enqueue(broken_stream(5, abrupt=False))
+
+    _, error = await failure(backend)
+
+    assert error.code == "stream_interrupted"
+
+
+@pytest.mark.parametrize(("error_type", "code"), [
+    ("overloaded_error", "overloaded"),
+    ("rate_limit_error", "rate_limited"),
+    ("api_error", "upstream_error"),
+])
+async def test_maps_an_error_event_inside_the_stream_to_its_code(backend, fake, error_type, code):
+    fake.enqueue(in_stream_error(error_type, "Something upstream", after_events=4))
+
+    deltas, error = await failure(backend)
+
+    assert deltas, "the error event came after some text"
+    assert error.code == code
+
+
+async def test_reports_a_first_token_slower_than_the_read_timeout_as_timeout(backend, fake, settings):
+    settings.OWLLAYER_LLM_TIMEOUT = 0.3
+    fake.enqueue(text_response("Too late.", first_event_delay=30))
+
+    _, error = await failure(backend)
+
+    assert error.code == "timeout"
+
+
+async def test_reports_a_refused_connection_as_unreachable(backend, settings):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    settings.ANTHROPIC_BASE_URL = f"http://127.0.0.1:{closed_port}"
+    settings.OWLLAYER_LLM_MAX_RETRIES = 0
+
+    _, error = await failure(backend)
+
+    assert error.code == "unreachable"
+
+
+async def test_cancelling_mid_stream_closes_the_http_stream(backend, fake):
+    fake.enqueue(text_response("word " * 80, chunks=80, event_delay=0.02))
+    first_text = asyncio.Event()
+    seen: list[str] = []
+
+    async def consume() -> None:
+        async for event in backend.stream(make_request()):
+            if isinstance(event, TextDelta):
+                seen.append(event.text)
+                first_text.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first_text.wait(), timeout=5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert fake.wait_for(lambda requests: requests[0].outcome == "client_disconnected")
+    assert len(seen) < 80
+    # The shared client is still usable afterwards.
+    _, complete = await collect(backend)
+    assert complete.stop_reason == "end_turn"
+
+
+async def test_leaving_the_loop_early_closes_the_http_stream(backend, fake):
+    fake.enqueue(text_response("word " * 80, chunks=80, event_delay=0.02))
+
+    async with contextlib.aclosing(backend.stream(make_request())) as events:
+        async for event in events:
+            assert isinstance(event, TextDelta)
+            break
+
+    assert fake.wait_for(lambda requests: requests[0].outcome == "client_disconnected")
+
+
+async def test_builds_a_new_client_when_the_base_url_changes():
+    first = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0, timeout=1.0)
+    second = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:10", max_retries=0, timeout=1.0)
+    try:
+        client = get_client(first)
+        assert get_client(first) is client
+        assert get_client(second) is not client
+        assert str(get_client(second).base_url).startswith("http://127.0.0.1:10")
+    finally:
+        await close_client()
+
+
+def test_get_backend_follows_the_llm_setting_and_keeps_one_instance(settings):
+    reset_backend()
+    try:
+        settings.OWLLAYER_LLM = "offline"
+        offline = get_backend()
+        assert isinstance(offline, OfflineBackend)
+        assert get_backend() is offline
+
+        settings.ANTHROPIC_API_KEY = API_KEY
+        settings.OWLLAYER_LLM = "anthropic"
+        anthropic_backend = get_backend()
+        assert isinstance(anthropic_backend, AnthropicBackend)
+        assert get_backend() is anthropic_backend
+
+        reset_backend()
+        assert get_backend() is not anthropic_backend
+    finally:
+        reset_backend()
