@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 from urllib.parse import parse_qs
@@ -100,6 +101,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
         await self._flush()
 
     async def _handle(self, event) -> None:
+        if not isinstance(event, HandshakeRequested):
+            await live.publish_frame(self.session_row, "in", _describe_inbound(event))
         if isinstance(event, HandshakeRequested):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):
@@ -203,6 +206,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
             if self.closed:
                 return
             await self.send(text_data=frame)
+            await live.publish_frame(self.session_row, "out", frame)
         if self.machine.close is not None and not self.closed:
             self.closed = True
             await self.close(code=self.machine.close.code, reason=self.machine.close.reason)
@@ -298,6 +302,23 @@ class AitpConsumer(AsyncWebsocketConsumer):
 
         task.add_done_callback(done)
         return task
+
+
+def _describe_inbound(event) -> str:
+    """The inbound message behind an event, as JSON text for watchers."""
+    if isinstance(event, ContextChanged):
+        body = {"type": "CONTEXT_UPDATE", "payload": {
+            "url": event.url, "title": event.title, "context": event.context,
+            "activeTools": [tool.to_wire() for tool in event.tools]}}
+    elif isinstance(event, UserTextReceived):
+        body = {"type": "USER_INPUT", "payload": {"modality": "text", "content": event.text}}
+    elif isinstance(event, ToolResultReceived):
+        body = {"type": "TOOL_RESULT", "payload": event.result.model_dump(exclude_none=True)}
+    elif isinstance(event, ApprovalRequestReceived):
+        body = {"type": "APPROVAL_REQUEST", "payload": event.request.model_dump(exclude_none=True)}
+    else:
+        body = {"type": "APPROVAL_RESPONSE", "payload": event.response.model_dump(exclude_none=True)}
+    return json.dumps(body, ensure_ascii=False, default=str)
 
 
 async def _load_server_tools(tenant_id: int) -> list:

@@ -363,3 +363,27 @@ def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
         **({"risk": risk} if risk is not None else {}),
         **({"origin": origin} if origin is not None else {}),
     )
+
+
+# --- operator actions on a live session ----------------------------------------
+
+SESSION_COMMANDS = ("end", "reload", "redirect")
+
+
+def session_command(*, session: Session, user, command: str, url: str = "", message: str = "",
+                    channel: str = "admin") -> OperatorAction:
+    """Record an operator's action, then ask the process holding the session
+    to carry it out (end: disconnect event + 1008; reload; redirect to url)."""
+    if command not in SESSION_COMMANDS:
+        raise ValueError(f"unknown session command {command!r}")
+    if command == "redirect" and not url:
+        raise ValueError("redirect needs a url")
+    with transaction.atomic():
+        action = OperatorAction.objects.create(
+            session=session, tenant_id=session.tenant_id, user=user, action=f"session_{command}",
+            data={"url": url, "message": message, "channel": channel},
+        )
+    transaction.on_commit(
+        lambda: notify.session_command(session.id, command, url=url, message=message)
+    )
+    return action

@@ -9,7 +9,10 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from owllayer_site import daphne_close  # noqa: E402
 from owllayer_site.routing import websocket_urlpatterns  # noqa: E402
+
+daphne_close.install()
 
 application = ProtocolTypeRouter(
     {

@@ -68,6 +68,14 @@ async def test_calls_the_named_tool_with_the_json_arguments():
     assert complete.stop_reason == "tool_use"
 
 
+async def test_reads_the_command_past_the_page_blocks_of_the_message():
+    message = user(text("[page]\nurl: https://shop.example/cart\ntitle: Cart"), text("/tool get_cart"))
+
+    _, complete = await run(request([message]))
+
+    assert complete.content[0]["name"] == "get_cart"
+
+
 async def test_calls_a_tool_with_empty_arguments_when_none_are_given():
     _, complete = await run(request([{"role": "user", "content": "/tool get_cart"}]))
 

@@ -317,7 +317,8 @@ def sse_events(response: StreamedMessage, model: str) -> list[list[bytes]]:
         "stop_sequence": None,
         "usage": start_usage,
     }
-    events: list[list[bytes]] = [[_frame("message_start", {"type": "message_start", "message": message})]]
+    start_event = {"type": "message_start", "message": message}
+    events: list[list[bytes]] = [[_frame("message_start", start_event)]]
     ping = [_frame("ping", {"type": "ping"})]
     if not response.blocks:
         events.append(ping)
@@ -356,7 +357,8 @@ def sse_events(response: StreamedMessage, model: str) -> list[list[bytes]]:
 
 def _json_delta_event(index: int, piece: JsonPiece) -> list[bytes]:
     delta = {"type": "input_json_delta", "partial_json": piece.text}
-    frame = _frame("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+    data = {"type": "content_block_delta", "index": index, "delta": delta}
+    frame = _frame("content_block_delta", data)
     if piece.cut is None:
         return [frame]
     # partial_json is the last field and starts with the multi-byte character,
@@ -443,6 +445,7 @@ class FakeAnthropicServer:
 
     # lifecycle
     def start(self) -> FakeAnthropicServer:
+        self._stopping.clear()
         self._httpd = _HTTPServer(("127.0.0.1", self._port), _Handler, fake=self)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -521,7 +524,13 @@ class FakeAnthropicServer:
         with self._changed:
             if self._queue:
                 return self._queue.popleft()
-        return self.responder(body)
+        try:
+            return self.responder(body)
+        except Exception:
+            # A broken responder is a bug in the test: show it, and let the
+            # client see a server error rather than a dropped connection.
+            logger.exception("fake anthropic responder failed")
+            return ErrorReply(500, "api_error", "fake responder failed")
 
     def _track(self, conn: socket.socket, open_: bool) -> None:
         with self._changed:

@@ -5,6 +5,7 @@ import http.client
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,25 @@ def fake():
         yield server
 
 
-def post(port: int, body: dict, headers: dict | None = None) -> http.client.HTTPResponse:
+@dataclass
+class Reply:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+def post(port: int, body: dict, headers: dict | None = None) -> Reply:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.request("POST", "/v1/messages", json.dumps(body),
-                 {"content-type": "application/json", **(headers or {})})
-    return conn.getresponse()
+    try:
+        conn.request("POST", "/v1/messages", json.dumps(body),
+                     {"content-type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return Reply(response.status, response.headers, response.read())
+    finally:
+        conn.close()
 
 
 def events(raw: bytes) -> list[tuple[str, dict]]:
@@ -49,11 +64,11 @@ def events(raw: bytes) -> list[tuple[str, dict]]:
 def test_streams_a_text_answer_as_the_real_event_sequence(fake):
     fake.enqueue(text_response("abcdef", chunks=3, usage={"input_tokens": 4, "output_tokens": 2}))
 
-    response = post(fake.port, MESSAGE)
-    stream = events(response.read())
+    reply = post(fake.port, MESSAGE)
+    stream = events(reply.body)
 
-    assert response.status == 200
-    assert response.getheader("content-type").startswith("text/event-stream")
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
     assert [name for name, _ in stream] == [
         "message_start", "content_block_start", "ping", "content_block_delta",
         "content_block_delta", "content_block_delta", "content_block_stop",
@@ -64,7 +79,8 @@ def test_streams_a_text_answer_as_the_real_event_sequence(fake):
     assert message["model"] == "claude-test"
     assert (message["role"], message["content"], message["stop_reason"]) == ("assistant", [], None)
     assert message["usage"]["input_tokens"] == 4
-    assert "".join(data["delta"]["text"] for name, data in stream if name == "content_block_delta") == "abcdef"
+    texts = [data["delta"]["text"] for name, data in stream if name == "content_block_delta"]
+    assert texts == ["ab", "cd", "ef"]
     assert stream[-2][1]["delta"]["stop_reason"] == "end_turn"
     assert stream[-2][1]["usage"]["output_tokens"] == 2
 
@@ -73,10 +89,12 @@ def test_streams_tool_input_as_json_deltas_that_join_to_the_input(fake):
     arguments = {"sku": "A1", "note": "d\u00e9j\u00e0 vu"}
     fake.enqueue(tool_use_response([("toolu_9", "add_to_cart", arguments)], split_json_at=[3, 9, 27]))
 
-    stream = events(post(fake.port, MESSAGE).read())
+    stream = events(post(fake.port, MESSAGE).body)
 
     start = next(data for name, data in stream if name == "content_block_start")
-    assert start["content_block"] == {"type": "tool_use", "id": "toolu_9", "name": "add_to_cart", "input": {}}
+    assert start["content_block"] == {
+        "type": "tool_use", "id": "toolu_9", "name": "add_to_cart", "input": {},
+    }
     pieces = [data["delta"]["partial_json"] for name, data in stream if name == "content_block_delta"]
     assert pieces[0] == ""
     assert len(pieces) == 5
@@ -106,12 +124,12 @@ def test_refuses_a_split_offset_outside_the_json():
 def test_answers_an_error_with_the_api_error_body_and_retry_headers(fake):
     fake.enqueue(error_response(429, retry_after=1.5, retry_after_ms=1500))
 
-    response = post(fake.port, MESSAGE)
+    reply = post(fake.port, MESSAGE)
 
-    assert response.status == 429
-    assert response.getheader("retry-after") == "1.5"
-    assert response.getheader("retry-after-ms") == "1500"
-    assert json.loads(response.read()) == {
+    assert reply.status == 429
+    assert reply.headers["retry-after"] == "1.5"
+    assert reply.headers["retry-after-ms"] == "1500"
+    assert reply.json() == {
         "type": "error", "error": {"type": "rate_limit_error", "message": "rate limit error"},
     }
 
@@ -119,14 +137,12 @@ def test_answers_an_error_with_the_api_error_body_and_retry_headers(fake):
 def test_names_a_529_an_overloaded_error(fake):
     fake.enqueue(error_response(529))
 
-    response = post(fake.port, MESSAGE)
-
-    assert json.loads(response.read())["error"]["type"] == "overloaded_error"
+    assert post(fake.port, MESSAGE).json()["error"]["type"] == "overloaded_error"
 
 
 def test_records_every_body_with_its_headers_and_outcome(fake):
-    post(fake.port, MESSAGE, {"x-api-key": "sk-one"}).read()
-    post(fake.port, {**MESSAGE, "model": "other"}, {"authorization": "Bearer sk-two"}).read()
+    post(fake.port, MESSAGE, {"x-api-key": "sk-one"})
+    post(fake.port, {**MESSAGE, "model": "other"}, {"authorization": "Bearer sk-two"})
 
     first, second = fake.requests
     assert (first["model"], first.api_key, first.outcome) == ("claude-test", "sk-one", "complete")
@@ -141,19 +157,19 @@ def test_refuses_a_request_without_the_required_key(fake):
 
 
 def test_rejects_a_request_without_max_tokens_like_the_api(fake):
-    response = post(fake.port, {"model": "m", "messages": []})
+    reply = post(fake.port, {"model": "m", "messages": []})
 
-    assert response.status == 400
-    assert json.loads(response.read())["error"]["type"] == "invalid_request_error"
+    assert reply.status == 400
+    assert reply.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_answers_a_plain_json_message_when_not_streaming(fake):
     fake.enqueue(tool_use_response([("toolu_1", "get_cart", {})], text="Looking."))
 
-    response = post(fake.port, {**MESSAGE, "stream": False})
-    message = json.loads(response.read())
+    reply = post(fake.port, {**MESSAGE, "stream": False})
+    message = reply.json()
 
-    assert response.getheader("content-type") == "application/json"
+    assert reply.headers["content-type"] == "application/json"
     assert message["content"] == [
         {"type": "text", "text": "Looking."},
         {"type": "tool_use", "id": "toolu_1", "name": "get_cart", "input": {}},
@@ -164,7 +180,7 @@ def test_answers_a_plain_json_message_when_not_streaming(fake):
 def test_default_answers_echo_call_a_tool_and_finish_after_results(fake):
     def answer(messages: list[dict], **extra) -> dict:
         body = {**MESSAGE, "stream": False, "messages": messages, **extra}
-        return json.loads(post(fake.port, body).read())
+        return post(fake.port, body).json()
 
     echo = answer([{"role": "user", "content": "hello there"}])
     call = answer([{"role": "user", "content": 'please call add_to_cart {"sku": "A1"}'}])
@@ -181,16 +197,16 @@ def test_default_answers_echo_call_a_tool_and_finish_after_results(fake):
 
 
 def test_runs_as_a_script_until_terminated():
-    process = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_anthropic", "--port", "0"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("fake anthropic listening on http://127.0.0.1:")
-        port = int(line.rsplit(":", 1)[1])
-        stream = events(post(port, MESSAGE).read())
-        assert stream[-1][0] == "message_stop"
-    finally:
-        process.terminate()
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    ) as process:
+        try:
+            line = process.stdout.readline()
+            assert line.startswith("fake anthropic listening on http://127.0.0.1:")
+            port = int(line.rsplit(":", 1)[1])
+            stream = events(post(port, MESSAGE).body)
+            assert stream[-1][0] == "message_stop"
+        finally:
+            process.terminate()
         assert process.wait(timeout=10) == 0
