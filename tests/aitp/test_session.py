@@ -1,0 +1,244 @@
+"""The sans-I/O session machine: every state, every transition, no I/O.
+
+Runs without Django: the machine is pure.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aitp import protocol as p
+from aitp.session import (
+    ApprovalRequestReceived,
+    ApprovalResponseReceived,
+    ContextChanged,
+    HandshakeRequested,
+    Limits,
+    SessionMachine,
+    State,
+    ToolResultReceived,
+    UserTextReceived,
+)
+from aitp.tools import Risk, ToolSpec
+
+KEY = "pk_live_abcdefgh12345678"
+
+
+def frame(type_: str, payload: dict) -> str:
+    return json.dumps({"id": "msg_1", "type": type_, "timestamp": 1, "payload": payload})
+
+
+def init(**overrides) -> str:
+    return frame("HANDSHAKE_INIT", {"apiKey": KEY, "protocolVersion": "1.0.0", **overrides})
+
+
+def machine(**kw) -> SessionMachine:
+    return SessionMachine(limits=Limits(**kw), server_version="0.4.0")
+
+
+def sent(m: SessionMachine) -> list[dict]:
+    return [json.loads(text) for text in m.data_to_send()]
+
+
+def opened(**kw) -> SessionMachine:
+    m = machine(**kw)
+    m.receive_text(init())
+    m.accept_handshake("ses_1")
+    m.data_to_send()
+    return m
+
+
+TOOL = {"name": "add_to_cart", "description": "Add it", "risk": "low",
+        "parameters": {"type": "OBJECT", "properties": {"quantity": {"type": "NUMBER"}}}}
+
+
+class TestHandshake:
+    def test_a_valid_init_asks_the_consumer_to_check_the_key(self):
+        m = machine()
+        events = m.receive_text(init(userAgent="ua"))
+        assert events == [HandshakeRequested(api_key=KEY, init=events[0].init)]
+        assert events[0].init.userAgent == "ua"
+        assert m.state is State.AWAITING_HANDSHAKE and m.handshake_pending
+        assert m.data_to_send() == []
+
+    def test_accepting_sends_the_ack_and_opens(self):
+        m = machine(max_active_tools=12)
+        m.receive_text(init())
+        m.accept_handshake("ses_x")
+        [ack] = sent(m)
+        assert ack["type"] == "HANDSHAKE_ACK"
+        assert ack["payload"] == {
+            "sessionId": "ses_x", "serverVersion": "0.4.0", "protocolVersion": "1.0.0",
+            "capabilities": ["text", "tools"], "maxActiveTools": 12,
+        }
+        assert m.state is State.OPEN
+
+    def test_the_key_from_the_query_string_is_used_when_the_init_has_none(self):
+        m = SessionMachine(limits=Limits(), server_version="0", query_api_key=KEY)
+        [event] = m.receive_text(frame("HANDSHAKE_INIT", {"protocolVersion": "1.0.0"}))
+        assert event.api_key == KEY
+
+    def test_two_different_keys_are_refused_with_1008(self):
+        m = SessionMachine(limits=Limits(), server_version="0", query_api_key="pk_live_other")
+        assert m.receive_text(init()) == []
+        [error] = sent(m)
+        assert error["payload"]["data"]["code"] == "api_key_mismatch"
+        assert m.state is State.CLOSED and m.close.code == 1008
+
+    def test_no_key_at_all_is_refused(self):
+        m = machine()
+        m.receive_text(frame("HANDSHAKE_INIT", {"protocolVersion": "1.0.0"}))
+        assert sent(m)[0]["payload"]["data"]["code"] == "missing_api_key"
+        assert m.close.code == 1008
+
+    @pytest.mark.parametrize("version", ["1.0", "1.0.1", "2.0.0", " 1.0.0"])
+    def test_the_protocol_version_is_compared_strictly(self, version):
+        m = machine()
+        m.receive_text(init(protocolVersion=version))
+        assert sent(m)[0]["payload"]["data"]["code"] == "protocol_version_mismatch"
+        assert m.close.code == 1008 and m.close.reason == "protocol version mismatch"
+
+    def test_any_other_message_first_gets_handshake_required(self):
+        m = machine()
+        assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "hi"})) == []
+        assert sent(m)[0]["payload"]["data"]["code"] == "handshake_required"
+        assert m.state is State.AWAITING_HANDSHAKE
+
+    def test_a_second_init_after_opening_is_an_error_that_keeps_the_session(self):
+        m = opened()
+        m.receive_text(init())
+        assert sent(m)[0]["payload"]["data"]["code"] == "already_open"
+        assert m.state is State.OPEN
+
+    def test_the_handshake_timeout_refuses_only_while_waiting(self):
+        m = machine()
+        m.handshake_timed_out()
+        assert sent(m)[0]["payload"]["data"]["code"] == "handshake_timeout"
+        assert m.close.code == 1008
+        later = opened()
+        later.handshake_timed_out()
+        assert later.state is State.OPEN and later.data_to_send() == []
+
+    def test_a_refusal_after_the_key_lookup_closes_with_the_reason(self):
+        m = machine()
+        m.receive_text(init())
+        m.refuse("api_key_revoked", "This API key has been revoked.", "api key revoked")
+        assert sent(m)[0]["payload"]["message"] == "This API key has been revoked."
+        assert (m.close.code, m.close.reason) == (1008, "api key revoked")
+
+    def test_close_reasons_are_cut_to_123_bytes(self):
+        m = machine()
+        m.refuse("x", "y", "é" * 100)
+        assert len(m.close.reason.encode()) <= 123
+
+
+class TestOpen:
+    def test_a_context_update_is_accepted_and_answered_with_tools_effective(self):
+        m = opened()
+        [event] = m.receive_text(frame("CONTEXT_UPDATE", {
+            "url": "/p", "title": "P", "activeTools": [TOOL], "context": {"a": 1}}))
+        assert isinstance(event, ContextChanged)
+        assert event.url == "/p" and event.context == {"a": 1}
+        assert [t.name for t in event.tools] == ["add_to_cart"]
+        [effective] = sent(m)
+        assert effective["payload"]["kind"] == "tools_effective"
+        assert effective["payload"]["data"]["effectiveTools"][0]["name"] == "add_to_cart"
+
+    def test_server_tools_shadow_page_tools_of_the_same_name(self):
+        m = opened()
+        m.set_server_tools((ToolSpec("add_to_cart", "server side", None, Risk.NONE, "server"),))
+        m.receive_text(frame("CONTEXT_UPDATE", {"activeTools": [TOOL]}))
+        data = sent(m)[0]["payload"]["data"]
+        assert [t["name"] for t in data["serverTools"]] == ["add_to_cart"]
+        assert [t["name"] for t in data["ignoredClientTools"]] == ["add_to_cart"]
+        assert m.surface.get("add_to_cart").origin == "server"
+
+    def test_a_refused_context_keeps_the_previous_snapshot(self):
+        m = opened(max_active_tools=1, max_context_bytes=100)
+        m.receive_text(frame("CONTEXT_UPDATE", {"url": "/a", "activeTools": [TOOL]}))
+        m.data_to_send()
+        two = [TOOL, dict(TOOL, name="other")]
+        assert m.receive_text(frame("CONTEXT_UPDATE", {"url": "/b", "activeTools": two})) == []
+        assert sent(m)[0]["payload"]["data"]["code"] == "too_many_tools"
+        assert m.receive_text(frame("CONTEXT_UPDATE", {"url": "/c", "context": {"x": "y" * 200}})) == []
+        assert sent(m)[0]["payload"]["data"]["code"] == "context_too_large"
+        assert m.url == "/a" and [t.name for t in m.client_tools] == ["add_to_cart"]
+
+    def test_user_text_starts_a_turn_and_a_second_one_is_refused_until_it_ends(self):
+        m = opened()
+        assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "hi"})) == [
+            UserTextReceived("hi")]
+        assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "again"})) == []
+        assert sent(m)[0]["payload"]["data"]["code"] == "turn_in_progress"
+        m.end_turn()
+        assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "again"})) == [
+            UserTextReceived("again")]
+
+    @pytest.mark.parametrize("content, code", [("   ", "empty_input"), ("a" * 11, "input_too_long")])
+    def test_unusable_text_is_refused_with_its_code(self, content, code):
+        m = opened(max_input_chars=10)
+        assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": content})) == []
+        assert sent(m)[0]["payload"]["data"]["code"] == code
+        assert not m.turn_active
+
+    def test_tool_and_approval_answers_become_events(self):
+        m = opened()
+        [a] = m.receive_text(frame("TOOL_RESULT", {"callId": "tc_1", "status": "success", "result": None}))
+        [b] = m.receive_text(frame("APPROVAL_REQUEST", {
+            "callId": "tc_1", "toolName": "pay", "risk": "high", "args": {}, "message": "Pay?"}))
+        [c] = m.receive_text(frame("APPROVAL_RESPONSE", {"callId": "tc_1", "approved": False}))
+        assert isinstance(a, ToolResultReceived) and a.result.callId == "tc_1"
+        assert isinstance(b, ApprovalRequestReceived) and b.request.toolName == "pay"
+        assert isinstance(c, ApprovalResponseReceived) and c.response.approved is False
+
+    @pytest.mark.parametrize("type_, payload", [
+        ("AUDIO_STREAM", {"data": "AAAA"}),
+        ("VOICE_INPUT_END", {"reason": "vad"}),
+        ("VOICE_INTERRUPT", {"reason": "barge_in"}),
+        ("USER_INPUT", {"modality": "audio", "content": "AAAA", "mimeType": "audio/wav"}),
+    ])
+    def test_voice_messages_get_voice_unavailable_without_a_voice_backend(self, type_, payload):
+        m = opened()
+        assert m.receive_text(frame(type_, payload)) == []
+        assert sent(m)[0]["payload"]["data"]["code"] == "voice_unavailable"
+        assert m.state is State.OPEN
+
+    def test_invalid_frames_carry_the_offending_message_id(self):
+        m = opened()
+        m.receive_text(json.dumps({"id": "msg_bad", "type": "TOOL_RESULT", "timestamp": 1, "payload": {}}))
+        error = sent(m)[0]["payload"]
+        assert error["data"] == {"code": "invalid_message", "messageId": "msg_bad"}
+
+    def test_the_invalid_frame_counter_resets_on_a_valid_frame(self):
+        m = opened(max_invalid_frames=3)
+        for _ in range(2):
+            m.receive_text("nope")
+        m.receive_text(frame("CONTEXT_UPDATE", {}))
+        for _ in range(2):
+            m.receive_text("nope")
+        assert m.state is State.OPEN
+        m.receive_text("nope")
+        assert m.state is State.CLOSED and m.close.code == 1008
+
+    def test_nothing_is_sent_or_received_once_closed(self):
+        m = opened()
+        m.close_now(1000, "bye")
+        m.send(p.agent_response("late", True))
+        assert m.data_to_send() == []
+        assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "hi"})) == []
+
+    def test_every_frame_the_machine_sends_passes_the_client_schema(self):
+        from tests.wire import assert_client_accepts
+
+        m = machine()
+        m.receive_text("garbage")
+        m.receive_text(init())
+        m.accept_handshake("ses_1")
+        m.receive_text(frame("CONTEXT_UPDATE", {"activeTools": [TOOL]}))
+        m.receive_text(frame("AUDIO_STREAM", {"data": "AAAA"}))
+        m.refuse("x", "bye", "bye")
+        texts = m.data_to_send()
+        assert len(texts) == 5
+        for text in texts:
+            assert_client_accepts(text)
