@@ -54,6 +54,15 @@ RISK_NOTES = {
 }
 
 
+# Declared, never callable (tool_choice none), when the page has no tools but
+# the history holds tool blocks.
+NO_TOOLS_PLACEHOLDER = {
+    "name": "no_tools_on_this_page",
+    "description": "The page offers no tools right now. This tool cannot be called.",
+    "input_schema": {"type": "object", "properties": {}},
+}
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     model: str
@@ -210,6 +219,7 @@ class Agent:
         streamer = TextStreamer(self.io.send_message, self.config.stream_interval)
         full_text: list[str] = []
         log = _SessionLog(logger, self.session_id)
+        done: p.Message | None = None
         try:
             await self.io.set_state("answering")
             await self._append("user", [{"type": "text", "text": text}, *self._page_blocks()])
@@ -219,42 +229,44 @@ class Agent:
                 request = self._build_request(force_answer=force_answer)
                 completion = await self._stream(request, streamer, full_text)
                 _add_usage(usage, completion.usage)
-                await self._append("assistant", completion.content)
                 tool_uses = [b for b in completion.content if b.get("type") == "tool_use"]
                 if not tool_uses:
+                    # An empty answer is not stored: the API refuses an empty
+                    # message in the next request.
+                    if completion.content:
+                        await self._append("assistant", completion.content)
                     break
                 rounds += 1
                 await streamer.close()
+                skip = (Outcome(CANCELLED, error="Tool round limit reached; answer without tools.")
+                        if force_answer else None)
+                await self._run_tools(completion.content, tool_uses, skip=skip)
                 if force_answer:
-                    outcomes = [
-                        Outcome(CANCELLED, error="Tool round limit reached; answer without tools.")
-                        for _ in tool_uses
-                    ]
-                    await self._record_skipped(tool_uses, outcomes)
-                    await self._append_results(tool_uses, outcomes)
                     break
-                outcomes = await self._run_tools(tool_uses)
-                await self._append_results(tool_uses, outcomes)
                 await self.io.set_state("answering")
             await streamer.close()
-            await self.io.send_message(p.agent_response("".join(full_text), True))
+            done = p.agent_response("".join(full_text), True)
             log.info("turn %s done: %s rounds", self.turn, rounds)
         except LlmError as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
             await streamer.discard()
             await self.io.send_message(p.error_event(exc.code, exc.message))
-            await self.io.send_message(p.agent_response("", True))
+            done = p.agent_response("", True)
         except Exception:
             # Our bug, not the peer's: log it, end the turn for the page.
             log.exception("turn %s crashed", self.turn)
             await streamer.discard()
             await self.io.send_message(p.error_event("internal_error", "Something went wrong on the server."))
-            await self.io.send_message(p.agent_response("", True))
+            done = p.agent_response("", True)
         finally:
             await streamer.discard()
             # Bookkeeping runs even while the task is being cancelled.
             await self.store.add_usage(usage, turns=1)
             await self.io.set_state("idle")
+            # Last of all: the page may send its next message the moment it
+            # reads the done frame, and the turn must be over by then.
+            if done is not None:
+                await self.io.send_message(done)
 
     def _page_blocks(self) -> list[dict]:
         page = self.io.page()
@@ -286,13 +298,19 @@ class Agent:
         content[-1]["cache_control"] = {"type": "ephemeral"}
         messages[-1] = {"role": last["role"], "content": content}
         tools = self._tool_params(self.io.surface())
+        tool_choice = {"type": "none"} if (force_answer and tools) else None
+        if not tools and _has_tool_blocks(messages):
+            # The API refuses tool_use/tool_result blocks in a request that
+            # defines no tools, and a navigation can leave the page with none.
+            tools = [dict(NO_TOOLS_PLACEHOLDER)]
+            tool_choice = {"type": "none"}
         return LlmRequest(
             model=self.config.model,
             system=self._system_blocks(),
             messages=messages,
             tools=tools,
             max_tokens=self.config.max_tokens,
-            tool_choice={"type": "none"} if (force_answer and tools) else None,
+            tool_choice=tool_choice,
         )
 
     async def _stream(
@@ -328,7 +346,11 @@ class Agent:
 
     # --- tools -----------------------------------------------------------------
 
-    async def _run_tools(self, tool_uses: list[dict]) -> list[Outcome]:
+    async def _run_tools(
+        self, content: list[dict], tool_uses: list[dict], *, skip: Outcome | None = None
+    ) -> None:
+        """Store the assistant message, then give each of its tool_uses exactly
+        one result: the outcome of running it, or ``skip``."""
         calls = [
             PendingCall(
                 call_id=new_call_id(),
@@ -340,10 +362,15 @@ class Agent:
             for block in tool_uses
         ]
         outcomes: list[Outcome | None] = [None] * len(calls)
+        recording = False
         try:
+            # Appended inside the try: a cancel can land on this very write,
+            # and the tool_uses it stores must still get their results.
+            await self._append("assistant", content)
+            recording = True
             await self.store.record_calls(self.turn, calls)
             for index, call in enumerate(calls):
-                outcomes[index] = await self._run_one(call)
+                outcomes[index] = skip or await self._run_one(call)
                 await self.store.finish_call(call, outcomes[index])
         except BaseException as exc:
             # Cancelled (disconnect, barge-in) or a bug: the calls not yet
@@ -353,6 +380,8 @@ class Agent:
                 status, error = self.cancel_status, _cancel_message(self.cancel_status)
             else:
                 status, error = ERROR, "The server failed while running this tool."
+            if not recording:
+                await self.store.record_calls(self.turn, calls)
             for index, call in enumerate(calls):
                 if outcomes[index] is None:
                     outcomes[index] = Outcome(status, error=error)
@@ -362,16 +391,7 @@ class Agent:
                         await self.store.approval_close(call.approval_id, status)
             await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
             raise
-        return outcomes  # type: ignore[return-value]
-
-    async def _record_skipped(self, tool_uses: list[dict], outcomes: list[Outcome]) -> None:
-        calls = [
-            PendingCall(new_call_id(), b["id"], b["name"], b.get("input") or {}, None)
-            for b in tool_uses
-        ]
-        await self.store.record_calls(self.turn, calls)
-        for call, outcome in zip(calls, outcomes):
-            await self.store.finish_call(call, outcome)
+        await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
 
     async def _run_one(self, call: PendingCall) -> Outcome:
         # Re-read the surface now: an earlier tool may have navigated the page.
@@ -429,9 +449,11 @@ class Agent:
             call.deadline = loop.time() + self.config.approval_timeout
             self.ledger.add(call)
             try:
-                approval = await self.store.approval_request_server(call, self.config.approval_timeout)
-                call.approval_id = approval.id
                 message = f"Allow {call.name} with {canonical_json(call.args)[:300]}?"
+                approval = await self.store.approval_request_server(
+                    call, runner, timeout=self.config.approval_timeout, message=message
+                )
+                call.approval_id = approval.id
                 await self.io.set_state("waiting_approval")
                 if approval.needs_user:
                     await self.io.send_message(p.system_event("approval_required", message=message,
@@ -511,9 +533,12 @@ class Agent:
                 timeout=self.config.approval_timeout,
             )
         except ApprovalError as exc:
-            # The page wants approval for something other than what the model
-            # asked: refuse, and tell the model the call did not happen.
-            call.resolve(Outcome(ERROR, error="The page asked approval for different arguments; the call was refused."))
+            if exc.code == "approval_mismatch":
+                # The page wants approval for something other than what the
+                # model asked: refuse, and tell the model the call did not happen.
+                call.resolve(Outcome(
+                    ERROR, error="The page asked approval for different arguments; the call was refused."
+                ))
             return p.error_event(exc.code, exc.message, callId=call.call_id)
         call.approval_id = approval.id
         call.extend(asyncio.get_running_loop().time() + self.config.approval_timeout)
@@ -549,10 +574,15 @@ class Agent:
         # is never a success, whatever else the frame carries.
         if not payload.approved:
             call.resolve(Outcome(DENIED, error=DECLINED_MESSAGE))
-        elif payload.error:
+            return None
+        if payload.error:
             call.resolve(Outcome(ERROR, error=payload.error))
         else:
             call.resolve(Outcome(SUCCESS, result=payload.result))
+        if call.approval_id is not None:
+            await self.store.approval_executed(
+                call.approval_id, ok=not payload.error, error=payload.error or ""
+            )
         return None
 
     async def on_approval_decided(self, approval_id: int) -> None:
@@ -570,6 +600,14 @@ class Agent:
 
     def open_call_count(self) -> int:
         return len(self.ledger.open_calls())
+
+
+def _has_tool_blocks(messages: list[dict]) -> bool:
+    return any(
+        isinstance(block, dict) and block.get("type") in ("tool_use", "tool_result")
+        for message in messages
+        for block in message["content"]
+    )
 
 
 def _unknown_call(call_id: str) -> p.Message:

@@ -71,11 +71,12 @@ class AgentStore:
             self.session_id, timeout,
         )
 
-    async def approval_request_server(self, call: PendingCall, timeout: float):
+    async def approval_request_server(self, call: PendingCall, tool, *, timeout: float,
+                                      message: str):
         from approvals import services as approvals
 
         return await database_sync_to_async(_approval_request_server)(
-            approvals, call, self.session_id, timeout
+            approvals, call, tool, self.session_id, timeout, message
         )
 
     async def approval_decide_user(self, approval_id: int, *, approved: bool, error: str | None):
@@ -119,13 +120,11 @@ def _approval_request_client(approvals, call_id, tool_name, args, risk, message,
     )
 
 
-def _approval_request_server(approvals, call, session_id, timeout):
+def _approval_request_server(approvals, call, tool, session_id, timeout, message):
     from aitp.models import ToolCall
 
-    from approvals.models import ServerTool
-
     tool_call = ToolCall.objects.get(call_id=call.call_id)
-    tool = ServerTool.objects.filter(tenant_id=tool_call.session.tenant_id, name=call.name).first()
     return approvals.approval_request_server(
-        tool_call=tool_call, tool=tool, args=call.args, session_id=session_id, timeout=timeout,
+        tool_call=tool_call, tool=tool, args=call.args, session_id=session_id,
+        timeout=timeout, message=message,
     )

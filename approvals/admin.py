@@ -118,10 +118,9 @@ class ApprovalAdmin(TenantScopedAdmin):
         return approval
 
     def _detail_url(self, approval: Approval) -> str:
-        return reverse(
-            f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change",
-            args=[approval.pk],
-        )
+        # The full history's page: after a decision the approval leaves the
+        # pending queue, and its page there would be a 404.
+        return reverse(f"{self.admin_site.name}:approvals_approval_change", args=[approval.pk])
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         approval = self._get_visible(request, object_id)

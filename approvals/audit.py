@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import connection
+from django.db.models import F, Max
 from django.utils import timezone
 
 from approvals.models import GENESIS_HASH, AuditChainHead, AuditEvent
@@ -132,42 +132,59 @@ class VerifyResult:
 
 
 def verify_chain() -> VerifyResult:
-    """Walk the whole chain in order and report the first broken link."""
+    """Walk the chain in order and report the first broken link.
+
+    The walk covers the events up to the chain head as read first. An event
+    appended meanwhile lies beyond it and is left for the next run; a row
+    beyond the head that no appender wrote is reported.
+    """
+    head = _read_head()
+    head_seq, head_hash = head if head is not None else (0, GENESIS_HASH)
     expected_seq = 1
     expected_prev = GENESIS_HASH
     count = 0
-    # One snapshot for the rows and the head, so a concurrent append cannot
-    # look like a missing tail.
-    with transaction.atomic():
-        head = AuditChainHead.objects.filter(pk=AuditChainHead.SINGLETON_PK).first()
-        for event in AuditEvent.objects.order_by("seq").iterator(chunk_size=2000):
-            if event.seq != expected_seq:
-                if event.seq > expected_seq:
-                    problem = f"event #{expected_seq} is missing"
-                else:
-                    problem = f"duplicate or reordered sequence number {event.seq}"
-                return VerifyResult(False, count, event.seq, problem)
-            if event.prev_hash != expected_prev:
-                problem = (
-                    "first event does not start the chain" if expected_seq == 1
-                    else f"does not link to event #{expected_seq - 1} (removed or reordered)"
-                )
-                return VerifyResult(False, count, event.seq, problem)
-            if _event_hash(event) != event.hash:
-                return VerifyResult(False, count, event.seq, "hash mismatch (row altered)")
-            count += 1
-            expected_seq += 1
-            expected_prev = event.hash
-    if head is None:
-        if count:
-            return VerifyResult(False, count, None, "chain head row is missing")
-        return VerifyResult(True, 0, None, "")
-    if head.last_seq > count:
-        # Every stored row checked out, but the head knows of later events.
+    events = AuditEvent.objects.filter(seq__lte=head_seq).order_by("seq")
+    for event in events.iterator(chunk_size=2000):
+        if event.seq != expected_seq:
+            if event.seq > expected_seq:
+                problem = f"event #{expected_seq} is missing"
+            else:
+                problem = f"duplicate or reordered sequence number {event.seq}"
+            return VerifyResult(False, count, event.seq, problem)
+        if event.prev_hash != expected_prev:
+            problem = (
+                "first event does not start the chain" if expected_seq == 1
+                else f"does not link to event #{expected_seq - 1} (removed or reordered)"
+            )
+            return VerifyResult(False, count, event.seq, problem)
+        if _event_hash(event) != event.hash:
+            return VerifyResult(False, count, event.seq, "hash mismatch (row altered)")
+        count += 1
+        expected_seq += 1
+        expected_prev = event.hash
+    if count < head_seq:
+        # Every row checked out, but the head knows of later events.
         return VerifyResult(
             False, count, count + 1,
-            f"event #{count + 1} is missing (chain head records {head.last_seq} events)",
+            f"event #{count + 1} is missing (chain head records {head_seq} events)",
         )
-    if head.last_seq != count or head.last_hash != expected_prev:
-        return VerifyResult(False, count, count or None, "chain head does not match the last event")
+    if expected_prev != head_hash:
+        return VerifyResult(False, count, head_seq, "chain head does not match the last event")
+    beyond = AuditEvent.objects.filter(seq__gt=head_seq).aggregate(top=Max("seq"))["top"]
+    if beyond is not None:
+        # Read after the rows: an appender commits its row and the head
+        # together, so a head read now covers every row it wrote.
+        fresh = _read_head()
+        if fresh is None:
+            return VerifyResult(False, count, None, "chain head row is missing")
+        if beyond > fresh[0]:
+            return VerifyResult(False, count, beyond, "event lies beyond the chain head")
     return VerifyResult(True, count, None, "")
+
+
+def _read_head() -> tuple[int, str] | None:
+    return (
+        AuditChainHead.objects.filter(pk=AuditChainHead.SINGLETON_PK)
+        .values_list("last_seq", "last_hash")
+        .first()
+    )

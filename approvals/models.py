@@ -9,24 +9,28 @@ from django.core.validators import RegexValidator, URLValidator
 from django.db import models
 from django.utils import timezone
 
-TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+from aitp.tools import TOOL_NAME_RE
+
 GENESIS_HASH = "0" * 64
 
 
-class Risk(models.TextChoices):
+class RiskLevel(models.TextChoices):
+    """The same four levels as aitp.tools.Risk, as database choices."""
+
     NONE = "none", "None"
     LOW = "low", "Low"
     HIGH = "high", "High"
     CRITICAL = "critical", "Critical"
 
 
-RISK_ORDER = {Risk.NONE: 0, Risk.LOW: 1, Risk.HIGH: 2, Risk.CRITICAL: 3}
-RISKS_NEEDING_APPROVAL = frozenset({Risk.HIGH, Risk.CRITICAL})
+RISK_ORDER = {RiskLevel.NONE: 0, RiskLevel.LOW: 1, RiskLevel.HIGH: 2, RiskLevel.CRITICAL: 3}
+RISKS_NEEDING_APPROVAL = frozenset({RiskLevel.HIGH, RiskLevel.CRITICAL})
 
 
 def higher_risk(*risks: str) -> str:
     """The highest of several risk levels (plain strings or str enums)."""
-    return max((Risk(str(getattr(r, "value", r))) for r in risks), key=RISK_ORDER.__getitem__).value
+    levels = (RiskLevel(str(getattr(r, "value", r))) for r in risks)
+    return max(levels, key=RISK_ORDER.__getitem__).value
 
 
 class Policy(models.TextChoices):
@@ -62,14 +66,14 @@ class ServerTool(models.Model):
     tenant = models.ForeignKey("aitp.Tenant", on_delete=models.CASCADE, related_name="server_tools")
     name = models.CharField(
         max_length=64,
-        validators=[RegexValidator(TOOL_NAME_PATTERN, "letters, digits, _ and - only (1-64)")],
+        validators=[RegexValidator(TOOL_NAME_RE, "letters, digits, _ and - only (1-64)")],
     )
     description = models.TextField(blank=True, default="")
     parameters = models.JSONField(
         null=True, blank=True,
         help_text='AITP schema with upper-case types, e.g. {"type": "OBJECT", "properties": {...}}.',
     )
-    risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.NONE)
+    risk = models.CharField(max_length=16, choices=RiskLevel.choices, default=RiskLevel.NONE)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WEBHOOK)
     webhook_url = models.CharField(
         max_length=2000, blank=True, default="",
@@ -150,7 +154,7 @@ class Approval(models.Model):
     tool_name = models.CharField(max_length=64)
     arguments = models.JSONField(default=dict)
     args_hash = models.CharField(max_length=64)
-    risk = models.CharField(max_length=16, choices=Risk.choices)
+    risk = models.CharField(max_length=16, choices=RiskLevel.choices)
     origin = models.CharField(max_length=16, choices=Origin.choices)
     policy = models.CharField(max_length=24, choices=Policy.choices, default=Policy.USER)
     message = models.TextField(blank=True, default="")

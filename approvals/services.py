@@ -111,6 +111,25 @@ def _is_overdue(approval: Approval, now) -> bool:
     return now > approval.deadline
 
 
+def _as_javascript_sees_it(value):
+    """The value after a JSON round trip through a page: JavaScript has one
+    number type, so a model's 2.0 comes back as 2. Compared this way, such an
+    echo is not mistaken for different arguments."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _as_javascript_sees_it(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_javascript_sees_it(v) for v in value]
+    return value
+
+
+def _same_call(name_a: str, args_a: dict, name_b: str, args_b: dict) -> bool:
+    return compute_args_hash(name_a, _as_javascript_sees_it(args_a)) == compute_args_hash(
+        name_b, _as_javascript_sees_it(args_b)
+    )
+
+
 def _tool_facts(tool: ServerTool | ServerToolDef) -> tuple[str, str, str]:
     """(name, risk, policy) of a ServerTool row or a loaded ServerToolDef."""
     if isinstance(tool, ServerTool):
@@ -133,17 +152,13 @@ def _request(*, tool_call: ToolCall, tool_name: str, args: dict, risk: str, mess
         now = timezone.now()
         call = ToolCall.objects.select_for_update().filter(pk=tool_call.pk).first()
         # Only the session that holds the call may ask, and only while the call is open.
-        if (
-            call is None
-            or call.session_id != session_id
-            or call.origin != origin
-        ):
+        if call is None or call.session_id != session_id or call.origin != origin:
             raise ApprovalError("unknown_call")
         existing = Approval.objects.select_for_update().select_related("tool_call").filter(
             tool_call=call
         ).first()
         expected_hash = compute_args_hash(call.name, call.arguments)
-        if requested_hash != expected_hash:
+        if not _same_call(tool_name, args, call.name, call.arguments):
             # Recorded and committed: a page asking approval for arguments other
             # than those the call carries is worth an operator's look.
             append_event(

@@ -92,6 +92,8 @@ INSTALLED_APPS = [
     "aitp",
     "approvals",
     "console",
+    "demo",
+    "operators",
 ]
 
 MIDDLEWARE = [
@@ -134,6 +136,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several coroutines write through sync_to_async threads: wait for the
     # lock instead of failing at once.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Take the write lock when a transaction starts, so concurrent writers
+    # wait for it instead of failing half way with "database is locked".
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

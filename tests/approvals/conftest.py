@@ -5,12 +5,9 @@ Globex (staff, member of globex only), Root is a superuser.
 """
 from __future__ import annotations
 
-import itertools
+import secrets
 
 import pytest
-
-_ids = itertools.count(1)
-
 
 @pytest.fixture
 def acme(db):
@@ -31,15 +28,16 @@ def make_session(tenant, session_id: str | None = None):
     from aitp.models import Session
 
     key, _raw = services.api_key_create(tenant=tenant, name="web")
-    return Session.objects.create(id=session_id or f"ses_{next(_ids):06d}", tenant=tenant, api_key=key)
+    return Session.objects.create(id=session_id or f"ses_{secrets.token_hex(6)}", tenant=tenant,
+                                  api_key=key)
 
 
 def make_call(session, name="process_payment", args=None, risk="critical", origin="client"):
     from aitp.models import ToolCall
 
-    n = next(_ids)
+    token = secrets.token_hex(6)
     return ToolCall.objects.create(
-        session=session, call_id=f"tc_{n:08x}", tool_use_id=f"toolu_{n}", name=name,
+        session=session, call_id=f"tc_{token}", tool_use_id=f"toolu_{token}", name=name,
         arguments={"amount": 299.98} if args is None else args, risk=risk, origin=origin,
         status=ToolCall.Status.SENT,
     )
@@ -65,8 +63,9 @@ def make_user(username: str, *, tenant=None, staff=True, superuser=False, role="
 
     from aitp.models import TenantMembership
 
+    # No password: tests sign in with force_login, and hashing one is slow.
     user = get_user_model().objects.create_user(
-        username=username, password="pw-" + username, is_staff=staff, is_superuser=superuser
+        username=username, password=None, is_staff=staff, is_superuser=superuser
     )
     if tenant is not None:
         TenantMembership.objects.create(tenant=tenant, user=user, role=role)
@@ -86,3 +85,15 @@ def mallory(globex):
 @pytest.fixture
 def root(db):
     return make_user("root", superuser=True)
+
+
+@pytest.fixture
+def receiver():
+    """Base URL of a webhook endpoint checking signatures under webhook_receiver.SECRET."""
+    from tests.approvals.webhook_receiver import start_receiver, stop_receiver
+
+    server, thread = start_receiver()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop_receiver(server, thread)

@@ -1,0 +1,88 @@
+"""A tenant's webhook endpoint for tests: a real HTTP server on 127.0.0.1."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SECRET = "whsec_test_secret"
+
+
+class Receiver(BaseHTTPRequestHandler):
+    """A tenant's endpoint; the path picks its behaviour."""
+
+    received: list[dict] = []
+    release = threading.Event()
+
+    def log_message(self, *args) -> None:  # keep test output quiet
+        pass
+
+    def _answer(self, status: int, body: bytes, content_type="application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        timestamp = self.headers["X-OwlLayer-Timestamp"]
+        expected = "sha256=" + hmac.new(
+            SECRET.encode(), timestamp.encode() + b"." + body, hashlib.sha256
+        ).hexdigest()
+        signed = hmac.compare_digest(expected, self.headers["X-OwlLayer-Signature"])
+        self.received.append({"path": self.path, "body": json.loads(body), "signed": signed})
+        if self.path == "/echo":
+            if not signed:
+                return self._answer(401, b'{"error": "bad signature"}')
+            return self._answer(200, json.dumps({"ok": True, "got": json.loads(body)}).encode())
+        if self.path == "/slow":
+            self.release.wait(10)
+            return self._answer(200, b"{}")
+        if self.path == "/fail":
+            return self._answer(500, b'{"error": "boom"}')
+        if self.path == "/garbage":
+            return self._answer(200, b"<html>not json</html>", "text/html")
+        if self.path == "/huge-declared":
+            return self._answer(200, b"[" + b"1," * 5000 + b"1]")
+        if self.path == "/huge-streamed":
+            # No Content-Length: the client only learns the size by reading.
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                self.wfile.write(b"[")
+                for _ in range(200):
+                    self.wfile.write(b"1," * 5000)
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the client stopped reading, as it should
+            return
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "/echo")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._answer(404, b"{}")
+
+
+def start_receiver() -> tuple[ThreadingHTTPServer, threading.Thread]:
+    Receiver.received = []
+    Receiver.release = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stop_receiver(server: ThreadingHTTPServer, thread: threading.Thread) -> None:
+    Receiver.release.set()
+    server.shutdown()
+    server.server_close()
+    thread.join()
