@@ -361,6 +361,10 @@ class Agent:
             )
             for block in tool_uses
         ]
+        surface = self.io.surface()
+        for call in calls:
+            # Recorded with the tool as it is now; re-read before each dispatch.
+            call.spec = surface.get(call.name)
         outcomes: list[Outcome | None] = [None] * len(calls)
         recording = False
         try:
@@ -395,10 +399,9 @@ class Agent:
 
     async def _run_one(self, call: PendingCall) -> Outcome:
         # Re-read the surface now: an earlier tool may have navigated the page.
-        spec = self.io.surface().get(call.name)
+        spec = call.spec = self.io.surface().get(call.name)
         if spec is None:
             return Outcome(UNAVAILABLE, error=f"The tool {call.name} is not available on this page.")
-        call.spec = spec
         problems = validate_arguments(spec.input_schema, call.args)
         if problems:
             return Outcome(

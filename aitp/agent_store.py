@@ -32,6 +32,8 @@ class AgentStore:
                     "tool_use_id": call.tool_use_id,
                     "name": call.name,
                     "arguments": call.args,
+                    "risk": call.risk.value,
+                    "origin": call.origin,
                 }
                 for call in calls
             ],

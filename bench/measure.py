@@ -1,0 +1,374 @@
+"""The measurements: each drives the product and the baseline the same way.
+
+The client's work is identical on both sides (the same frames sent, every
+frame received parsed as JSON, the same predicate), so the difference is the
+server's. Latency phases alternate product and baseline sample by sample,
+swapping the order each time, so a burst of noise on the machine lands on
+both. Frames received from the product are checked against the deployed
+client's schema after the timed part, never inside it.
+
+Every loop has a fixed count and every wait a timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from websockets.exceptions import ConnectionClosed
+
+from aitp_client import AitpClient, AitpError, envelope, frame_problems
+
+logger = logging.getLogger(__name__)
+
+# One answer (or one connection's handshake) longer than this is a hang,
+# not a slow sample: the run stops and says so.
+ANSWER_TIMEOUT = 10.0
+# Frames read while waiting for one answer; the product sends a few
+# (waiting, deltas), never hundreds.
+MAX_FRAMES_PER_ANSWER = 200
+
+# Most updates of a real page change its context; fewer change the route.
+ROUTE_EVERY = 10
+
+BENCH_TOOL = {
+    "name": "bench_echo",
+    "description": "Return the arguments it was given (benchmark tool).",
+    "parameters": {
+        "type": "OBJECT",
+        "properties": {"n": {"type": "NUMBER", "description": "A counter"}},
+        "required": ["n"],
+    },
+    "risk": "low",
+}
+
+
+# The product refuses USER_INPUT while a turn is still closing; how often a
+# turn is retried before the run gives up, and the pause between tries.
+MAX_TURN_RETRIES = 200
+TURN_RETRY_PAUSE = 0.001
+
+
+class BenchError(RuntimeError):
+    """The run cannot produce a meaningful number (a hang, an error answer)."""
+
+
+class TurnInProgress(BenchError):
+    """The product refused a USER_INPUT because the previous turn has not ended."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    # Check received frames against the deployed client's schema. Off for
+    # the baseline: its echoes are client frames by design.
+    check_frames: bool
+
+
+@dataclass
+class Observations:
+    """What the run saw besides its numbers: the product's frames (checked
+    against the schema after timing) and turns refused as still in progress."""
+
+    frames: list[tuple[str, object]] = field(default_factory=list)
+    turns: int = 0
+    turns_refused: int = 0
+
+    def notes(self) -> list[str]:
+        if not self.turns_refused:
+            return []
+        return [
+            f"{self.turns_refused} of {self.turns} product turns: USER_INPUT sent right after "
+            "the previous done:true was refused with turn_in_progress (retried, not timed)"
+        ]
+
+    def problems(self) -> list[str]:
+        found = []
+        for phase, frame in self.frames:
+            problems = frame_problems(frame, sender="server")
+            if problems:
+                kind = frame.get("type") if isinstance(frame, dict) else type(frame).__name__
+                found.append(f"{phase}: {kind}: {'; '.join(problems)}")
+        return found
+
+
+def alternating(targets: Sequence[Target], index: int) -> Sequence[Target]:
+    """Product first on even samples, baseline first on odd ones."""
+    return targets if index % 2 == 0 else list(reversed(targets))
+
+
+# --- answers -------------------------------------------------------------------
+
+
+def is_tools_effective(frame: dict) -> bool:
+    return frame.get("type") == "SYSTEM_EVENT" and frame["payload"].get("kind") == "tools_effective"
+
+
+def is_tool_call(frame: dict) -> bool:
+    return frame.get("type") == "TOOL_CALL"
+
+
+def is_turn_done(frame: dict) -> bool:
+    return frame.get("type") == "AGENT_RESPONSE" and frame["payload"].get("done") is True
+
+
+def echo_or(predicate: Callable[[dict], bool]) -> Callable[[dict, dict], bool]:
+    """The answer to ``sent``: the product's frame, or the baseline's echo of it."""
+
+    def answered(frame: dict, sent: dict) -> bool:
+        return frame.get("id") == sent["id"] or predicate(frame)
+
+    return answered
+
+
+# --- one connection ----------------------------------------------------------------
+
+
+class Peer:
+    """One open AITP session; tight loops use its raw socket."""
+
+    def __init__(self, target: Target, client: AitpClient, log: Observations, phase: str) -> None:
+        self.target = target
+        self.client = client
+        self.log = log
+        self.phase = phase
+
+    @classmethod
+    async def open(cls, target: Target, api_key: str, log: Observations, phase: str) -> Peer:
+        client = AitpClient(target.url, api_key=api_key)
+        try:
+            await client.connect(timeout=ANSWER_TIMEOUT)
+        except (AitpError, TimeoutError, OSError) as exc:
+            await client.close()
+            raise BenchError(f"{target.name}: handshake failed: {exc}") from None
+        return cls(target, client, log, phase)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def exchange(self, frame_type: str, payload: dict,
+                       answered: Callable[[dict, dict], bool]) -> list[dict]:
+        """Send one frame and read up to its answer; the frames read, answer last."""
+        ws = self.client.ws
+        sent = envelope(frame_type, payload)
+        frames: list[dict] = []
+        try:
+            async with asyncio.timeout(ANSWER_TIMEOUT):
+                await ws.send(json.dumps(sent))
+                for _ in range(MAX_FRAMES_PER_ANSWER):
+                    frame = _envelope_or_raise(self.target, await ws.recv())
+                    frames.append(frame)
+                    if answered(frame, sent):
+                        break
+                    _raise_on_error(self.target, frame)
+                else:
+                    raise BenchError(f"{self.target.name}: no answer to {frame_type} within "
+                                     f"{MAX_FRAMES_PER_ANSWER} frames")
+        except TimeoutError:
+            seen = ", ".join(str(f.get("type")) for f in frames) or "nothing"
+            raise BenchError(f"{self.target.name}: no answer to {frame_type} within "
+                             f"{ANSWER_TIMEOUT}s (saw {seen})") from None
+        except ConnectionClosed as exc:
+            raise BenchError(f"{self.target.name}: connection closed during {frame_type}: "
+                             f"{exc}") from None
+        if self.target.check_frames:
+            self.log.frames.extend((self.phase, frame) for frame in frames)
+        return frames
+
+
+def _envelope_or_raise(target: Target, raw: str | bytes) -> dict:
+    try:
+        frame = json.loads(raw)
+    except ValueError:
+        raise BenchError(f"{target.name} sent a frame that is not json: {raw[:200]!r}") from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("payload"), dict):
+        raise BenchError(f"{target.name} sent a frame without a payload object: {raw[:200]!r}")
+    return frame
+
+
+def _raise_on_error(target: Target, frame: dict) -> None:
+    if frame.get("type") == "SYSTEM_EVENT" and frame["payload"].get("kind") == "error":
+        payload = frame["payload"]
+        code = (payload.get("data") or {}).get("code", "no code")
+        if code == "turn_in_progress":
+            raise TurnInProgress(f"{target.name}: {payload.get('message')}")
+        raise BenchError(f"{target.name} answered an error: {payload.get('message')} ({code})")
+
+
+def context_payload(index: int) -> dict:
+    """A full snapshot whose context differs each time and whose route
+    changes every ROUTE_EVERY updates, as a page a user works in."""
+    return {
+        "url": f"/bench/{index // ROUTE_EVERY}",
+        "title": "Benchmark page",
+        "activeTools": [BENCH_TOOL],
+        "context": {"page": "bench", "index": index, "price": 149.99},
+    }
+
+
+# --- the phases ------------------------------------------------------------------
+
+
+async def handshakes(targets: Sequence[Target], api_key: str, *, count: int,
+                     warmup: int) -> dict[str, list[float]]:
+    """Seconds from opening the socket to a valid HANDSHAKE_ACK, one new
+    connection per sample (closed before the next one opens)."""
+    samples: dict[str, list[float]] = {target.name: [] for target in targets}
+    for index in range(warmup + count):
+        for target in alternating(targets, index):
+            client = AitpClient(target.url, api_key=api_key)
+            try:
+                started = time.perf_counter()
+                await client.connect(timeout=ANSWER_TIMEOUT)
+                elapsed = time.perf_counter() - started
+            except (AitpError, TimeoutError, OSError) as exc:
+                raise BenchError(f"{target.name}: handshake failed: {exc}") from None
+            finally:
+                await client.close()
+            if index >= warmup:
+                samples[target.name].append(elapsed)
+    return samples
+
+
+async def context_round_trips(targets: Sequence[Target], api_key: str, log: Observations, *,
+                              count: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds from sending CONTEXT_UPDATE to tools_effective (baseline: the echo)
+    on a session that stays open."""
+    answered = echo_or(is_tools_effective)
+    samples: dict[str, list[float]] = {target.name: [] for target in targets}
+    peers = await _open_all(targets, api_key, log, "context round trip")
+    try:
+        for index in range(warmup + count):
+            for peer in alternating(peers, index):
+                started = time.perf_counter()
+                await peer.exchange("CONTEXT_UPDATE", context_payload(index), answered)
+                elapsed = time.perf_counter() - started
+                if index >= warmup:
+                    samples[peer.target.name].append(elapsed)
+    finally:
+        await _close_all(peers)
+    return samples
+
+
+async def tool_turns(targets: Sequence[Target], api_key: str, log: Observations, *,
+                     count: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds from USER_INPUT "/tool bench_echo {...}" to the final
+    AGENT_RESPONSE, answering the TOOL_CALL on the way. The baseline does the
+    same two exchanges as plain echoes."""
+    second_leg = echo_or(is_turn_done)
+    samples: dict[str, list[float]] = {target.name: [] for target in targets}
+    peers = await _open_all(targets, api_key, log, "tool turn")
+    try:
+        for peer in peers:
+            await peer.exchange("CONTEXT_UPDATE", context_payload(0), echo_or(is_tools_effective))
+        for index in range(warmup + count):
+            for peer in alternating(peers, index):
+                started, frames = await _start_turn(peer, index, log)
+                call_id = frames[-1]["payload"].get("callId", "echo")
+                frames = await peer.exchange(
+                    "TOOL_RESULT",
+                    {"callId": call_id, "status": "success", "result": {"n": index}},
+                    second_leg,
+                )
+                elapsed = time.perf_counter() - started
+                if peer.target.check_frames:
+                    _require_tool_ran(peer.target, frames[-1])
+                if index >= warmup:
+                    samples[peer.target.name].append(elapsed)
+    finally:
+        await _close_all(peers)
+    return samples
+
+
+async def _start_turn(peer: Peer, index: int, log: Observations) -> tuple[float, list[dict]]:
+    """Send the turn's USER_INPUT until accepted; the accepted try's start
+    time and the frames up to the TOOL_CALL (the baseline: the echo).
+
+    done:true ends the turn for the page (wire-compat 6), which may send its
+    next message at once, as this loop does. A server that still refuses it
+    with turn_in_progress has a race: the refusal is counted (the report
+    notes it), the message retried, and the sample starts at the accepted try.
+    """
+    command = f'/tool {BENCH_TOOL["name"]} {{"n": {index}}}'
+    if peer.target.check_frames:
+        log.turns += 1
+    for attempt in range(MAX_TURN_RETRIES + 1):
+        started = time.perf_counter()
+        try:
+            frames = await peer.exchange(
+                "USER_INPUT", {"modality": "text", "content": command}, echo_or(is_tool_call))
+        except TurnInProgress:
+            if attempt == 0:
+                log.turns_refused += 1
+            await asyncio.sleep(TURN_RETRY_PAUSE)
+            continue
+        return started, frames
+    raise BenchError(f"{peer.target.name}: the previous turn did not end after "
+                     f"{MAX_TURN_RETRIES} tries")
+
+
+def _require_tool_ran(target: Target, final: dict) -> None:
+    """A turn that did not run the tool measured something else."""
+    text = final["payload"].get("chunk", "")
+    if not text.startswith(f"{BENCH_TOOL['name']} succeeded"):
+        raise BenchError(f"{target.name}: the turn did not run the tool: {text[:200]!r}")
+
+
+@dataclass(frozen=True)
+class Throughput:
+    frames: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+
+async def concurrent_sessions(target: Target, api_key: str, log: Observations, *, sessions: int,
+                              updates: int) -> Throughput:
+    """``sessions`` sessions at once, each sending ``updates`` CONTEXT_UPDATEs
+    one after the other. Counts frames both ways (an update and its answer)
+    from the moment every session is open to the last answer."""
+    answered = echo_or(is_tools_effective)
+    peers = await _open_all([target] * sessions, api_key, log, "concurrency")
+    latencies: list[float] = []
+
+    async def one_session(peer: Peer, offset: int) -> None:
+        for index in range(updates):
+            started = time.perf_counter()
+            await peer.exchange("CONTEXT_UPDATE", context_payload(offset + index), answered)
+            latencies.append(time.perf_counter() - started)
+
+    try:
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for number, peer in enumerate(peers):
+                group.create_task(one_session(peer, number * updates))
+        seconds = time.perf_counter() - started
+    except* BenchError as errors:
+        raise errors.exceptions[0] from None
+    finally:
+        await _close_all(peers)
+    return Throughput(frames=2 * sessions * updates, seconds=seconds, latencies=latencies)
+
+
+async def _open_all(targets: Sequence[Target], api_key: str, log: Observations,
+                    phase: str) -> list[Peer]:
+    results = await asyncio.gather(
+        *(Peer.open(target, api_key, log, phase) for target in targets), return_exceptions=True
+    )
+    peers = [result for result in results if isinstance(result, Peer)]
+    failures = [result for result in results if isinstance(result, BaseException)]
+    if failures:
+        await _close_all(peers)
+        raise failures[0]
+    return peers
+
+
+async def _close_all(peers: Sequence[Peer]) -> None:
+    await asyncio.gather(*(peer.close() for peer in peers))
