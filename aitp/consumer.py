@@ -16,6 +16,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.utils import timezone
 
 from aitp import live, notify, services
 from aitp import protocol as p
@@ -82,6 +83,10 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.agent: Agent | None = None
         self.turn_task: asyncio.Task | None = None
         self.teardown_task: asyncio.Task | None = None
+        self.snapshot_writer: asyncio.Task | None = None
+        self.pending_snapshot: ContextChanged | None = None
+        self.last_url = ""
+        self.visits: list[dict] = []
         self.groups_joined: list[str] = []
         self.closed = False
         self.state = "idle"
@@ -106,14 +111,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
         if isinstance(event, HandshakeRequested):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):
-            await database_sync_to_async(services.session_update_context)(
-                session_id=self.machine.session_id,
-                url=event.url,
-                title=event.title,
-                context=event.context,
-                tools=[tool.to_wire() for tool in event.tools],
-            )
-            await live.publish_session(self.session_row, "context", url=event.url, title=event.title)
+            self._context_changed(event)
         elif isinstance(event, UserTextReceived):
             self._start_turn(event.text)
         elif isinstance(event, ToolResultReceived):
@@ -167,6 +165,36 @@ class AitpConsumer(AsyncWebsocketConsumer):
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
         await live.publish_session(session, "opened")
 
+    # --- the page snapshot ------------------------------------------------------
+
+    def _context_changed(self, event: ContextChanged) -> None:
+        """Store the snapshot behind the connection's back: the session
+        machine already holds it for the agent, so the page's next frame need
+        not wait for the database. Only the latest snapshot is written; every
+        URL visited in between is kept for the page history."""
+        if event.url and event.url != self.last_url:
+            self.last_url = event.url
+            self.visits.append({"url": event.url, "title": event.title, "at": timezone.now().isoformat()})
+        self.pending_snapshot = event
+        if self.snapshot_writer is None or self.snapshot_writer.done():
+            self.snapshot_writer = self._own(
+                asyncio.create_task(self._write_snapshots()), "snapshot writer"
+            )
+
+    async def _write_snapshots(self) -> None:
+        while self.pending_snapshot is not None:
+            event, self.pending_snapshot = self.pending_snapshot, None
+            visits, self.visits = self.visits, []
+            await database_sync_to_async(services.session_update_context)(
+                session_id=self.session_row.id,
+                url=event.url,
+                title=event.title,
+                context=event.context,
+                tools=[tool.to_wire() for tool in event.tools],
+                visits=visits,
+            )
+            await live.publish_session(self.session_row, "context", url=event.url, title=event.title)
+
     # --- the turn -------------------------------------------------------------
 
     def _start_turn(self, text: str) -> None:
@@ -176,11 +204,18 @@ class AitpConsumer(AsyncWebsocketConsumer):
         try:
             await self.agent.run_turn(text)
         finally:
-            self.machine.end_turn()
+            # The done frame may already have ended this turn and the page
+            # started the next one: never end that one.
+            if self.turn_task is asyncio.current_task():
+                self.machine.end_turn()
 
     # --- AgentIO --------------------------------------------------------------
 
     async def send_message(self, message: p.Message) -> None:
+        if message.type is p.MessageType.AGENT_RESPONSE and message.payload.done:
+            # The page may send its next message as soon as it reads this
+            # frame (wire-compat 6): the turn is over before the frame leaves.
+            self.machine.end_turn()
         self.machine.send(message)
         await self._flush()
 
@@ -285,6 +320,10 @@ class AitpConsumer(AsyncWebsocketConsumer):
         for timer in self.timers:
             with contextlib.suppress(asyncio.CancelledError):
                 await timer
+        if self.snapshot_writer is not None:
+            # Let the last snapshot land before the session is closed.
+            with contextlib.suppress(Exception):
+                await self.snapshot_writer
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []

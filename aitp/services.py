@@ -247,23 +247,28 @@ def session_heartbeat(*, session_id: str) -> None:
     Session.objects.filter(id=session_id, ended_at__isnull=True).update(last_seen_at=timezone.now())
 
 
+PAGE_HISTORY_LIMIT = 500
+
+
 def session_update_context(
-    *, session_id: str, url: str, title: str, context: dict, tools: list[dict]
+    *, session_id: str, url: str, title: str, context: dict, tools: list[dict],
+    visits: list[dict] = (),
 ) -> None:
-    """Replace the page snapshot; append to the page history when the URL changed."""
-    now = timezone.now()
+    """Replace the page snapshot and append the pages visited since the last
+    write (each distinct URL with its time; the oldest are dropped past
+    PAGE_HISTORY_LIMIT)."""
+    fields = {
+        "current_url": url[:2000],
+        "title": title[:500],
+        "context": context,
+        "tools": tools,
+        "last_activity_at": timezone.now(),
+    }
     with transaction.atomic():
-        session = Session.objects.select_for_update().get(id=session_id)
-        if url and url != session.current_url:
-            session.page_history = [*session.page_history, {"url": url, "title": title, "at": now.isoformat()}]
-        session.current_url = url[:2000]
-        session.title = title[:500]
-        session.context = context
-        session.tools = tools
-        session.last_activity_at = now
-        session.save(
-            update_fields=["current_url", "title", "context", "tools", "page_history", "last_activity_at"]
-        )
+        if visits:
+            history = Session.objects.filter(id=session_id).values_list("page_history", flat=True).first()
+            fields["page_history"] = [*(history or []), *visits][-PAGE_HISTORY_LIMIT:]
+        Session.objects.filter(id=session_id).update(**fields)
 
 
 def session_set_state(*, session_id: str, state: str) -> None:

@@ -152,11 +152,12 @@ async def test_a_context_update_replaces_the_snapshot_and_reports_effective_tool
     assert [t["name"] for t in data["effectiveTools"]] == ["add_to_cart"]
     assert data["clientTools"][0]["risk"] == "low"
     assert data["serverTools"] == [] and data["ignoredClientTools"] == []
+    await page.context(url="/p/1", title="Headphones", tools=[ADD_TO_CART], context={"productId": "p1"})
     await page.context(url="/cart", title="Cart", tools=[], context={})
+    await page.close()  # the snapshot is written behind the connection; closing flushes it
     session = await Session.objects.aget(id=ack["payload"]["sessionId"])
     assert session.current_url == "/cart" and session.tools == [] and session.context == {}
     assert [entry["url"] for entry in session.page_history] == ["/p/1", "/cart"]
-    await page.close()
 
 
 async def test_too_many_tools_are_refused_and_the_previous_tools_kept(connect, api_key):
