@@ -121,6 +121,9 @@ def api_key_update(
             tenant_id=key.tenant_id, user=user, action="key_updated",
             data={"prefix": key.prefix, **changed},
         )
+    if "allowed_origins" in changed or "expires_at" in changed:
+        # Live sessions re-check their key: one from an origin just removed closes.
+        transaction.on_commit(lambda: notify.key_changed(key.pk))
     return key
 
 
@@ -129,6 +132,8 @@ def api_key_set_status(*, key: ApiKey, status: str, user=None) -> ApiKey:
     no longer be used are closed on every process."""
     if key.status == ApiKey.Status.REVOKED and status != ApiKey.Status.REVOKED:
         raise ValueError("a revoked key cannot be re-activated")
+    if key.status == status:
+        return key
     with transaction.atomic():
         key.status = status
         if status == ApiKey.Status.REVOKED:

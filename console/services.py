@@ -1,0 +1,100 @@
+"""Console writes, each with its audit row.
+
+Keys are changed through ``aitp.services`` (the same functions the admin
+uses); ``key_create`` only adds the audit row that ``api_key_create`` does
+not write, in the same transaction.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+
+from aitp import services as aitp_services
+from aitp.models import ApiKey, OperatorAction, Tenant, TenantMembership
+
+logger = logging.getLogger(__name__)
+
+OWNER = TenantMembership.Role.OWNER
+
+
+class LastOwnerError(ValueError):
+    """The change would leave the tenant without an owner."""
+
+
+def key_create(
+    *, tenant: Tenant, by, name: str, allowed_origins: list[str], max_sessions: int,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key and record who did; returns the row and the plaintext (never logged)."""
+    with transaction.atomic():
+        key, raw_key = aitp_services.api_key_create(
+            tenant=tenant, name=name, allowed_origins=allowed_origins,
+            max_sessions=max_sessions, expires_at=expires_at,
+        )
+        OperatorAction.objects.create(
+            tenant=tenant, user=by, action="key_created",
+            data={
+                "prefix": key.prefix, "name": name, "allowed_origins": list(allowed_origins),
+                "max_sessions": key.max_sessions,
+                "expires_at": expires_at.isoformat() if expires_at else None,
+            },
+        )
+    return key, raw_key
+
+
+def _lock_owners(tenant_id: int) -> list[int]:
+    # Locking every owner row serialises two owners demoting or removing each
+    # other at once: the second sees the first's change and is refused.
+    return list(
+        TenantMembership.objects.select_for_update()
+        .filter(tenant_id=tenant_id, role=OWNER)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def _audit(membership: TenantMembership, by, action: str, **data) -> None:
+    OperatorAction.objects.create(
+        tenant_id=membership.tenant_id, user=by, action=action,
+        data={"member": membership.user.get_username(), **data},
+    )
+
+
+def membership_add(*, tenant: Tenant, user, role: str, by) -> TenantMembership:
+    with transaction.atomic():
+        membership = TenantMembership.objects.create(tenant=tenant, user=user, role=role)
+        _audit(membership, by, "member_added", role=role)
+    logger.info("member added tenant=%s user=%s role=%s", tenant.slug, user.pk, role)
+    return membership
+
+
+def membership_set_role(*, membership: TenantMembership, role: str, by) -> TenantMembership:
+    with transaction.atomic():
+        owners = _lock_owners(membership.tenant_id)
+        current = TenantMembership.objects.select_for_update().get(pk=membership.pk)
+        if current.role == role:
+            return current
+        if current.role == OWNER and owners == [current.pk]:
+            raise LastOwnerError("a tenant needs at least one owner")
+        previous = current.role
+        current.role = role
+        current.save(update_fields=["role"])
+        _audit(current, by, "member_role_changed", role=role, previous=previous)
+    logger.info("member role changed tenant=%s membership=%s role=%s",
+                current.tenant_id, current.pk, role)
+    return current
+
+
+def membership_remove(*, membership: TenantMembership, by) -> None:
+    with transaction.atomic():
+        owners = _lock_owners(membership.tenant_id)
+        current = TenantMembership.objects.select_for_update().filter(pk=membership.pk).first()
+        if current is None:
+            return  # already removed by someone else
+        if current.role == OWNER and owners == [current.pk]:
+            raise LastOwnerError("a tenant needs at least one owner")
+        _audit(current, by, "member_removed", role=current.role)
+        current.delete()
+    logger.info("member removed tenant=%s membership=%s", membership.tenant_id, membership.pk)

@@ -1,0 +1,266 @@
+"""The tenant console: keys, usage, session records and members of one tenant.
+
+Views only read (selectors/querysets filtered by the caller's tenant) and call
+services to write; ``console.access.tenant_view`` decides who gets in.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, time
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import BooleanField, Case, Count, Q, Value, When
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from aitp import selectors, services
+from aitp.models import ApiKey, OperatorAction, Session, TenantMembership, ToolCall
+from console import services as console_services
+from console.access import Access, render_page, tenant_view
+from console.forms import ApiKeyCreateForm, ApiKeyEditForm, MemberAddForm, MemberRoleForm
+from console.transcript import message_blocks, pretty_json
+from console.usage import bar_chart, daily_usage
+
+logger = logging.getLogger(__name__)
+
+# The plaintext of a key just created waits here for its one display.
+NEW_KEY_SESSION_FIELD = "console_new_key"
+RECENT_SESSIONS = 50
+
+
+def _live_q(prefix: str = "") -> Q:
+    live = services.live_sessions_filter(timezone.now())
+    return Q(**{prefix + field: value for field, value in live.items()})
+
+
+def _start_of_today() -> datetime:
+    return timezone.make_aware(datetime.combine(timezone.localdate(), time.min))
+
+
+# --- choosing a tenant ----------------------------------------------------------
+
+
+@login_required
+def index(request: HttpRequest) -> HttpResponse:
+    memberships = list(
+        TenantMembership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name")
+    )
+    if len(memberships) == 1:
+        return redirect("console:usage", slug=memberships[0].tenant.slug)
+    return render(request, "console/index.html", {"memberships": memberships, "page_title": "Tenants"})
+
+
+# --- usage and session records ---------------------------------------------------
+
+
+@tenant_view()
+def usage(request: HttpRequest, access: Access) -> HttpResponse:
+    days = daily_usage(access.tenant, today=timezone.localdate())
+    labels = [day.date.isoformat() for day in days]
+    recent = (
+        Session.objects.filter(tenant=access.tenant)
+        .select_related("api_key")
+        .annotate(live_now=Case(When(_live_q(), then=Value(True)), default=Value(False),
+                                output_field=BooleanField()))
+        .order_by("-started_at")[:RECENT_SESSIONS]
+    )
+    return render_page(
+        request, access, "console/usage.html", title="Usage", section="usage",
+        days=days,
+        newest_first=list(reversed(days)),
+        sessions_chart=bar_chart([d.sessions for d in days], labels, unit="sessions"),
+        tokens_chart=bar_chart([d.tokens for d in days], labels, unit="tokens"),
+        totals={
+            "sessions": sum(d.sessions for d in days),
+            "turns": sum(d.turns for d in days),
+            "tokens": sum(d.tokens for d in days),
+        },
+        recent_sessions=recent,
+        recent_limit=RECENT_SESSIONS,
+    )
+
+
+@tenant_view()
+def session_detail(request: HttpRequest, access: Access, session_id: str) -> HttpResponse:
+    session = get_object_or_404(
+        Session.objects.select_related("api_key"), tenant=access.tenant, pk=session_id
+    )
+    conversation = [
+        {"message": message, "blocks": message_blocks(message.content)}
+        for message in selectors.session_conversation(session)
+    ]
+    tool_calls = [
+        {"call": call, "arguments": pretty_json(call.arguments), "result": pretty_json(call.result)}
+        for call in session.tool_calls.order_by("created_at", "pk")
+    ]
+    actions = OperatorAction.objects.filter(session=session, tenant=access.tenant).select_related("user")
+    return render_page(
+        request, access, "console/session_detail.html", title=f"Session {session.id}",
+        section="usage", session=session, conversation=conversation, tool_calls=tool_calls,
+        page_history=session.page_history if isinstance(session.page_history, list) else [],
+        actions=actions,
+        final_errors=sorted(str(s) for s in ToolCall.FINAL_STATUSES if s != ToolCall.Status.SUCCESS),
+    )
+
+
+# --- keys ------------------------------------------------------------------------
+
+
+@tenant_view()
+def keys(request: HttpRequest, access: Access) -> HttpResponse:
+    rows = (
+        ApiKey.objects.filter(tenant=access.tenant)
+        .annotate(
+            sessions_today=Count(
+                "sessions", filter=Q(sessions__started_at__gte=_start_of_today()), distinct=True
+            ),
+            live_sessions=Count("sessions", filter=_live_q("sessions__"), distinct=True),
+        )
+        .order_by("-created_at")
+    )
+    return render_page(request, access, "console/keys.html", title="Keys", section="keys", keys=rows)
+
+
+@tenant_view(owner_only=True)
+def key_create(request: HttpRequest, access: Access) -> HttpResponse:
+    form = ApiKeyCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        key, raw_key = console_services.key_create(
+            tenant=access.tenant,
+            by=request.user,
+            name=form.cleaned_data["name"],
+            allowed_origins=form.cleaned_data["allowed_origins"],
+            max_sessions=form.cleaned_data["max_sessions"],
+            expires_at=form.cleaned_data["expires_at"],
+        )
+        # The plaintext exists only here: keep it for one display on the
+        # next page, never in a URL (it would end up in logs and history).
+        request.session[NEW_KEY_SESSION_FIELD] = {
+            "key_id": key.pk, "tenant_id": access.tenant.pk, "raw": raw_key,
+        }
+        logger.info("key created tenant=%s prefix=%s user=%s",
+                    access.tenant.slug, key.prefix, request.user.pk)
+        return redirect("console:key_created", slug=access.tenant.slug, key_id=key.pk)
+    return render_page(request, access, "console/key_form.html", title="New key", section="keys",
+                       form=form, creating=True)
+
+
+@never_cache
+@tenant_view(owner_only=True)
+def key_created(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
+    key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
+    # Popped whatever it holds: a plaintext not shown now is never shown.
+    pending = request.session.pop(NEW_KEY_SESSION_FIELD, None)
+    raw_key = None
+    if pending and pending.get("key_id") == key.pk and pending.get("tenant_id") == access.tenant.pk:
+        raw_key = pending.get("raw")
+    return render_page(request, access, "console/key_created.html", title=f"Key {key.prefix}",
+                       section="keys", key=key, raw_key=raw_key)
+
+
+@tenant_view(owner_only=True)
+def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
+    key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
+    if key.status == ApiKey.Status.REVOKED:
+        messages.error(request, "A revoked key cannot be changed.")
+        return redirect("console:keys", slug=access.tenant.slug)
+    initial = {"name": key.name, "allowed_origins": key.allowed_origins, "max_sessions": key.max_sessions}
+    form = ApiKeyEditForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        changes = {
+            field: form.cleaned_data[field]
+            for field in ("name", "allowed_origins", "max_sessions")
+            if form.cleaned_data[field] != initial[field]
+        }
+        if changes:
+            services.api_key_update(key=key, user=request.user, **changes)
+            messages.success(request, f"Key {key.prefix} updated.")
+        else:
+            messages.info(request, "Nothing changed.")
+        return redirect("console:keys", slug=access.tenant.slug)
+    return render_page(request, access, "console/key_form.html", title=f"Edit key {key.prefix}",
+                       section="keys", form=form, key=key, creating=False)
+
+
+@tenant_view(owner_only=True)
+def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
+    key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
+    if request.method == "POST":
+        if key.status == ApiKey.Status.REVOKED:
+            messages.info(request, f"Key {key.prefix} was already revoked.")
+        else:
+            # The service closes the key's live sessions on every process.
+            services.api_key_revoke(key=key, user=request.user)
+            logger.info("key revoked tenant=%s prefix=%s user=%s", access.tenant.slug, key.prefix,
+                        request.user.pk)
+            messages.success(request, f"Key {key.prefix} revoked; its live sessions are being closed.")
+        return redirect("console:keys", slug=access.tenant.slug)
+    live = Session.objects.filter(_live_q(), api_key=key).count()
+    return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
+                       section="keys", key=key, live_sessions=live)
+
+
+# --- members ---------------------------------------------------------------------
+
+
+@tenant_view()
+def members(request: HttpRequest, access: Access) -> HttpResponse:
+    form = MemberAddForm(request.POST or None, tenant=access.tenant)
+    if request.method == "POST" and form.is_valid():
+        user = form.cleaned_data["user"]
+        console_services.membership_add(
+            tenant=access.tenant, user=user, role=form.cleaned_data["role"], by=request.user
+        )
+        messages.success(request, f"{user.get_username()} added.")
+        return redirect("console:members", slug=access.tenant.slug)
+    rows = (
+        TenantMembership.objects.filter(tenant=access.tenant)
+        .select_related("user")
+        .order_by("user__username")
+    )
+    return render_page(request, access, "console/members.html", title="Members", section="members",
+                       members=rows, form=form, roles=TenantMembership.Role.choices)
+
+
+@require_POST
+@tenant_view(owner_only=True)
+def member_role(request: HttpRequest, access: Access, membership_id: int) -> HttpResponse:
+    membership = get_object_or_404(TenantMembership, tenant=access.tenant, pk=membership_id)
+    form = MemberRoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Unknown role.")
+    else:
+        try:
+            console_services.membership_set_role(
+                membership=membership, role=form.cleaned_data["role"], by=request.user
+            )
+            messages.success(request, f"{membership.user.get_username()} is now {form.cleaned_data['role']}.")
+        except console_services.LastOwnerError:
+            messages.error(
+                request, "The last owner cannot stop being an owner; make someone else owner first."
+            )
+    return redirect("console:members", slug=access.tenant.slug)
+
+
+@tenant_view(owner_only=True)
+def member_remove(request: HttpRequest, access: Access, membership_id: int) -> HttpResponse:
+    membership = get_object_or_404(
+        TenantMembership.objects.select_related("user"), tenant=access.tenant, pk=membership_id
+    )
+    if request.method == "POST":
+        try:
+            console_services.membership_remove(membership=membership, by=request.user)
+        except console_services.LastOwnerError:
+            messages.error(request, "The last owner cannot be removed; make someone else owner first.")
+            return redirect("console:members", slug=access.tenant.slug)
+        messages.success(request, f"{membership.user.get_username()} removed.")
+        if membership.user_id == request.user.pk:
+            return redirect("console:index")  # no longer a member here
+        return redirect("console:members", slug=access.tenant.slug)
+    return render_page(request, access, "console/member_remove.html",
+                       title=f"Remove {membership.user.get_username()}", section="members",
+                       member=membership)

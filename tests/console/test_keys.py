@@ -1,0 +1,221 @@
+"""Keys in the console: create (shown once), list, edit, revoke."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from aitp import notify, services
+from aitp.models import ApiKey, OperatorAction
+from console.views import NEW_KEY_SESSION_FIELD
+from tests.console.conftest import make_session
+
+pytestmark = pytest.mark.django_db
+
+NEW_KEY = {
+    "name": "storefront",
+    "allowed_origins": "https://shop.example\r\nhttp://localhost:8000\r\n",
+    "max_sessions": "7",
+    "expires_at": "",
+}
+
+
+def create_key(client, **overrides):
+    return client.post(reverse("console:key_create", args=["acme"]), {**NEW_KEY, **overrides})
+
+
+def test_an_owner_creates_a_key_and_sees_the_plaintext_once(owner_client, acme):
+    response = create_key(owner_client)
+    key = ApiKey.objects.get(tenant=acme)
+    assert response.status_code == 302
+    assert response["Location"] == reverse("console:key_created", args=["acme", key.pk])
+
+    first = owner_client.get(response["Location"])
+    raw_key = first.context["raw_key"]
+    assert raw_key and raw_key.startswith(key.prefix)
+    assert raw_key.encode() in first.content
+    assert services.api_key_lookup(raw_key) == key
+    assert "no-store" in first["Cache-Control"]
+
+    second = owner_client.get(response["Location"])
+    assert second.context["raw_key"] is None
+    assert raw_key.encode() not in second.content
+    assert b"already shown once" in second.content
+    assert NEW_KEY_SESSION_FIELD not in owner_client.session
+
+
+def test_the_plaintext_never_appears_in_a_url_or_on_the_key_list(owner_client, acme):
+    response = create_key(owner_client)
+    raw_key = owner_client.session[NEW_KEY_SESSION_FIELD]["raw"]
+    assert raw_key not in response["Location"]
+    listing = owner_client.get(reverse("console:keys", args=["acme"]))
+    assert raw_key.encode() not in listing.content
+
+
+def test_a_created_key_keeps_its_origins_cap_and_expiry(owner_client, acme):
+    create_key(owner_client, expires_at="2099-01-02T03:04")
+    key = ApiKey.objects.get(tenant=acme)
+    assert key.name == "storefront"
+    assert key.allowed_origins == ["https://shop.example", "http://localhost:8000"]
+    assert key.max_sessions == 7
+    assert key.expires_at.isoformat() == "2099-01-02T03:04:00+00:00"
+
+
+def test_creating_a_key_is_recorded_with_who_did_it_and_without_the_plaintext(owner_client, olivia, acme):
+    create_key(owner_client)
+    raw_key = owner_client.session[NEW_KEY_SESSION_FIELD]["raw"]
+    action = OperatorAction.objects.get(action="key_created")
+    key = ApiKey.objects.get(tenant=acme)
+    assert (action.tenant, action.user, action.data["prefix"]) == (acme, olivia, key.prefix)
+    assert action.data["allowed_origins"] == ["https://shop.example", "http://localhost:8000"]
+    assert raw_key not in str(action.data)
+
+
+def test_the_plaintext_of_one_key_is_not_shown_on_another_keys_page(owner_client, acme, acme_key):
+    create_key(owner_client)
+    response = owner_client.get(reverse("console:key_created", args=["acme", acme_key.pk]))
+    assert response.context["raw_key"] is None
+    # Shown on no page after that either: it is dropped, not kept for later.
+    assert NEW_KEY_SESSION_FIELD not in owner_client.session
+
+
+@pytest.mark.parametrize(
+    "origins, message",
+    [
+        ("https://shop.example/checkout", "no path"),
+        ("shop.example", "scheme must be http or https"),
+        ("ftp://shop.example", "scheme must be http or https"),
+        ("https://*.shop.example", "wildcards"),
+        ("https://shop.example?x=1", "no path"),
+        ("https://shop.example:99999", "not a valid origin"),
+    ],
+)
+def test_a_key_with_an_origin_that_is_not_an_origin_is_refused(owner_client, acme, origins, message):
+    response = create_key(owner_client, allowed_origins=f"https://ok.example\n{origins}")
+    assert response.status_code == 200
+    errors = response.context["form"].errors["allowed_origins"]
+    assert any(message in error and "line 2" in error for error in errors), errors
+    assert not ApiKey.objects.filter(tenant=acme).exists()
+
+
+def test_an_expiry_in_the_past_is_refused(owner_client, acme):
+    response = create_key(owner_client, expires_at="2001-01-01T00:00")
+    assert response.context["form"].errors["expires_at"] == ["the expiry must be in the future"]
+    assert not ApiKey.objects.filter(tenant=acme).exists()
+
+
+@pytest.mark.parametrize("cap", ["0", "-1", "abc"])
+def test_a_session_cap_below_one_is_refused(owner_client, acme, cap):
+    response = create_key(owner_client, max_sessions=cap)
+    assert "max_sessions" in response.context["form"].errors
+    assert not ApiKey.objects.filter(tenant=acme).exists()
+
+
+def test_the_key_list_shows_prefix_name_status_origins_cap_and_sessions_today(owner_client, acme_key):
+    now = timezone.now()
+    make_session(acme_key, started_at=now)
+    make_session(acme_key, started_at=now, ended_at=now)
+    make_session(acme_key, started_at=now - timedelta(days=2), ended_at=now - timedelta(days=2))
+    ApiKey.objects.filter(pk=acme_key.pk).update(last_used_at=now)
+
+    response = owner_client.get(reverse("console:keys", args=["acme"]))
+    (row,) = response.context["keys"]
+    assert row.sessions_today == 2
+    assert row.live_sessions == 1
+    html = response.content.decode()
+    for text in (acme_key.prefix, "shop", "Active", "https://shop.example", ">5<", now.strftime("%Y-%m-%d")):
+        assert text in html, text
+
+
+def test_a_key_that_accepts_any_origin_is_flagged_on_the_list(owner_client, acme):
+    services.api_key_create(tenant=acme, name="open")
+    response = owner_client.get(reverse("console:keys", args=["acme"]))
+    assert b"any origin" in response.content
+
+
+# --- revoke ----------------------------------------------------------------------
+
+
+def test_the_revoke_page_asks_first_and_changes_nothing(owner_client, acme_key):
+    make_session(acme_key)
+    response = owner_client.get(reverse("console:key_revoke", args=["acme", acme_key.pk]))
+    assert response.status_code == 200
+    assert response.context["live_sessions"] == 1
+    assert b"Revoke this key" in response.content
+    acme_key.refresh_from_db()
+    assert acme_key.status == ApiKey.Status.ACTIVE
+
+
+def test_revoking_goes_through_the_service_and_notifies_live_sessions(
+    owner_client, olivia, acme_key, monkeypatch, django_capture_on_commit_callbacks
+):
+    notified = []
+    monkeypatch.setattr(notify, "key_changed", notified.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = owner_client.post(reverse("console:key_revoke", args=["acme", acme_key.pk]))
+    assert response["Location"] == reverse("console:keys", args=["acme"])
+    acme_key.refresh_from_db()
+    assert acme_key.status == ApiKey.Status.REVOKED
+    assert acme_key.revoked_at is not None
+    action = OperatorAction.objects.get(tenant=acme_key.tenant)
+    assert (action.action, action.user, action.data) == ("key_revoked", olivia, {"prefix": acme_key.prefix})
+    assert notified == [acme_key.pk]
+    assert services.api_key_refusal(acme_key, origin="https://shop.example", now=timezone.now()).code == (
+        "api_key_revoked"
+    )
+
+
+def test_revoking_a_revoked_key_again_records_nothing_more(owner_client, acme_key):
+    url = reverse("console:key_revoke", args=["acme", acme_key.pk])
+    owner_client.post(url)
+    owner_client.post(url)
+    assert OperatorAction.objects.filter(action="key_revoked").count() == 1
+
+
+# --- edit ------------------------------------------------------------------------
+
+
+def test_an_owner_edits_origins_and_cap_through_the_service(owner_client, olivia, acme_key):
+    url = reverse("console:key_edit", args=["acme", acme_key.pk])
+    form = owner_client.get(url).context["form"]
+    assert form["allowed_origins"].value() == "https://shop.example"
+    response = owner_client.post(
+        url,
+        {"name": "shop", "allowed_origins": "https://shop.example\nHTTPS://New.Example:443/",
+         "max_sessions": "2"},
+    )
+    assert response["Location"] == reverse("console:keys", args=["acme"])
+    acme_key.refresh_from_db()
+    assert acme_key.allowed_origins == ["https://shop.example", "https://new.example"]
+    assert acme_key.max_sessions == 2
+    action = OperatorAction.objects.get(action="key_updated")
+    assert action.user == olivia
+    assert action.data == {
+        "prefix": acme_key.prefix,
+        "allowed_origins": ["https://shop.example", "https://new.example"],
+        "max_sessions": 2,
+    }
+
+
+def test_an_edit_with_a_bad_origin_changes_nothing(owner_client, acme_key):
+    url = reverse("console:key_edit", args=["acme", acme_key.pk])
+    response = owner_client.post(
+        url, {"name": "shop", "allowed_origins": "https://x.example/path", "max_sessions": "2"}
+    )
+    assert response.status_code == 200
+    assert response.context["form"].errors["allowed_origins"]
+    acme_key.refresh_from_db()
+    assert (acme_key.allowed_origins, acme_key.max_sessions) == (["https://shop.example"], 5)
+    assert not OperatorAction.objects.exists()
+
+
+def test_a_revoked_key_cannot_be_edited(owner_client, acme_key):
+    services.api_key_revoke(key=acme_key)
+    url = reverse("console:key_edit", args=["acme", acme_key.pk])
+    response = owner_client.post(url, {"name": "x", "allowed_origins": "", "max_sessions": "9"})
+    assert response.status_code == 302
+    acme_key.refresh_from_db()
+    assert acme_key.max_sessions == 5
+    assert not OperatorAction.objects.filter(action="key_updated").exists()
