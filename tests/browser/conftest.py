@@ -1,0 +1,258 @@
+"""Fixtures for the browser tests: Chromium through Playwright's async API, the
+demo store on a real daphne process, and a scripted AITP server for the
+client's wire behaviour.
+
+The async API: the sync one keeps an event loop running on the test's
+thread, which makes Django refuse ORM calls and fights pytest-asyncio.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, quote, urlsplit
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+if TYPE_CHECKING:
+    from aitp.models import ApiKey
+    from tests.support.daphne import DaphneServer
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+CLIENT_JS = Path(__file__).resolve().parents[2] / "demo" / "static" / "demo" / "owllayer-client.js"
+# Upper bound for anything the page or the server should do "soon"; only a
+# broken build waits this long.
+SOON = 15.0
+PAGE_PATH = "/shop/headphones"
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float = SOON,
+                     what: str = "condition") -> None:
+    """Wait until predicate() is true; fail with `what` after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        outcome = predicate()
+        if asyncio.iscoroutine(outcome):
+            outcome = await outcome
+        if outcome:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def browser(chromium_path: str) -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    page = await context.new_page()
+    page.set_default_timeout(SOON * 1000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield page
+    finally:
+        await context.close()
+    # A script error in the page is a bug even when the scenario passed.
+    assert not errors, f"page script errors: {errors}"
+
+
+# --- the demo store on a real server ------------------------------------------
+
+
+@dataclass
+class Store:
+    server: DaphneServer
+    raw_key: str
+    key: ApiKey
+
+    @property
+    def url(self) -> str:
+        return f"{self.server.http_url}/demo/?apiKey={quote(self.raw_key, safe='')}"
+
+
+@pytest.fixture
+def store(daphne_factory) -> Iterator[Store]:
+    """A daphne process and a key of a fresh tenant that allows its origin."""
+    from aitp import services
+
+    server = daphne_factory()
+    tenant = services.tenant_create(slug="owl-store", name="Owl Store")
+    key, raw_key = services.api_key_create(
+        tenant=tenant, name="browser", allowed_origins=[server.http_url]
+    )
+    yield Store(server=server, raw_key=raw_key, key=key)
+    # Captured output: pytest shows it only when the test failed.
+    print(f"--- daphne log ({server!r}) ---\n{server.logs()}")
+
+
+# --- a scripted AITP server for the client's wire behaviour --------------------
+
+
+def frame(type_: str, payload: dict, **envelope) -> str:
+    body = {"id": f"msg_{uuid.uuid4()}", "type": type_, "timestamp": 1706000000000,
+            "payload": payload}
+    body.update(envelope)
+    return json.dumps(body)
+
+
+def ack(**payload) -> str:
+    return frame("HANDSHAKE_ACK", {
+        "sessionId": "ses_fake", "serverVersion": "0.4.0", "protocolVersion": "1.0.0",
+        "capabilities": ["text", "tools"], **payload,
+    })
+
+
+@dataclass
+class FakeConnection:
+    ws: ServerConnection
+    query: dict
+    received: list[dict] = field(default_factory=list)
+
+    async def recv(self, timeout: float | None = SOON) -> dict:
+        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.received.append(message)
+        return message
+
+    async def recv_type(self, type_: str) -> dict:
+        while True:
+            message = await self.recv()
+            if message["type"] == type_:
+                return message
+
+    async def send(self, text: str) -> None:
+        await self.ws.send(text)
+
+    @property
+    def close_code(self) -> int | None:
+        return self.ws.close_code
+
+    @property
+    def close_reason(self) -> str | None:
+        return self.ws.close_reason
+
+
+Script = Callable[[FakeConnection], Awaitable[None]]
+
+
+class FakeAitpServer:
+    """Serves ws://127.0.0.1:<port>/owllayer, where each connection runs
+    `script`, and plain HTTP pages (``pages``) from the same origin.
+
+    After the script returns, the connection is read until the page closes
+    it, so every frame the page sent is in ``received``.
+    """
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections: list[FakeConnection] = []
+        self.pages: dict[str, str] = {}
+        self.port = 0
+
+    def _serve_page(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == "/owllayer":
+            return None  # the WebSocket handshake goes on
+        if path not in self.pages:
+            return connection.respond(404, "not found\n")
+        response = connection.respond(200, self.pages[path])
+        del response.headers["Content-Type"]
+        response.headers["Content-Type"] = "text/html; charset=utf-8"
+        return response
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        query = parse_qs(urlsplit(ws.request.path).query)
+        connection = FakeConnection(ws, query)
+        self.connections.append(connection)
+        try:
+            await self.script(connection)
+            while True:
+                await connection.recv(timeout=None)
+        except ConnectionClosed:
+            return  # the page closed: what it sent is recorded
+
+    @property
+    def endpoint(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/owllayer"
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    @property
+    def page_url(self) -> str:
+        return self.url(PAGE_PATH)
+
+
+@pytest.fixture
+async def fake_server() -> AsyncIterator[Callable[[Script], Awaitable[FakeAitpServer]]]:
+    """start(script) -> a running FakeAitpServer on a free 127.0.0.1 port.
+
+    Ask for it before ``page`` so that the page closes first: its sockets
+    then go away before the server waits for them.
+    """
+    started = []
+
+    async def start(script: Script) -> FakeAitpServer:
+        fake = FakeAitpServer(script)
+        server = await serve(fake._handle, "127.0.0.1", 0, process_request=fake._serve_page)
+        fake.port = server.sockets[0].getsockname()[1]
+        started.append(server)
+        return fake
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.close()
+            await server.wait_closed()
+
+
+async def open_client_page(page: Page, fake: FakeAitpServer, setup: str = "") -> None:
+    """Load a bare page with the client from the fake server's own origin.
+
+    (A page Playwright fulfils itself counts as a public site, and Chromium
+    then blocks its socket to 127.0.0.1.) `setup` runs with `client` in
+    scope before connect().
+    """
+    fake.pages[PAGE_PATH] = (
+        "<!doctype html><html><head><title>Pro Headphones - Store</title></head><body>"
+        f"<script>{CLIENT_JS.read_text()}</script>"
+        "<script>"
+        "window.agentEvents = [];"
+        f"const client = new OwlLayerClient({{apiKey: 'pk_live_fake', endpoint: '{fake.endpoint}'}});"
+        "window.client = client;"
+        "client.on('agent', (e) => window.agentEvents.push(e));"
+        f"{setup}"
+        "client.connect();"
+        "</script></body></html>"
+    )
+    await page.goto(fake.page_url)

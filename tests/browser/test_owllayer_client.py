@@ -1,0 +1,375 @@
+"""The in-page client's wire behaviour, in real Chromium, against a scripted
+server: what it sends, what it drops, when it reconnects (wire-compat.md)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from playwright.async_api import expect
+
+from tests.browser.conftest import FakeConnection, ack, eventually, frame, open_client_page
+
+pytestmark = [pytest.mark.browser]
+
+ADD_TO_CART = {
+    "name": "add_to_cart",
+    "description": "Add the product to the cart",
+    "parameters": {"type": "OBJECT", "properties": {"quantity": {"type": "NUMBER"}},
+                   "required": ["quantity"]},
+    "risk": "low",
+}
+RECORD_EVENTS = (
+    "window.errors = []; window.retries = []; window.states = [];"
+    "client.on('error', (e) => window.errors.push(e.message));"
+    "client.on('state', (s) => { window.states.push(s);"
+    " if (s === 'reconnecting') window.retries.push(window.__owl.retryInMs); });"
+)
+
+
+async def acknowledge(connection: FakeConnection) -> None:
+    await connection.recv_type("HANDSHAKE_INIT")
+    await connection.send(ack())
+
+
+def sent(connection: FakeConnection, type_: str) -> list[dict]:
+    return [message for message in connection.received if message["type"] == type_]
+
+
+async def test_sends_the_handshake_at_open_and_one_full_context_snapshot_after_the_ack(fake_server, page):
+    fake = await fake_server(acknowledge)
+    setup = (
+        f"client.registerTool({json.dumps(ADD_TO_CART)}, () => ({{added: true}}));"
+        "client.setContext({page: 'product_detail', price: 149.99});"
+    )
+    await open_client_page(page, fake, setup)
+    await eventually(lambda: len(fake.connections) == 1 and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    connection = fake.connections[0]
+
+    assert connection.query == {"apiKey": ["pk_live_fake"]}
+    init = connection.received[0]
+    assert init["type"] == "HANDSHAKE_INIT"
+    assert re.fullmatch(r"msg_[0-9a-f-]{36}", init["id"])
+    assert isinstance(init["timestamp"], int)
+    assert set(init["payload"]) == {"apiKey", "userAgent", "viewport", "sdkVersion", "protocolVersion"}
+    assert init["payload"]["apiKey"] == "pk_live_fake"
+    assert init["payload"]["sdkVersion"] == "0.4.0"
+    assert init["payload"]["protocolVersion"] == "1.0.0"
+    assert init["payload"]["viewport"] == "1280x800"
+    # The tool and the context were set before the ACK: one snapshot, not two.
+    updates = sent(connection, "CONTEXT_UPDATE")
+    assert len(updates) == 1
+    assert updates[0]["payload"] == {
+        "url": "/shop/headphones",
+        "title": "Pro Headphones - Store",
+        "activeTools": [ADD_TO_CART],
+        "context": {"page": "product_detail", "price": 149.99},
+    }
+    assert await page.evaluate("window.__owl.state") == "connected"
+
+
+async def test_drops_every_invalid_frame_silently_and_counts_it(fake_server, page):
+    invalid = [
+        ack(maxActiveTools=0),
+        frame("SYSTEM_EVENT", {"kind": "error", "message": None}),
+        frame("SYSTEM_EVENT", {"kind": "error", "message": "boom"}, meta=None),
+        frame("SYSTEM_EVENT", {"kind": "shutdown", "message": "bye"}),
+        frame("TOOL_CALL", {"callId": "tc_1", "name": "add_to_cart", "args": []}),
+        frame("APPROVAL_REQUEST", {"callId": "tc_2", "toolName": "pay", "risk": "critical",
+                                   "args": {}, "message": ""}),
+        frame("USER_INPUT", {"modality": "text", "content": "a client frame"}),
+        frame("AGENT_RESPONSE", {"chunk": "x", "done": "true"}),
+        frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, timestamp="now"),
+        frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, id=""),
+        "not json",
+    ]
+
+    async def script(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        for text in invalid:
+            await connection.send(text)
+        # Unknown keys are stripped, never a reason to drop.
+        await connection.send(ack(maxActiveTools=2, region="eu"))
+        await connection.send(frame("SYSTEM_EVENT", {"kind": "waiting", "message": "hold on",
+                                                      "data": {"code": "x"}, "extra": 1}))
+
+    fake = await fake_server(script)
+    tools = [dict(ADD_TO_CART, name=name) for name in ("one", "two", "three")]
+    setup = "".join(f"client.registerTool({json.dumps(tool)}, () => null);" for tool in tools)
+    await open_client_page(page, fake, RECORD_EVENTS + setup)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the context update after the valid ack")
+    await eventually(lambda: page.evaluate("window.__owl.frames.length === 2"), what="two valid frames")
+
+    owl = await page.evaluate("window.__owl")
+    assert owl["dropped"] == len(invalid)
+    assert [f["type"] for f in owl["frames"]] == ["HANDSHAKE_ACK", "SYSTEM_EVENT"]
+    assert "region" not in owl["frames"][0]["payload"]
+    assert owl["state"] == "connected"
+    # Nothing of the dropped frames happened: no error shown, no tool answered.
+    assert await page.evaluate("window.errors") == []
+    connection = fake.connections[0]
+    assert sent(connection, "TOOL_RESULT") == []
+    # The ACK's maxActiveTools applies to the registry.
+    names = [tool["name"] for tool in sent(connection, "CONTEXT_UPDATE")[0]["payload"]["activeTools"]]
+    assert names == ["one", "two"]
+
+
+async def test_a_navigating_tool_sends_the_new_pages_context_before_its_result(fake_server, page):
+    fake = await fake_server(acknowledge)
+    pay = {"name": "pay", "description": "Pay", "risk": "critical"}
+    setup = (
+        "client.registerTool({name: 'go_to_cart', description: 'Open the cart'}, () => {"
+        "  history.pushState({}, '', '/shop/cart'); document.title = 'Cart';"
+        "  client.unregisterTool('go_to_cart');"
+        f"  client.registerTool({json.dumps(pay)}, () => null);"
+        "  client.setContext({page: 'cart'});"
+        "  return {url: location.pathname};"
+        "});"
+    )
+    await open_client_page(page, fake, setup)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    connection = fake.connections[0]
+    await connection.send(frame("TOOL_CALL", {"callId": "tc_nav", "name": "go_to_cart", "args": {}}))
+    await eventually(lambda: sent(connection, "TOOL_RESULT"), what="the tool result")
+
+    after = [m for m in connection.received if m["type"] in ("CONTEXT_UPDATE", "TOOL_RESULT")][1:]
+    assert [m["type"] for m in after] == ["CONTEXT_UPDATE", "TOOL_RESULT"]
+    assert after[0]["payload"] == {
+        "url": "/shop/cart", "title": "Cart", "activeTools": [pay], "context": {"page": "cart"},
+    }
+    assert after[1]["payload"] == {"callId": "tc_nav", "status": "success", "result": {"url": "/shop/cart"}}
+
+
+async def test_a_context_change_just_before_a_message_reaches_the_server_first(fake_server, page):
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    connection = fake.connections[0]
+
+    await page.evaluate("client.setContext({step: 2}); client.sendText('next')")
+
+    await eventually(lambda: sent(connection, "USER_INPUT"), what="the user input")
+    kinds = [m["type"] for m in connection.received if m["type"] in ("CONTEXT_UPDATE", "USER_INPUT")]
+    assert kinds == ["CONTEXT_UPDATE", "CONTEXT_UPDATE", "USER_INPUT"]
+    assert sent(connection, "CONTEXT_UPDATE")[1]["payload"]["context"] == {"step": 2}
+
+
+async def test_unknown_tools_bad_arguments_and_failing_handlers_come_back_as_errors(fake_server, page):
+    fake = await fake_server(acknowledge)
+    setup = (
+        "window.calls = 0;"
+        f"client.registerTool({json.dumps(ADD_TO_CART)}, (args) => {{"
+        "  window.calls += 1; if (args.quantity > 5) throw new Error('only 5 left'); return null; });"
+    )
+    await open_client_page(page, fake, setup)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    connection = fake.connections[0]
+    calls = [
+        ("tc_unknown", "fly", {}),
+        ("tc_args", "add_to_cart", {"quantity": "two"}),
+        ("tc_missing", "add_to_cart", {}),
+        ("tc_throws", "add_to_cart", {"quantity": 9}),
+        ("tc_ok", "add_to_cart", {"quantity": 1}),
+    ]
+    for call_id, name, args in calls:
+        await connection.send(frame("TOOL_CALL", {"callId": call_id, "name": name, "args": args}))
+    await eventually(lambda: len(sent(connection, "TOOL_RESULT")) == len(calls), what="five results")
+
+    results = {m["payload"]["callId"]: m["payload"] for m in sent(connection, "TOOL_RESULT")}
+    assert results["tc_unknown"] == {"callId": "tc_unknown", "status": "error", "result": None,
+                                     "error": "unknown tool: fly"}
+    assert results["tc_args"]["status"] == "error"
+    assert "args.quantity must be number" in results["tc_args"]["error"]
+    assert "args.quantity is required" in results["tc_missing"]["error"]
+    assert results["tc_throws"] == {"callId": "tc_throws", "status": "error", "result": None,
+                                    "error": "only 5 left"}
+    assert results["tc_ok"] == {"callId": "tc_ok", "status": "success", "result": None}
+    # The handler never ran for the calls that failed validation.
+    assert await page.evaluate("window.calls") == 2
+
+
+async def test_a_critical_tool_waits_for_the_dialog_and_a_decline_never_runs_it(fake_server, page):
+    fake = await fake_server(acknowledge)
+    setup = (
+        "window.paid = 0;"
+        "client.registerTool({name: 'process_payment', description: 'Pay', risk: 'critical',"
+        "  parameters: {type: 'OBJECT', properties: {amount: {type: 'NUMBER'}}, required: ['amount']},"
+        "  approvalMessage: (args) => 'Pay ' + args.amount.toFixed(2) + ' USD?'},"
+        "  (args) => { window.paid += 1; return {paid: true, amount: args.amount}; });"
+    )
+    await open_client_page(page, fake, setup)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    connection = fake.connections[0]
+    dialog = page.locator("dialog#owl-approval")
+
+    await connection.send(frame("TOOL_CALL", {"callId": "tc_pay1", "name": "process_payment",
+                                              "args": {"amount": 10}}))
+    await expect(dialog).to_be_visible()
+    await expect(dialog).to_contain_text("Pay 10.00 USD?")
+    request = sent(connection, "APPROVAL_REQUEST")
+    assert [m["payload"] for m in request] == [{
+        "callId": "tc_pay1", "toolName": "process_payment", "risk": "critical",
+        "args": {"amount": 10}, "message": "Pay 10.00 USD?",
+    }]
+    await dialog.get_by_role("button", name="Decline").click()
+    await eventually(lambda: sent(connection, "APPROVAL_RESPONSE"), what="the decline")
+    assert sent(connection, "APPROVAL_RESPONSE")[0]["payload"] == {
+        "callId": "tc_pay1", "approved": False, "error": "Action denied by user",
+    }
+    await expect(dialog).to_have_count(0)
+
+    await connection.send(frame("TOOL_CALL", {"callId": "tc_pay2", "name": "process_payment",
+                                              "args": {"amount": 10}}))
+    await dialog.get_by_role("button", name="Approve").click()
+    await eventually(lambda: len(sent(connection, "APPROVAL_RESPONSE")) == 2, what="the approval")
+    assert sent(connection, "APPROVAL_RESPONSE")[1]["payload"] == {
+        "callId": "tc_pay2", "approved": True, "result": {"paid": True, "amount": 10},
+    }
+    # An approval replaces the TOOL_RESULT: none was ever sent.
+    assert sent(connection, "TOOL_RESULT") == []
+    assert await page.evaluate("window.paid") == 1
+
+
+async def test_a_server_side_approval_is_answered_from_the_dialog(fake_server, page):
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    connection = fake.connections[0]
+    for call_id in ("srv_1", "srv_2"):
+        await connection.send(frame("APPROVAL_REQUEST", {
+            "callId": call_id, "toolName": "cancel_order", "risk": "high",
+            "args": {"number": "A1003"}, "message": "Cancel order A1003?",
+        }))
+    dialog = page.locator("dialog#owl-approval")
+    # One dialog at a time: the second waits for the first.
+    await expect(dialog).to_have_count(1)
+    await expect(dialog).to_contain_text("Cancel order A1003?")
+    await dialog.get_by_role("button", name="Approve").click()
+    await expect(dialog).to_have_attribute("data-call-id", "srv_2")
+    await dialog.get_by_role("button", name="Decline").click()
+    await eventually(lambda: len(sent(connection, "APPROVAL_RESPONSE")) == 2, what="two answers")
+    assert [m["payload"] for m in sent(connection, "APPROVAL_RESPONSE")] == [
+        {"callId": "srv_1", "approved": True},
+        {"callId": "srv_2", "approved": False, "error": "Action denied by user"},
+    ]
+
+
+async def test_deltas_are_appended_and_the_final_frame_carries_the_whole_text(fake_server, page):
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake, RECORD_EVENTS)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    connection = fake.connections[0]
+    assert await page.evaluate("client.sendText('hello')") is True
+    await eventually(lambda: sent(connection, "USER_INPUT"), what="the user input")
+    assert sent(connection, "USER_INPUT")[0]["payload"] == {"modality": "text", "content": "hello"}
+    assert await page.evaluate("window.__owl.state") == "thinking"
+
+    for chunk, done in (("Hel", False), ("lo", False), ("Hello there.", True),
+                        ("Partial", False), ("", True)):
+        await connection.send(frame("AGENT_RESPONSE", {"chunk": chunk, "done": done}))
+    await eventually(lambda: page.evaluate("window.agentEvents.length === 5"), what="five agent events")
+    assert await page.evaluate("window.agentEvents") == [
+        {"text": "Hel", "done": False},
+        {"text": "Hello", "done": False},
+        {"text": "Hello there.", "done": True},
+        {"text": "Partial", "done": False},
+        # An empty closing frame keeps what the deltas built.
+        {"text": "Partial", "done": True},
+    ]
+    assert await page.evaluate("window.__owl.state") == "connected"
+
+
+async def test_without_an_ack_it_closes_with_4000_and_tries_again(fake_server, page):
+    async def silent(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+
+    fake = await fake_server(silent)
+    await open_client_page(page, fake, RECORD_EVENTS)
+    # 5 s handshake timeout, then 2 s before the second attempt.
+    await eventually(lambda: len(fake.connections) == 2, timeout=30, what="a second connection")
+    first = fake.connections[0]
+    assert (first.close_code, first.close_reason) == (4000, "Handshake timeout")
+    assert await page.evaluate("window.errors") == ["Handshake timeout"]
+    assert await page.evaluate("window.retries") == [2000]
+    await eventually(lambda: fake.connections[1].received, what="the second handshake")
+    assert fake.connections[1].received[0]["type"] == "HANDSHAKE_INIT"
+
+
+@pytest.mark.parametrize("code", [1008, 1003, 1011])
+async def test_a_policy_close_is_permanent_and_shows_the_reason(fake_server, page, code):
+    async def refuse(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        await connection.ws.close(code, "no entry")
+
+    fake = await fake_server(refuse)
+    await open_client_page(page, fake, RECORD_EVENTS)
+    await eventually(lambda: page.evaluate("window.__owl.closes.length === 1"), what="the close")
+    owl = await page.evaluate("window.__owl")
+    assert owl["closes"] == [{"code": code, "reason": "no entry"}]
+    # The decision is taken in the close handler: no retry is scheduled.
+    assert owl["state"] == "error"
+    assert owl["retryInMs"] is None
+    assert await page.evaluate("window.retries") == []
+    assert await page.evaluate("window.errors") == ["no entry"]
+
+
+@pytest.mark.parametrize("code", [1000, 1001, 1013, 4001])
+async def test_other_closes_reconnect_after_two_seconds(fake_server, page, code):
+    async def close_first(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        if len(fake.connections) == 1:
+            await connection.ws.close(code, "later")
+        else:
+            await connection.send(ack())
+
+    fake = await fake_server(close_first)
+    await open_client_page(page, fake, RECORD_EVENTS)
+    await eventually(lambda: page.evaluate("window.__owl.state === 'connected'"), what="the reconnect")
+    assert len(fake.connections) == 2
+    assert await page.evaluate("window.retries") == [2000]
+
+
+async def test_the_server_can_reload_and_redirect_the_page_but_not_to_a_script(fake_server, page):
+    fake = await fake_server(acknowledge)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+    fake.pages["/elsewhere"] = "<!doctype html><title>Moved</title>"
+    await open_client_page(page, fake)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+
+    await fake.connections[0].send(frame("SYSTEM_EVENT", {"kind": "redirect",
+                                                          "data": {"url": "javascript:alert(1)"}}))
+    await fake.connections[0].send(frame("AGENT_RESPONSE", {"chunk": "after", "done": True}))
+    await eventually(lambda: page.evaluate("window.agentEvents.length === 1"), what="the next frame")
+    assert dialogs == []
+    assert page.url == fake.page_url
+
+    await fake.connections[0].send(frame("SYSTEM_EVENT", {"kind": "reload"}))
+    await eventually(lambda: len(fake.connections) == 2 and sent(fake.connections[1], "CONTEXT_UPDATE"),
+                     what="the reloaded page's session")
+    await fake.connections[1].send(frame("SYSTEM_EVENT", {"kind": "redirect", "data": {"url": "/elsewhere"}}))
+    await page.wait_for_url(f"http://127.0.0.1:{fake.port}/elsewhere")
+
+
+async def test_a_disconnect_event_ends_the_session_for_good(fake_server, page):
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake, RECORD_EVENTS)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    await fake.connections[0].send(frame("SYSTEM_EVENT", {
+        "kind": "disconnect", "message": "An operator ended this session."}))
+    # Even a close code that would normally be retried.
+    await fake.connections[0].ws.close(1000, "ended")
+    await eventually(lambda: page.evaluate("window.__owl.closes.length === 1"), what="the close")
+    assert await page.evaluate("window.errors") == ["An operator ended this session."]
+    assert await page.evaluate("[window.__owl.state, window.__owl.retryInMs]") == ["closed", None]
+    assert await page.evaluate("window.retries") == []
