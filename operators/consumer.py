@@ -1,0 +1,198 @@
+"""The watch socket: live session rows and one session's frames, for staff.
+
+The channel layer only says "session X changed" (``watch.event``, published
+by aitp.live to the tenant's group and to the all-tenants group); this
+consumer reads the row again from the database, through the watcher's own
+tenant scope, and sends that. Superusers join the all-tenants group,
+operators the groups of the tenants they are members of.
+
+Messages from the browser (JSON objects):
+  {"type": "list"}                          -> {"type": "sessions", "sessions": [row, ...]}
+  {"type": "subscribe", "session_id": id}   -> {"type": "subscribed", "session": row}
+                                               then {"type": "frame", ...} as they pass
+  {"type": "unsubscribe"}                   -> {"type": "unsubscribed"}
+Messages to the browser, besides the replies above:
+  {"type": "session", "session": row}       a visible session changed
+  {"type": "frame", "session_id", "direction": "in"|"out", "text": <AITP frame JSON>}
+  {"type": "error", "message": "..."}
+Refused (anonymous, not staff, foreign Origin): accepted, then closed with 4403,
+so the page can tell "not allowed" from a network failure and stop retrying.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import urlsplit
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from aitp import live, notify
+from aitp.selectors import tenant_ids_for_user
+from operators import selectors
+
+logger = logging.getLogger(__name__)
+
+CLOSE_FORBIDDEN = 4403
+# Browser messages are tiny; anything larger is not from our page.
+MAX_CLIENT_MESSAGE_CHARS = 4096
+
+
+def origin_allowed(scope) -> bool:
+    """A browser always sends Origin: it must be this site (or a trusted
+    origin), so another site cannot open the socket with an operator's
+    cookie. Clients that send no Origin are not browsers and carry no
+    ambient cookie to abuse."""
+    headers = dict(scope.get("headers") or [])
+    origin = headers.get(b"origin", b"").decode("latin-1")
+    if not origin:
+        return True
+    if origin in settings.CSRF_TRUSTED_ORIGINS:
+        return True
+    host = headers.get(b"host", b"").decode("latin-1")
+    return bool(host) and urlsplit(origin).netloc == host
+
+
+class OperatorWatchConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.accepted = False
+        self.user_id: int | None = None
+        self.watch_groups: list[str] = []
+        self.watching: str | None = None
+        user = self.scope.get("user")
+        if not origin_allowed(self.scope):
+            logger.warning("watch socket refused: foreign origin")
+            await self._refuse()
+            return
+        if user is None or not selectors.is_watcher(user):
+            await self._refuse()
+            return
+        tenant_ids = await database_sync_to_async(tenant_ids_for_user)(user)
+        if tenant_ids is None:
+            groups = [notify.ALL_WATCH_GROUP]
+        else:
+            groups = [notify.tenant_watch_group(tenant_id) for tenant_id in sorted(tenant_ids)]
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.watch_groups.append(group)
+        self.user_id = user.pk
+        # Accepted once in the groups: from the moment the page sees the
+        # socket open, no change can slip past it.
+        await self.accept()
+        self.accepted = True
+        logger.info("watch socket opened for user %s (%d groups)", user.pk, len(groups))
+
+    async def disconnect(self, code: int) -> None:
+        await self._unsubscribe()
+        for group in self.watch_groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.watch_groups = []
+
+    # --- from the browser ---------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.user_id is None:
+            return  # refused; the close is on its way
+        if text_data is None or len(text_data) > MAX_CLIENT_MESSAGE_CHARS:
+            await self._error("send a json object as text")
+            return
+        try:
+            message = json.loads(text_data)
+        except ValueError:
+            await self._error("send a json object as text")
+            return
+        if not isinstance(message, dict):
+            await self._error("send a json object as text")
+            return
+        kind = message.get("type")
+        if kind == "list":
+            await self._send_list()
+        elif kind == "subscribe":
+            await self._subscribe(message.get("session_id"))
+        elif kind == "unsubscribe":
+            await self._unsubscribe()
+            await self._send({"type": "unsubscribed"})
+        else:
+            await self._error("unknown message type")
+
+    async def _send_list(self) -> None:
+        rows = await database_sync_to_async(selectors.watcher_live_rows)(user_id=self.user_id)
+        if rows is None:
+            await self._refuse()
+            return
+        await self._send({"type": "sessions", "sessions": rows})
+
+    async def _subscribe(self, session_id) -> None:
+        """Watch one session's frames (one at a time per socket). Membership is
+        checked here, with the same read as the pages: the session group
+        carries every frame, so only a member may join it."""
+        if not isinstance(session_id, str) or not session_id:
+            await self._error("subscribe needs a session_id")
+            return
+        row = await database_sync_to_async(selectors.watched_session_row)(
+            user_id=self.user_id, session_id=session_id
+        )
+        if row is None:
+            await self._error("no such session")
+            return
+        await self._unsubscribe()
+        await self.channel_layer.group_add(live.session_watch_group(session_id), self.channel_name)
+        self.watching = session_id
+        await self._send({"type": "subscribed", "session": row})
+
+    async def _unsubscribe(self) -> None:
+        if self.watching is not None:
+            await self.channel_layer.group_discard(
+                live.session_watch_group(self.watching), self.channel_name
+            )
+            self.watching = None
+
+    # --- from the channel layer (types built by aitp.live, never by a client) --
+
+    async def watch_event(self, message: dict) -> None:
+        if self.user_id is None:
+            return
+        event = message.get("event")
+        session_id = event.get("session_id") if isinstance(event, dict) else None
+        if not isinstance(session_id, str):
+            return
+        row = await database_sync_to_async(selectors.watched_session_row)(
+            user_id=self.user_id, session_id=session_id
+        )
+        if row is None:
+            # No longer visible to this user (membership or staff status
+            # removed): stop its frames too.
+            if session_id == self.watching:
+                await self._unsubscribe()
+                await self._error("no such session")
+            return
+        await self._send({"type": "session", "session": row})
+
+    async def watch_frame(self, message: dict) -> None:
+        session_id = message.get("session_id")
+        if self.user_id is None or session_id != self.watching:
+            return
+        direction = message.get("direction")
+        await self._send({
+            "type": "frame",
+            "session_id": session_id,
+            "direction": direction if direction in ("in", "out") else "out",
+            "text": str(message.get("text", "")),
+        })
+
+    # --- helpers -------------------------------------------------------------
+
+    async def _send(self, message: dict) -> None:
+        await self.send(text_data=json.dumps(message, ensure_ascii=False))
+
+    async def _error(self, text: str) -> None:
+        await self._send({"type": "error", "message": text})
+
+    async def _refuse(self) -> None:
+        """Accept, then close with our own code: a refused upgrade reaches the
+        page as a bare 1006, indistinguishable from a network failure."""
+        self.user_id = None
+        if not self.accepted:
+            await self.accept()
+        await self.close(code=CLOSE_FORBIDDEN)

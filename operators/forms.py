@@ -1,0 +1,51 @@
+"""What an operator may post from the session page."""
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from django import forms
+
+from aitp.services import SESSION_COMMANDS
+
+MAX_MESSAGE_CHARS = 500
+MAX_NOTE_CHARS = 2000
+MAX_URL_CHARS = 2000
+
+
+def redirect_target_error(url: str) -> str | None:
+    """Why a page may not be sent to ``url``, or None. The page navigates to
+    it, so only a path on the page's own site or an http(s) address will do
+    (never javascript: or data:)."""
+    if any(ch.isspace() or ord(ch) < 32 for ch in url):
+        return "the url may not contain spaces or control characters"
+    if url.startswith("/") and not url.startswith("//"):
+        return None
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return None
+    return "use a path starting with / or an http(s) url"
+
+
+class SessionCommandForm(forms.Form):
+    command = forms.ChoiceField(choices=[(c, c) for c in SESSION_COMMANDS])
+    url = forms.CharField(required=False, max_length=MAX_URL_CHARS, strip=True)
+    message = forms.CharField(required=False, max_length=MAX_MESSAGE_CHARS, strip=True)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("command") == "redirect":
+            url = data.get("url") or ""
+            if not url:
+                self.add_error("url", "a redirect needs a url")
+            elif (error := redirect_target_error(url)) is not None:
+                self.add_error("url", error)
+        else:
+            # Only a redirect carries a url; never record one that was not used.
+            data["url"] = ""
+        return data
+
+
+class ApprovalDecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
+    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, strip=True,
+                           widget=forms.Textarea)

@@ -1,0 +1,225 @@
+"""Reads for the live pages and the watch socket.
+
+Every read starts from ``visible_sessions(user)``: a session of a tenant the
+user is not a member of does not exist as far as these pages are concerned.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from aitp.models import OperatorAction, Session
+from aitp.selectors import scope_to_user, session_conversation
+from aitp.services import live_sessions_filter
+from approvals.models import Approval, AuditEvent
+
+
+def is_watcher(user) -> bool:
+    """Who may open the live pages and the watch socket: active staff. What
+    each one sees is then limited to the tenants they are members of."""
+    return bool(user.is_authenticated and user.is_active and user.is_staff)
+
+
+def visible_sessions(user, now: datetime | None = None) -> QuerySet[Session]:
+    """Sessions of the user's tenants, each annotated with ``live_now``."""
+    live = ExpressionWrapper(Q(**live_sessions_filter(now or timezone.now())),
+                             output_field=BooleanField())
+    queryset = Session.objects.select_related("tenant", "api_key").annotate(live_now=live)
+    return scope_to_user(queryset, user)
+
+
+def live_sessions(user, now: datetime | None = None) -> QuerySet[Session]:
+    """Sessions open right now on a process still alive, newest first."""
+    now = now or timezone.now()
+    return visible_sessions(user, now).filter(**live_sessions_filter(now)).order_by("-started_at")
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def session_row(session: Session) -> dict:
+    """One session as the live list shows it (JSON-ready). ``session`` comes
+    from ``visible_sessions``, which sets ``live_now``."""
+    return {
+        "id": session.id,
+        "tenant": session.tenant.slug,
+        "tenant_name": session.tenant.name,
+        "key": session.api_key.name or f"{session.api_key.prefix}…",
+        "key_prefix": session.api_key.prefix,
+        "origin": session.origin,
+        "url": session.current_url,
+        "title": session.title,
+        "state": session.state,
+        "state_label": session.get_state_display(),
+        "started_at": _iso(session.started_at),
+        "last_activity_at": _iso(session.last_activity_at),
+        "last_seen_at": _iso(session.last_seen_at),
+        "ended_at": _iso(session.ended_at),
+        "close_code": session.close_code,
+        "turns": session.turns,
+        "input_tokens": session.input_tokens,
+        "output_tokens": session.output_tokens,
+        "total_tokens": session.total_tokens,
+        "live": bool(getattr(session, "live_now", session.is_live)),
+        "detail_url": reverse("operators:live_session", args=[session.id]),
+    }
+
+
+def live_session_rows(user) -> list[dict]:
+    return [session_row(session) for session in live_sessions(user)]
+
+
+def watcher(user_id: int):
+    """The user behind a watch socket, read again: a user who lost staff
+    status or was deactivated since connecting sees nothing more."""
+    user = get_user_model().objects.filter(pk=user_id).first()
+    return user if user is not None and is_watcher(user) else None
+
+
+def watched_session_row(*, user_id: int, session_id: str) -> dict | None:
+    """The row a watcher is sent when a session changed; None when the user
+    may not see it (any more) or it does not exist."""
+    user = watcher(user_id)
+    if user is None:
+        return None
+    session = visible_sessions(user).filter(pk=session_id).first()
+    return session_row(session) if session is not None else None
+
+
+def watcher_live_rows(*, user_id: int) -> list[dict] | None:
+    """The whole live list for a watch socket; None when the user may not watch."""
+    user = watcher(user_id)
+    return None if user is None else live_session_rows(user)
+
+
+# --- the session page ------------------------------------------------------------
+
+
+def _pretty(value) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _result_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(item.get("text", "")) if isinstance(item, dict) and item.get("type") == "text"
+            else _pretty(item)
+            for item in content
+        )
+    return "" if content is None else _pretty(content)
+
+
+def conversation_block(block) -> dict:
+    """One stored Anthropic content block, made readable. Unknown shapes are
+    shown as JSON rather than dropped, so the record is never silently short."""
+    if isinstance(block, str):
+        return {"kind": "text", "title": "", "text": block}
+    if not isinstance(block, dict):
+        return {"kind": "other", "title": "", "text": _pretty(block)}
+    kind = block.get("type")
+    if kind == "text":
+        return {"kind": "text", "title": "", "text": str(block.get("text", ""))}
+    if kind == "tool_use":
+        return {"kind": "tool_use", "title": f"calls {block.get('name', '?')}",
+                "text": _pretty(block.get("input", {}))}
+    if kind == "tool_result":
+        title = "tool error" if block.get("is_error") else "tool result"
+        return {"kind": "tool_result", "title": title, "text": _result_text(block.get("content"))}
+    return {"kind": "other", "title": str(kind or "block"), "text": _pretty(block)}
+
+
+def _conversation(session: Session) -> list[dict]:
+    rows = []
+    for message in session_conversation(session):
+        content = message.content if isinstance(message.content, list) else [message.content]
+        rows.append({
+            "seq": message.seq, "turn": message.turn, "role": message.role,
+            "created_at": message.created_at,
+            "blocks": [conversation_block(block) for block in content],
+        })
+    return rows
+
+
+def _tool_calls(session: Session) -> list[dict]:
+    calls = []
+    for call in session.tool_calls.order_by("created_at", "pk"):
+        if call.error:
+            outcome = call.error
+        elif call.result is not None:
+            outcome = _pretty(call.result)
+        else:
+            outcome = ""
+        calls.append({"call": call, "arguments": _pretty(call.arguments), "outcome": outcome})
+    return calls
+
+
+def _approvals(session: Session) -> list[dict]:
+    approvals = list(
+        Approval.objects.filter(session=session).select_related("tool_call", "operator")
+        .order_by("created_at", "pk")
+    )
+    events: dict[int, list[AuditEvent]] = {}
+    for event in AuditEvent.objects.filter(approval_id__in=[a.pk for a in approvals]).order_by("seq"):
+        events.setdefault(event.approval_id, []).append(event)
+    return [
+        {
+            "approval": approval,
+            "arguments": _pretty(approval.arguments),
+            "events": events.get(approval.pk, []),
+            "can_decide": (approval.is_pending and approval.needs_operator
+                           and approval.operator_decision is None),
+        }
+        for approval in approvals
+    ]
+
+
+def _page_history(session: Session) -> list[dict]:
+    """Pages the session went through, latest first."""
+    pages = []
+    for entry in reversed(session.page_history or []):
+        if not isinstance(entry, dict):
+            continue
+        at = entry.get("at")
+        pages.append({
+            "url": str(entry.get("url", "")), "title": str(entry.get("title", "")),
+            "at": parse_datetime(at) if isinstance(at, str) else None,
+        })
+    return pages
+
+
+def _operator_actions(session: Session) -> list[OperatorAction]:
+    actions = list(
+        OperatorAction.objects.filter(session=session).select_related("user")
+        .order_by("created_at", "pk")
+    )
+    for action in actions:
+        data = action.data if isinstance(action.data, dict) else {}
+        # Sorted: PostgreSQL's jsonb does not keep the order keys were written in.
+        action.details = "; ".join(
+            f"{key}: {data[key]}" for key in sorted(data) if data[key] not in ("", None)
+        )
+    return actions
+
+
+def session_record(session: Session) -> dict:
+    """Everything the session page shows, read from the database: the same for
+    a live session (as it stands now) and an ended one (the replay)."""
+    approvals = _approvals(session)
+    return {
+        "session": session,
+        "conversation": _conversation(session),
+        "tool_calls": _tool_calls(session),
+        "approvals": approvals,
+        "pending_approvals": [a for a in approvals if a["can_decide"]],
+        "page_history": _page_history(session),
+        "operator_actions": _operator_actions(session),
+    }

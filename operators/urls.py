@@ -1,0 +1,21 @@
+"""Mounted at /admin/live/ (before the admin's own urls, which would
+otherwise answer 404 for it). Each view goes through the admin's login,
+staff check and CSRF protection."""
+from django.contrib import admin
+from django.urls import path
+
+from operators import views
+
+app_name = "operators"
+
+wrap = admin.site.admin_view
+
+urlpatterns = [
+    path("", wrap(views.live_list), name="live_list"),
+    path("<str:session_id>/", wrap(views.live_session), name="live_session"),
+    path("<str:session_id>/panel/", wrap(views.live_session_panel), name="live_session_panel"),
+    path("<str:session_id>/command/", wrap(views.live_session_command),
+         name="live_session_command"),
+    path("<str:session_id>/approvals/<int:approval_id>/decide/",
+         wrap(views.live_approval_decide), name="live_approval_decide"),
+]

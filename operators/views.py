@@ -1,0 +1,141 @@
+"""The live pages in the admin: the list of open sessions and one session's
+page, plus the operator's actions on it (each one recorded by the service
+it goes through).
+
+Every view is wrapped in ``admin.site.admin_view`` (operators/urls.py): staff
+only, CSRF-protected, never cached. Tenancy is checked here on top: a session
+of another tenant is a 404, whatever id is guessed.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from aitp import services
+from aitp.models import Session
+from approvals import services as approval_services
+from approvals.models import Approval
+from operators import selectors
+from operators.forms import ApprovalDecisionForm, SessionCommandForm
+from operators.routing import WATCH_PATH
+
+logger = logging.getLogger(__name__)
+
+
+def _visible_session(request: HttpRequest, session_id: str) -> Session:
+    session = selectors.visible_sessions(request.user).filter(pk=session_id).first()
+    if session is None:
+        raise Http404("no such session")
+    return session
+
+
+def _session_url(session: Session) -> str:
+    return reverse("operators:live_session", args=[session.pk])
+
+
+def _page_config(**extra) -> dict:
+    """What the page's script needs, passed through json_script."""
+    return {"watchPath": WATCH_PATH, **extra}
+
+
+@require_GET
+def live_list(request: HttpRequest) -> HttpResponse:
+    rows = selectors.live_session_rows(request.user)
+    context = {
+        **admin.site.each_context(request),
+        "title": "Live sessions",
+        "rows": rows,
+        "config": _page_config(
+            # Without a "closed" notice (its process died) a row only goes
+            # away when the list is read again: once per heartbeat interval.
+            refreshSeconds=settings.OWLLAYER_HEARTBEAT_INTERVAL,
+        ),
+    }
+    return TemplateResponse(request, "operators/live_list.html", context)
+
+
+def _session_context(session: Session) -> dict:
+    return {
+        **selectors.session_record(session),
+        "row": selectors.session_row(session),
+    }
+
+
+@require_GET
+def live_session(request: HttpRequest, session_id: str) -> HttpResponse:
+    session = _visible_session(request, session_id)
+    record = _session_context(session)
+    context = {
+        **admin.site.each_context(request),
+        **record,
+        "title": f"Session {session.pk}",
+        "config": _page_config(
+            sessionId=session.pk,
+            live=record["row"]["live"],
+            panelUrl=reverse("operators:live_session_panel", args=[session.pk]),
+        ),
+    }
+    return TemplateResponse(request, "operators/live_session.html", context)
+
+
+@require_GET
+def live_session_panel(request: HttpRequest, session_id: str) -> HttpResponse:
+    """The session page's record, alone: the page fetches it again each time
+    the watch socket says the session changed."""
+    session = _visible_session(request, session_id)
+    return render(request, "operators/_session_panel.html", _session_context(session))
+
+
+@require_POST
+def live_session_command(request: HttpRequest, session_id: str) -> HttpResponse:
+    session = _visible_session(request, session_id)
+    form = SessionCommandForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(e for field_errors in form.errors.values() for e in field_errors)
+        messages.error(request, f"Not sent: {errors}.")
+        return HttpResponseRedirect(_session_url(session))
+    if session.ended_at is not None:
+        messages.error(request, "Not sent: the session has already ended.")
+        return HttpResponseRedirect(_session_url(session))
+    command = form.cleaned_data["command"]
+    services.session_command(
+        session=session, user=request.user, command=command,
+        url=form.cleaned_data["url"], message=form.cleaned_data["message"], channel="admin",
+    )
+    logger.info("session %s: operator %s sent %s", session.pk, request.user.get_username(), command)
+    messages.success(request, f"Sent {command} to the page; recorded.")
+    return HttpResponseRedirect(_session_url(session))
+
+
+@require_POST
+def live_approval_decide(request: HttpRequest, session_id: str, approval_id: int) -> HttpResponse:
+    session = _visible_session(request, session_id)
+    approval = Approval.objects.filter(pk=approval_id, session=session).first()
+    if approval is None:
+        raise Http404("no such approval")
+    form = ApprovalDecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Not recorded: choose approve or deny.")
+        return HttpResponseRedirect(_session_url(session))
+    approved = form.cleaned_data["decision"] == "approve"
+    try:
+        approval = approval_services.approval_decide_operator(
+            approval_id=approval.pk, user=request.user, approved=approved,
+            note=form.cleaned_data["note"], channel="admin",
+        )
+    except approval_services.ApprovalError as exc:
+        messages.error(request, f"Not recorded: {exc.message}.")
+    else:
+        messages.success(
+            request,
+            f"{'Approved' if approved else 'Denied'} {approval.tool_name}; "
+            f"the approval is now {approval.get_status_display().lower()}.",
+        )
+    return HttpResponseRedirect(_session_url(session))

@@ -1,0 +1,152 @@
+"""The live pages in Chromium against a real daphne process: the list and the
+session page update without a reload, and the actions reach the page.
+
+The "page" here is a plain WebSocket client speaking AITP; the operator is
+a signed-in Chromium tab (its session cookie is made in the test database,
+which the server process shares).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.test import Client
+from websockets.asyncio.client import connect
+
+from aitp import services
+from aitp.models import OperatorAction
+from approvals.builtin_tools import demo_tools_install
+from approvals.models import Approval
+from tests.operators.conftest import make_user
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+# Only a broken build waits this long.
+SOON_MS = 15_000
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+async def browser(chromium_path: str) -> AsyncIterator:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=chromium_path,
+                                                    args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+class AitpPage:
+    """A page on the AITP socket, as the SDK would speak."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.n = 0
+
+    async def send(self, type_: str, payload: dict) -> None:
+        self.n += 1
+        await self.ws.send(json.dumps({"id": f"msg_{self.n}", "type": type_, "timestamp": 1,
+                                       "payload": payload}))
+
+    async def recv_until(self, type_: str, **payload_match) -> dict:
+        while True:
+            frame = json.loads(await asyncio.wait_for(self.ws.recv(), SOON_MS / 1000))
+            if frame["type"] == type_ and all(
+                frame["payload"].get(k) == v for k, v in payload_match.items()
+            ):
+                return frame
+
+
+@pytest.fixture
+def shop(daphne_factory):
+    # A heartbeat far away: the list's periodic re-read cannot stand in for
+    # the live events this test is about.
+    server = daphne_factory(OWLLAYER_HEARTBEAT_INTERVAL="600")
+    tenant = services.tenant_create(slug="acme", name="Acme Store")
+    _key, raw_key = services.api_key_create(tenant=tenant, name="web",
+                                            allowed_origins=[server.http_url])
+    demo_tools_install(tenant=tenant, policy="operator")
+    olivia = make_user("olivia", tenant=tenant)
+    yield server, raw_key, olivia
+    print(f"--- daphne log ---\n{server.logs()}")
+
+
+async def operator_tab(browser, server, user):
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    context = await browser.new_context()
+    await context.add_cookies([{
+        "name": settings.SESSION_COOKIE_NAME,
+        "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
+        "url": server.http_url,
+    }])
+    tab = await context.new_page()
+    tab.set_default_timeout(SOON_MS)
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    return tab, errors
+
+
+async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_it(browser, shop):
+    server, raw_key, olivia = shop
+    tab, errors = await operator_tab(browser, server, olivia)
+    await tab.goto(f"{server.http_url}/admin/live/")
+    await tab.wait_for_selector("#live-status.state-live")
+    assert await tab.is_visible("#live-empty")
+
+    async with connect(server.ws_url(api_key=raw_key), origin=server.http_url) as ws:
+        page = AitpPage(ws)
+        await page.send("HANDSHAKE_INIT", {"apiKey": raw_key, "userAgent": "pytest",
+                                           "viewport": "1x1", "sdkVersion": "0.4.0",
+                                           "protocolVersion": "1.0.0"})
+        session_id = (await page.recv_until("HANDSHAKE_ACK"))["payload"]["sessionId"]
+        await page.send("CONTEXT_UPDATE", {"url": "/orders", "title": "Your orders",
+                                           "activeTools": [], "context": {}})
+        await page.recv_until("SYSTEM_EVENT", kind="tools_effective")
+
+        # The row appears and follows the page, without a reload.
+        row = f"#session-{session_id}"
+        await tab.wait_for_selector(f"{row} >> text=/orders")
+        assert await tab.text_content(f"{row} .tenant") == "acme"
+
+        await tab.click(f"{row} a")
+        await tab.wait_for_selector("#live-status.state-live")
+
+        # The agent's answer streams into the live feed; the record follows.
+        await page.send("USER_INPUT", {"modality": "text", "content": "hello there"})
+        answer = (await page.recv_until("AGENT_RESPONSE", done=True))["payload"]["chunk"]
+        await tab.wait_for_function(
+            "text => document.getElementById('live-feed').textContent.includes(text)",
+            arg=answer[:40],
+        )
+        await tab.wait_for_selector("#conversation >> text=hello there")
+
+        # A risky server tool waits for an operator; she approves it on this page.
+        await page.send("USER_INPUT", {"modality": "text",
+                                       "content": '/tool cancel_order {"number": "A1003"}'})
+        await tab.wait_for_selector(".pending-approval textarea")
+        await tab.fill(".pending-approval textarea", "customer asked by phone")
+        await tab.click(".pending-approval button[value=approve]")
+        await page.recv_until("AGENT_RESPONSE", done=True)
+        approval = await Approval.objects.select_related("operator").aget(session_id=session_id)
+        assert approval.status == "approved" and approval.operator.username == "olivia"
+        await tab.wait_for_selector(".operator-decision >> text=customer asked by phone")
+
+        # Ending it closes the page's socket with 1008 and hides the actions.
+        await tab.fill("#end-message", "Closing for maintenance.")
+        await tab.click("#command-end button")
+        event = await page.recv_until("SYSTEM_EVENT", kind="disconnect")
+        assert event["payload"]["message"] == "Closing for maintenance."
+        await ws.wait_closed()
+        assert ws.close_code == 1008
+    await tab.wait_for_selector("#session-actions", state="hidden")
+    assert await OperatorAction.objects.filter(session_id=session_id, action="session_end").aexists()
+    assert not errors, f"page script errors: {errors}"
