@@ -206,7 +206,7 @@ OWLLAYER_LLM = env_choice(
 )
 if OWLLAYER_LLM == "anthropic" and not ANTHROPIC_API_KEY:
     raise ImproperlyConfigured("OWLLAYER_LLM=anthropic needs ANTHROPIC_API_KEY")
-OWLLAYER_MODEL = env_str("OWLLAYER_MODEL", "claude-sonnet-4-5")
+OWLLAYER_MODEL = env_str("OWLLAYER_MODEL", "claude-sonnet-5-5")
 OWLLAYER_MAX_TOKENS = env_int("OWLLAYER_MAX_TOKENS", 1024, minimum=1)
 OWLLAYER_LLM_TIMEOUT = env_float("OWLLAYER_LLM_TIMEOUT", 30.0, minimum=0.1)
 OWLLAYER_LLM_MAX_RETRIES = env_int("OWLLAYER_LLM_MAX_RETRIES", 2, minimum=0)

@@ -38,7 +38,7 @@ from typing import Callable, Union
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-5-5"
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
 

@@ -1,0 +1,992 @@
+"""The agent turn, end to end inside one process: a page on a WebsocketCommunicator,
+the real consumer and Agent, the real Anthropic SDK, and a fake Messages API
+server scripted per test (tests/support/fake_anthropic.py).
+
+Each test checks up to three things: what the model received (``fake.requests``),
+what the page received (every frame passes the deployed client's check), and
+what was stored (ConversationMessage, ToolCall, usage rows).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from django.utils import timezone
+
+from aitp.agent_store import AgentStore
+from aitp.llm import reset_backend
+from aitp.llm.anthropic_backend import close_client
+from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
+from tests.aitp.conftest import Page
+from tests.support.fake_anthropic import (
+    FakeAnthropicServer,
+    StreamedMessage,
+    broken_stream,
+    error_response,
+    in_stream_error,
+    text_response,
+    tool_use_response,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+API_KEY = "sk-ant-agent-tests"
+EPHEMERAL = {"type": "ephemeral"}
+
+ADD_TO_CART = {
+    "name": "add_to_cart",
+    "description": "Add the product to the cart",
+    "parameters": {
+        "type": "OBJECT",
+        "properties": {"quantity": {"type": "NUMBER", "description": "How many"}},
+        "required": ["quantity"],
+    },
+    "risk": "low",
+}
+GO_TO_CART = {"name": "go_to_cart", "description": "Open the cart page"}
+CHECKOUT = {"name": "checkout", "description": "Start the checkout", "risk": "high"}
+PAY = {
+    "name": "pay",
+    "description": "Pay with the saved card",
+    "parameters": {"type": "OBJECT", "properties": {"amount": {"type": "NUMBER"}},
+                   "required": ["amount"]},
+    "risk": "critical",
+}
+SHOP_TOOLS = (ADD_TO_CART, GO_TO_CART, PAY)
+
+
+# --- fixtures and helpers ----------------------------------------------------------
+
+
+def nothing_scripted(body: dict):
+    # A request the test did not plan for fails loudly instead of getting a
+    # plausible answer.
+    return error_response(400, message="no scripted response left")
+
+
+@pytest.fixture
+def fake():
+    with FakeAnthropicServer(api_key=API_KEY, responder=nothing_scripted) as server:
+        yield server
+
+
+@pytest.fixture
+async def llm(fake, settings):
+    """The consumer's agent talks to the fake API through the real SDK."""
+    settings.OWLLAYER_LLM = "anthropic"
+    settings.ANTHROPIC_API_KEY = API_KEY
+    settings.ANTHROPIC_BASE_URL = fake.base_url
+    settings.OWLLAYER_MODEL = "claude-test-model"
+    settings.OWLLAYER_LLM_MAX_RETRIES = 0
+    settings.OWLLAYER_LLM_TIMEOUT = 5.0
+    settings.OWLLAYER_TOOL_TIMEOUT = 5.0
+    settings.OWLLAYER_APPROVAL_TIMEOUT = 5.0
+    settings.OWLLAYER_STREAM_INTERVAL = 0.005
+    reset_backend()
+    yield fake
+    await close_client()
+    reset_backend()
+
+
+async def open_shop(connect, api_key, tools=SHOP_TOOLS, url="/products/headphones",
+                    title="Pro Headphones", context=None) -> Page:
+    """A page that shook hands and declared its tools; ``page.session_id`` is set."""
+    page = await connect()
+    ack = await page.handshake(api_key.raw)
+    assert ack["type"] == "HANDSHAKE_ACK", ack
+    page.session_id = ack["payload"]["sessionId"]
+    page.frames = []
+    effective = await page.context(url=url, title=title, tools=list(tools),
+                                   context=context or {"productId": "pro-headphones"})
+    assert effective["payload"]["kind"] == "tools_effective", effective
+    return page
+
+
+async def turn(page: Page, text: str, on_tool_call=None, timeout: float = 10) -> list[dict]:
+    """Send USER_INPUT and return every frame up to the done:true AGENT_RESPONSE.
+
+    ``on_tool_call(page, frame)`` (async) answers each TOOL_CALL as it arrives.
+    """
+    await page.send("USER_INPUT", {"modality": "text", "content": text})
+    return await until_done(page, on_tool_call, timeout)
+
+
+async def until_done(page: Page, on_tool_call=None, timeout: float = 10) -> list[dict]:
+    frames = []
+    while True:
+        frame = await page.recv(timeout)
+        assert frame["type"] != "__close__", frames
+        frames.append(frame)
+        if frame["type"] == "TOOL_CALL" and on_tool_call is not None:
+            await on_tool_call(page, frame)
+        if frame["type"] == "AGENT_RESPONSE" and frame["payload"]["done"]:
+            return frames
+
+
+def answer_with(result=None, *, error: str | None = None):
+    """An on_tool_call that answers every call the same way, as the browser does."""
+    async def answer(page: Page, frame: dict) -> None:
+        call_id = frame["payload"]["callId"]
+        if error is None:
+            payload = {"callId": call_id, "status": "success", "result": result}
+        else:
+            payload = {"callId": call_id, "status": "error", "result": None, "error": error}
+        await page.send("TOOL_RESULT", payload)
+    return answer
+
+
+def of_type(frames: list[dict], type_: str) -> list[dict]:
+    return [f for f in frames if f["type"] == type_]
+
+
+def errors(frames: list[dict]) -> list[dict]:
+    return [f["payload"] for f in frames
+            if f["type"] == "SYSTEM_EVENT" and f["payload"]["kind"] == "error"]
+
+
+def streamed(frames: list[dict]) -> tuple[str, str]:
+    """(the done:false deltas joined, the done:true text); exactly one done:true, last."""
+    responses = of_type(frames, "AGENT_RESPONSE")
+    finals = [f for f in responses if f["payload"]["done"]]
+    assert len(finals) == 1 and frames[-1] is finals[0], frames
+    deltas = "".join(f["payload"]["chunk"] for f in responses if not f["payload"]["done"])
+    return deltas, finals[0]["payload"]["chunk"]
+
+
+def assert_failed_turn(frames: list[dict], code: str) -> None:
+    """An upstream failure: an error event with data.code, then an empty done frame."""
+    assert frames[-1]["payload"] == {"chunk": "", "done": True}, frames
+    assert frames[-2]["type"] == "SYSTEM_EVENT", frames
+    assert frames[-2]["payload"]["kind"] == "error"
+    assert frames[-2]["payload"]["data"]["code"] == code
+    assert frames[-2]["payload"]["message"]
+
+
+def without_cache_control(block: dict) -> dict:
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
+def blocks(message: dict) -> list[dict]:
+    return [without_cache_control(b) for b in message["content"]]
+
+
+def tool_results(message: dict) -> list[dict]:
+    return [without_cache_control(b) for b in message["content"] if b["type"] == "tool_result"]
+
+
+def assert_well_formed(body: dict) -> None:
+    """The rules the Messages API enforces on a request (it answers 400 otherwise)."""
+    messages = body["messages"]
+    assert messages and messages[0]["role"] == "user" and messages[-1]["role"] == "user"
+    uses_tools = False
+    for index, message in enumerate(messages):
+        assert message["role"] == ("user" if index % 2 == 0 else "assistant"), messages
+        assert message["content"], f"message {index} is empty"
+        for block in message["content"]:
+            if block["type"] == "text":
+                assert block["text"], f"message {index} has an empty text block"
+            if block["type"] in ("tool_use", "tool_result"):
+                uses_tools = True
+        used = [b["id"] for b in message["content"] if b["type"] == "tool_use"]
+        answered_here = [b for b in message["content"] if b["type"] == "tool_result"]
+        if message["role"] == "assistant":
+            assert not answered_here
+            if used:
+                following = messages[index + 1]["content"]
+                # All results first, in one message, one per tool_use.
+                leading = [b["tool_use_id"] for b in following[:len(used)]
+                           if b["type"] == "tool_result"]
+                assert leading == used, (used, following)
+                later = [b for b in following[len(used):] if b["type"] == "tool_result"]
+                assert not later, following
+        elif index > 0:
+            previous = [b["id"] for b in messages[index - 1]["content"] if b["type"] == "tool_use"]
+            assert [b["tool_use_id"] for b in answered_here] == previous[:len(answered_here)]
+            assert len(answered_here) == len(previous)
+        else:
+            assert not answered_here
+    if uses_tools:
+        assert body.get("tools"), "tool_use or tool_result blocks need tools defined"
+    if body.get("tool_choice") is not None:
+        assert body.get("tools"), "tool_choice needs tools"
+    breakpoints = sum(1 for b in body.get("system", []) if "cache_control" in b)
+    breakpoints += sum(1 for t in body.get("tools", []) if "cache_control" in t)
+    breakpoints += sum(1 for m in messages for b in m["content"] if "cache_control" in b)
+    assert breakpoints <= 4
+
+
+async def stored_messages(session_id: str) -> list[ConversationMessage]:
+    return [m async for m in ConversationMessage.objects.filter(session_id=session_id).order_by("seq")]
+
+
+async def stored_calls(session_id: str) -> list[ToolCall]:
+    return [c async for c in ToolCall.objects.filter(session_id=session_id).order_by("created_at", "id")]
+
+
+def assert_stored_conversation_valid(messages: list[ConversationMessage]) -> None:
+    """Every stored tool_use has exactly one tool_result, in the next stored message."""
+    for index, message in enumerate(messages):
+        used = [b["id"] for b in message.content if b["type"] == "tool_use"]
+        if not used:
+            continue
+        assert index + 1 < len(messages), "the last stored message has unanswered tool_uses"
+        following = messages[index + 1]
+        assert following.role == "user"
+        answered = [b["tool_use_id"] for b in following.content if b["type"] == "tool_result"]
+        assert answered == used
+    all_results = [b["tool_use_id"] for m in messages for b in m.content if b["type"] == "tool_result"]
+    assert len(all_results) == len(set(all_results))
+
+
+async def close(page: Page) -> None:
+    await page.ws.disconnect(timeout=10)
+
+
+# --- text --------------------------------------------------------------------------
+
+
+async def test_a_text_answer_streams_deltas_that_add_up_to_the_complete_text(llm, connect, api_key):
+    answer = "Hello! The Pro Headphones are in stock and ship tomorrow."
+    llm.enqueue(text_response(answer, chunks=6))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "Are these in stock?")
+
+    deltas, final = streamed(frames)
+    assert deltas == final == answer
+    assert len(of_type(frames, "AGENT_RESPONSE")) >= 2
+    messages = await stored_messages(page.session_id)
+    assert [(m.role, m.turn) for m in messages] == [("user", 1), ("assistant", 1)]
+    assert messages[0].content[0] == {"type": "text", "text": "Are these in stock?"}
+    assert messages[1].content == [{"type": "text", "text": answer}]
+    await close(page)
+
+
+async def test_the_model_gets_the_user_text_then_the_page_description(llm, connect, api_key, settings):
+    llm.enqueue(text_response("Yes."))
+    page = await open_shop(connect, api_key, context={"productId": "pro-headphones", "price": 149.99})
+
+    await turn(page, "Is it cheap?")
+
+    (request,) = llm.requests
+    assert request["model"] == settings.OWLLAYER_MODEL
+    assert request["stream"] is True
+    assert request["max_tokens"] == settings.OWLLAYER_MAX_TOKENS
+    assert "tool_choice" not in request
+    assert_well_formed(request)
+    (message,) = request["messages"]
+    text, page_block = blocks(message)
+    assert text == {"type": "text", "text": "Is it cheap?"}
+    assert page_block["text"].startswith("[page]\nurl: /products/headphones\ntitle: Pro Headphones")
+    assert '"price": 149.99' in page_block["text"]
+    # The conversation's cache breakpoint sits on the last block.
+    assert message["content"][-1]["cache_control"] == EPHEMERAL
+    await close(page)
+
+
+async def test_system_and_last_tool_carry_cache_control_and_tools_come_in_canonical_order(
+    llm, connect, api_key, tenant
+):
+    llm.enqueue(text_response("Hi."))
+    declared = [dict(GO_TO_CART, name=name) for name in ("zeta", "alpha", "mid")] + [ADD_TO_CART]
+    page = await open_shop(connect, api_key, tools=declared)
+
+    await turn(page, "hello")
+
+    (request,) = llm.requests
+    assert [t["name"] for t in request["tools"]] == ["add_to_cart", "alpha", "mid", "zeta"]
+    assert [("cache_control" in t) for t in request["tools"]] == [False, False, False, True]
+    assert request["tools"][-1]["cache_control"] == EPHEMERAL
+    add = request["tools"][0]
+    assert add["input_schema"] == {
+        "type": "object",
+        "properties": {"quantity": {"type": "number", "description": "How many"}},
+        "required": ["quantity"],
+    }
+    system = request["system"]
+    assert system[-1]["cache_control"] == EPHEMERAL
+    assert system[0]["text"].startswith(tenant.system_prompt)
+    await close(page)
+
+
+async def test_the_same_page_gives_byte_identical_tools_on_every_request(llm, connect, api_key):
+    llm.enqueue(tool_use_response([("go_to_cart", {})]), text_response("Here is your cart."))
+    page = await open_shop(connect, api_key)
+
+    await turn(page, "show me the cart", answer_with({"ok": True}))
+
+    first, second = llm.requests
+    assert json.dumps(first["tools"]) == json.dumps(second["tools"])
+    assert first["system"] == second["system"]
+    await close(page)
+
+
+# --- one tool, several tools ---------------------------------------------------------
+
+
+async def test_one_tool_call_round_trips_and_its_result_reaches_the_model(llm, connect, api_key):
+    llm.enqueue(
+        tool_use_response([("toolu_add_1", "add_to_cart", {"quantity": 2})], text="Adding them now."),
+        text_response("Two are in your cart."),
+    )
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "Add 2 to my cart",
+                                  answer_with({"added": True, "cartTotal": 299.98}))
+
+    (call,) = of_type(frames, "TOOL_CALL")
+    assert call["payload"]["name"] == "add_to_cart"
+    assert call["payload"]["args"] == {"quantity": 2}
+    deltas, final = streamed(frames)
+    assert final == deltas == "Adding them now.\n\nTwo are in your cart."
+
+    first, second = llm.requests
+    assert_well_formed(second)
+    assert blocks(second["messages"][1]) == [
+        {"type": "text", "text": "Adding them now."},
+        {"type": "tool_use", "id": "toolu_add_1", "name": "add_to_cart", "input": {"quantity": 2}},
+    ]
+    assert tool_results(second["messages"][2]) == [{
+        "type": "tool_result", "tool_use_id": "toolu_add_1",
+        "content": '{"added":true,"cartTotal":299.98}',
+    }]
+
+    (row,) = await stored_calls(page.session_id)
+    assert row.call_id == call["payload"]["callId"]
+    assert row.tool_use_id == "toolu_add_1"
+    assert (row.status, row.result, row.risk, row.origin) == (
+        "success", {"added": True, "cartTotal": 299.98}, "low", "client")
+    assert row.sent_at is not None and row.finished_at is not None
+    messages = await stored_messages(page.session_id)
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert_stored_conversation_valid(messages)
+    await close(page)
+
+
+async def test_several_tool_uses_in_one_message_get_all_results_in_one_user_message(
+    llm, connect, api_key
+):
+    llm.enqueue(
+        tool_use_response([
+            ("toolu_a", "add_to_cart", {"quantity": 1}),
+            ("toolu_b", "add_to_cart", {"quantity": 5}),
+            ("toolu_c", "go_to_cart", {}),
+        ]),
+        text_response("One added, five were out of stock, and here is the cart."),
+    )
+    page = await open_shop(connect, api_key)
+    answered: list[str] = []
+
+    async def answer(page: Page, frame: dict) -> None:
+        payload = frame["payload"]
+        answered.append(payload["callId"])
+        if payload["args"].get("quantity") == 5:
+            await page.send("TOOL_RESULT", {"callId": payload["callId"], "status": "error",
+                                            "result": None, "error": "Out of stock"})
+        else:
+            await page.send("TOOL_RESULT", {"callId": payload["callId"], "status": "success",
+                                            "result": {"ok": True}})
+
+    frames = await turn(page, "Add one, then five, then show the cart", answer)
+
+    calls = of_type(frames, "TOOL_CALL")
+    assert [c["payload"]["name"] for c in calls] == ["add_to_cart", "add_to_cart", "go_to_cart"]
+    assert len(set(answered)) == 3
+    _, second = llm.requests
+    assert_well_formed(second)
+    assert len(second["messages"]) == 3
+    results = tool_results(second["messages"][2])
+    assert [r["tool_use_id"] for r in results] == ["toolu_a", "toolu_b", "toolu_c"]
+    assert [r.get("is_error", False) for r in results] == [False, True, False]
+    assert results[1]["content"] == "Out of stock"
+    rows = await stored_calls(page.session_id)
+    assert [(r.tool_use_id, r.status) for r in rows] == [
+        ("toolu_a", "success"), ("toolu_b", "error"), ("toolu_c", "success")]
+    assert rows[1].error == "Out of stock"
+    await close(page)
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True], ids=["utf8", "escaped"])
+async def test_tool_input_split_at_every_byte_arrives_intact(llm, connect, api_key, ensure_ascii):
+    args = {"quantity": 1, "note": "café ☕ – 日本 🎧 \"quoted\" \\ back"}
+    encoded = json.dumps(args, ensure_ascii=ensure_ascii).encode("utf-8")
+    llm.enqueue(
+        tool_use_response([("toolu_note", "add_to_cart", args)], ensure_ascii=ensure_ascii,
+                          split_json_at=list(range(1, len(encoded)))),
+        text_response("Noted."),
+    )
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "add one with a note", answer_with(None))
+
+    (call,) = of_type(frames, "TOOL_CALL")
+    assert call["payload"]["args"] == args
+    tool_use = llm.requests[1]["messages"][1]["content"][0]
+    assert tool_use["input"] == args
+    (row,) = await stored_calls(page.session_id)
+    assert row.arguments == args
+    await close(page)
+
+
+async def test_the_page_may_send_its_next_message_as_soon_as_it_reads_done(llm, connect, api_key):
+    llm.enqueue(text_response("First."), text_response("Second."))
+    page = await open_shop(connect, api_key)
+    await turn(page, "one")
+
+    await page.send("USER_INPUT", {"modality": "text", "content": "two"})
+    frame = await page.recv()
+
+    assert frame["type"] == "AGENT_RESPONSE", frame
+    assert streamed([frame, *await until_done(page)])[1] == "Second."
+    await close(page)
+
+
+async def test_an_empty_answer_is_not_stored_so_the_next_request_stays_valid(
+    llm, connect, api_key
+):
+    llm.enqueue(tool_use_response([("toolu_go", "go_to_cart", {})]),
+                StreamedMessage(blocks=[]),
+                text_response("Here is the cart."))
+    page = await open_shop(connect, api_key)
+    first = await turn(page, "go to the cart", answer_with({"ok": True}))
+    assert streamed(first) == ("", "")
+
+    second = await turn(page, "well?")
+
+    assert streamed(second)[1] == "Here is the cart."
+    assert_well_formed(llm.requests[2])
+    assert all(m.content for m in await stored_messages(page.session_id))
+    await close(page)
+
+
+# --- upstream failures -----------------------------------------------------------------
+
+FAILURES = [(429, "rate_limited"), (529, "overloaded"), (500, "upstream_error")]
+
+
+@pytest.mark.parametrize("status, code", FAILURES, ids=[str(s) for s, _ in FAILURES])
+async def test_a_failure_with_retry_after_is_retried_and_the_page_sees_only_the_answer(
+    llm, connect, api_key, settings, status, code
+):
+    settings.OWLLAYER_LLM_MAX_RETRIES = 1
+    llm.enqueue(error_response(status, retry_after_ms=10), text_response("Back with you."))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "hello?")
+
+    assert errors(frames) == []
+    assert streamed(frames)[1] == "Back with you."
+    first, second = llm.requests
+    assert first.outcome == "error"
+    assert dict(first) == dict(second)
+    await close(page)
+
+
+@pytest.mark.parametrize("status, code", FAILURES, ids=[str(s) for s, _ in FAILURES])
+async def test_a_failure_past_the_retries_gives_an_error_event_then_an_empty_done(
+    llm, connect, api_key, settings, status, code
+):
+    settings.OWLLAYER_LLM_MAX_RETRIES = 1
+    llm.enqueue(error_response(status, retry_after=0.01), error_response(status, retry_after=0.01))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "hello?")
+
+    assert len(llm.requests) == 2
+    assert_failed_turn(frames, code)
+    assert len(frames) == 2
+    messages = await stored_messages(page.session_id)
+    assert [m.role for m in messages] == ["user"]
+    await close(page)
+
+
+@pytest.mark.parametrize(
+    "response, code",
+    [
+        (broken_stream(6, response=text_response("one two three four five six", chunks=6)),
+         "stream_interrupted"),
+        (broken_stream(6, response=text_response("one two three four five six", chunks=6),
+                       abrupt=False), "stream_interrupted"),
+        (in_stream_error("overloaded_error", after_events=5,
+                         response=text_response("one two three four five six", chunks=6)),
+         "overloaded"),
+    ],
+    ids=["connection-dropped", "body-ended", "error-event"],
+)
+async def test_a_stream_that_stops_half_way_ends_with_an_error_event_and_an_empty_done(
+    llm, connect, api_key, settings, response, code
+):
+    settings.OWLLAYER_LLM_MAX_RETRIES = 2  # once text flowed nothing is retried
+    llm.enqueue(response)
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "count to six")
+
+    assert_failed_turn(frames, code)
+    deltas = "".join(f["payload"]["chunk"] for f in of_type(frames, "AGENT_RESPONSE")
+                     if not f["payload"]["done"])
+    assert "one two three four five six".startswith(deltas)
+    assert len(llm.requests) == 1
+    assert [m.role for m in await stored_messages(page.session_id)] == ["user"]
+    await close(page)
+
+
+async def test_a_slow_first_token_still_gives_the_whole_answer(llm, connect, api_key):
+    llm.enqueue(text_response("Sorry for the wait, here it is.", first_event_delay=0.5))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "hello")
+
+    assert errors(frames) == []
+    deltas, final = streamed(frames)
+    assert deltas == final == "Sorry for the wait, here it is."
+    await close(page)
+
+
+async def test_a_first_token_slower_than_the_llm_timeout_ends_the_turn_with_a_timeout(
+    llm, connect, api_key, settings
+):
+    settings.OWLLAYER_LLM_TIMEOUT = 0.3
+    llm.enqueue(text_response("Too late.", first_event_delay=3))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "hello")
+
+    assert_failed_turn(frames, "timeout")
+    await close(page)
+
+
+async def test_the_conversation_stays_valid_for_the_next_turn_after_an_upstream_failure(
+    llm, connect, api_key
+):
+    llm.enqueue(
+        tool_use_response([("toolu_first", "add_to_cart", {"quantity": 1})], text="On it."),
+        error_response(529),
+        text_response("All good now."),
+    )
+    page = await open_shop(connect, api_key)
+
+    failed = await turn(page, "add one", answer_with({"added": True}))
+    assert_failed_turn(failed, "overloaded")
+    frames = await turn(page, "did it work?")
+
+    assert streamed(frames)[1] == "All good now."
+    third = llm.requests[2]
+    assert_well_formed(third)
+    roles = [m["role"] for m in third["messages"]]
+    assert roles == ["user", "assistant", "user"]
+    last = blocks(third["messages"][-1])
+    assert last[0]["type"] == "tool_result" and last[0]["tool_use_id"] == "toolu_first"
+    assert {"type": "text", "text": "did it work?"} in last
+    assert_stored_conversation_valid(await stored_messages(page.session_id))
+    await close(page)
+
+
+# --- tool paths -----------------------------------------------------------------------
+
+
+async def test_a_page_error_reaches_the_model_as_is_error(llm, connect, api_key):
+    llm.enqueue(tool_use_response([("toolu_e", "add_to_cart", {"quantity": 1})]),
+                text_response("It is out of stock."))
+    page = await open_shop(connect, api_key)
+
+    await turn(page, "add one", answer_with(error="Out of stock"))
+
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result == {"type": "tool_result", "tool_use_id": "toolu_e",
+                      "content": "Out of stock", "is_error": True}
+    (row,) = await stored_calls(page.session_id)
+    assert (row.status, row.error) == ("error", "Out of stock")
+    await close(page)
+
+
+async def test_a_tool_that_does_not_answer_in_time_times_out(llm, connect, api_key, settings):
+    settings.OWLLAYER_TOOL_TIMEOUT = 0.2
+    llm.enqueue(tool_use_response([("toolu_slow", "add_to_cart", {"quantity": 1})]),
+                text_response("The page did not answer."))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "add one")
+
+    (call,) = of_type(frames, "TOOL_CALL")
+    call_id = call["payload"]["callId"]
+    (timeout_error,) = errors(frames)
+    assert timeout_error["data"] == {"code": "tool_timeout", "callId": call_id}
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result["is_error"] is True and result["tool_use_id"] == "toolu_slow"
+    (row,) = await stored_calls(page.session_id)
+    assert row.status == "timeout"
+
+    # The answer that comes too late is refused and changes nothing.
+    await page.send("TOOL_RESULT", {"callId": call_id, "status": "success", "result": 1})
+    late = await page.recv()
+    assert late["payload"]["data"] == {"code": "unknown_call", "callId": call_id}
+    await row.arefresh_from_db()
+    assert row.status == "timeout"
+    await close(page)
+
+
+async def test_invalid_arguments_never_reach_the_page_and_the_model_is_told_why(
+    llm, connect, api_key
+):
+    llm.enqueue(tool_use_response([("toolu_bad", "add_to_cart", {"quantity": "two"})]),
+                text_response("Let me fix that."))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "add two")
+
+    assert of_type(frames, "TOOL_CALL") == []
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result["is_error"] is True
+    assert "quantity" in result["content"]
+    (row,) = await stored_calls(page.session_id)
+    assert row.status == "invalid_args"
+    assert row.sent_at is None
+    await close(page)
+
+
+async def test_a_tool_unknown_to_the_page_is_unavailable(llm, connect, api_key):
+    llm.enqueue(tool_use_response([("toolu_ghost", "delete_account", {})]),
+                text_response("I cannot do that here."))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "delete my account")
+
+    assert of_type(frames, "TOOL_CALL") == []
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result["is_error"] is True
+    (row,) = await stored_calls(page.session_id)
+    assert row.status == "unavailable"
+    await close(page)
+
+
+async def test_a_tool_removed_by_a_navigation_is_not_called_on_the_new_page(llm, connect, api_key):
+    llm.enqueue(
+        tool_use_response([("toolu_nav", "go_to_cart", {}),
+                           ("toolu_add", "add_to_cart", {"quantity": 1})]),
+        text_response("You are on the cart page now."),
+    )
+    page = await open_shop(connect, api_key)
+
+    async def navigate(page: Page, frame: dict) -> None:
+        # The page flushes its new context before the result (wire-compat 4).
+        await page.send("CONTEXT_UPDATE", {"url": "/cart", "title": "Cart",
+                                           "activeTools": [CHECKOUT], "context": {"items": 1}})
+        await page.send("TOOL_RESULT", {"callId": frame["payload"]["callId"],
+                                        "status": "success", "result": {"url": "/cart"}})
+
+    frames = await turn(page, "go to the cart and add one", navigate)
+
+    assert [c["payload"]["name"] for c in of_type(frames, "TOOL_CALL")] == ["go_to_cart"]
+    second = llm.requests[1]
+    assert_well_formed(second)
+    last = blocks(second["messages"][-1])
+    assert [b.get("tool_use_id") for b in last[:2]] == ["toolu_nav", "toolu_add"]
+    assert "is_error" not in last[0] and last[1]["is_error"] is True
+    assert last[2]["type"] == "text" and last[2]["text"].startswith("[page]\nurl: /cart")
+    assert [t["name"] for t in second["tools"]] == ["checkout"]
+    rows = await stored_calls(page.session_id)
+    assert [r.status for r in rows] == ["success", "unavailable"]
+    await close(page)
+
+
+async def test_a_navigation_to_a_page_without_tools_keeps_the_next_request_valid(
+    llm, connect, api_key
+):
+    llm.enqueue(tool_use_response([("toolu_nav", "go_to_cart", {})]),
+                text_response("Here is the cart."))
+    page = await open_shop(connect, api_key)
+
+    async def navigate(page: Page, frame: dict) -> None:
+        await page.send("CONTEXT_UPDATE", {"url": "/cart", "title": "Cart", "activeTools": [],
+                                           "context": {}})
+        await page.send("TOOL_RESULT", {"callId": frame["payload"]["callId"],
+                                        "status": "success", "result": None})
+
+    frames = await turn(page, "show me the cart", navigate)
+
+    assert errors(frames) == []
+    # The history holds a tool_use and its result: the API refuses that
+    # request unless tools are defined, even when the page offers none now.
+    second = llm.requests[1]
+    assert_well_formed(second)
+    assert second["tool_choice"] == {"type": "none"}, "no tool of the old page may be called"
+    await close(page)
+
+
+async def test_unknown_and_duplicate_tool_results_get_unknown_call_and_change_nothing(
+    llm, connect, api_key
+):
+    llm.enqueue(tool_use_response([("toolu_once", "add_to_cart", {"quantity": 1})]),
+                text_response("Added."))
+    page = await open_shop(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "add one"})
+    call = await page.recv_until("TOOL_CALL")
+    call_id = call["payload"]["callId"]
+
+    await page.send("TOOL_RESULT", {"callId": "tc_not_a_real_call", "status": "success",
+                                    "result": {"added": True}})
+    unknown = await page.recv()
+    assert unknown["payload"]["data"] == {"code": "unknown_call", "callId": "tc_not_a_real_call"}
+    (row,) = await stored_calls(page.session_id)
+    assert row.status == "sent"  # still waiting for the real answer
+
+    await page.send("TOOL_RESULT", {"callId": call_id, "status": "success", "result": {"n": 1}})
+    await page.send("TOOL_RESULT", {"callId": call_id, "status": "error", "result": None,
+                                    "error": "changed my mind"})
+    frames = await until_done(page)
+
+    (duplicate,) = errors(frames)
+    assert duplicate["data"] == {"code": "unknown_call", "callId": call_id}
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result == {"type": "tool_result", "tool_use_id": "toolu_once", "content": '{"n":1}'}
+    await row.arefresh_from_db()
+    assert (row.status, row.result) == ("success", {"n": 1})
+    await close(page)
+
+
+async def test_the_model_gets_tool_choice_none_after_the_tool_round_limit(
+    llm, connect, api_key, settings
+):
+    settings.OWLLAYER_MAX_TOOL_ROUNDS = 2
+    llm.enqueue(
+        tool_use_response([("toolu_r1", "go_to_cart", {})]),
+        tool_use_response([("toolu_r2", "go_to_cart", {})]),
+        text_response("Enough tools."),
+    )
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "keep going", answer_with({"ok": True}))
+
+    assert len(of_type(frames, "TOOL_CALL")) == 2
+    requests = llm.requests
+    assert [r.get("tool_choice") for r in requests] == [None, None, {"type": "none"}]
+    assert requests[2]["tools"], "tools stay declared so the history's tool_use blocks are valid"
+    for request in requests:
+        assert_well_formed(request)
+    await close(page)
+
+
+async def test_a_tool_use_past_the_round_limit_is_never_sent_to_the_page(
+    llm, connect, api_key, settings
+):
+    settings.OWLLAYER_MAX_TOOL_ROUNDS = 1
+    llm.enqueue(
+        tool_use_response([("toolu_r1", "go_to_cart", {})]),
+        tool_use_response([("toolu_r2", "go_to_cart", {})]),  # ignores tool_choice none
+        text_response("Never asked for."),
+    )
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "keep going", answer_with({"ok": True}))
+
+    assert len(of_type(frames, "TOOL_CALL")) == 1
+    assert len(llm.requests) == 2
+    rows = await stored_calls(page.session_id)
+    assert [(r.tool_use_id, r.status) for r in rows] == [("toolu_r1", "success"),
+                                                         ("toolu_r2", "cancelled")]
+    assert_stored_conversation_valid(await stored_messages(page.session_id))
+    await close(page)
+
+
+# --- usage ---------------------------------------------------------------------------------
+
+
+async def test_usage_of_every_request_is_summed_on_the_session_and_the_day(
+    llm, connect, api_key, tenant
+):
+    usage_1 = {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 30,
+               "cache_creation_input_tokens": 7}
+    usage_2 = {"input_tokens": 150, "output_tokens": 40, "cache_read_input_tokens": 90,
+               "cache_creation_input_tokens": 0}
+    llm.enqueue(tool_use_response([("go_to_cart", {})], usage=usage_1),
+                text_response("Done.", usage=usage_2))
+    page = await open_shop(connect, api_key)
+
+    await turn(page, "go", answer_with(None))
+
+    # Recorded by the time the page reads the done frame.
+    session = await Session.objects.aget(id=page.session_id)
+    assert (session.turns, session.state) == (1, "idle")
+    assert (session.input_tokens, session.output_tokens) == (250, 60)
+    assert (session.cache_read_tokens, session.cache_write_tokens) == (120, 7)
+    day = await DailyUsage.objects.aget(tenant=tenant, date=timezone.localdate())
+    assert (day.turns, day.input_tokens, day.output_tokens) == (1, 250, 60)
+    assert (day.cache_read_tokens, day.cache_write_tokens) == (120, 7)
+    await close(page)
+
+
+# --- disconnects -----------------------------------------------------------------------------
+
+
+def leftover_tasks() -> list[asyncio.Task]:
+    return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+
+async def test_a_disconnect_mid_turn_ends_every_pending_call_as_disconnected(llm, connect, api_key):
+    llm.enqueue(tool_use_response([("toolu_1", "add_to_cart", {"quantity": 1}),
+                                   ("toolu_2", "go_to_cart", {})]))
+    page = await open_shop(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "add one and go"})
+    await page.recv_until("TOOL_CALL")
+
+    await close(page)
+
+    assert leftover_tasks() == []
+    rows = await stored_calls(page.session_id)
+    assert [(r.tool_use_id, r.status) for r in rows] == [("toolu_1", "disconnected"),
+                                                         ("toolu_2", "disconnected")]
+    messages = await stored_messages(page.session_id)
+    assert_stored_conversation_valid(messages)
+    results = tool_results({"content": messages[-1].content})
+    assert [r["is_error"] for r in results] == [True, True]
+    assert len(llm.requests) == 1, "nobody is left to answer: the model is not asked again"
+    session = await Session.objects.aget(id=page.session_id)
+    assert session.ended_at is not None
+
+
+async def test_a_disconnect_while_the_answer_streams_leaves_no_task_behind(llm, connect, api_key):
+    llm.enqueue(text_response("a slow answer " * 10, chunks=20, event_delay=0.05))
+    page = await open_shop(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "talk slowly"})
+    await page.recv_until("AGENT_RESPONSE", done=False)
+
+    await close(page)
+
+    assert leftover_tasks() == []
+    assert [m.role for m in await stored_messages(page.session_id)] == ["user"]
+
+
+async def test_a_disconnect_while_the_tool_use_message_is_stored_still_answers_it(
+    llm, connect, api_key, monkeypatch
+):
+    """The cancel can land on any await, including the write of the assistant
+    message itself: its tool_uses must still get their results."""
+    llm.enqueue(tool_use_response([("toolu_held", "add_to_cart", {"quantity": 1})]))
+    stored = asyncio.Event()
+    original = AgentStore.append_message
+
+    async def slow_append(self, *, seq, turn, role, content):
+        await original(self, seq=seq, turn=turn, role=role, content=content)
+        if any(b.get("type") == "tool_use" for b in content):
+            stored.set()
+            await asyncio.Event().wait()  # the write is done, the await not yet
+
+    monkeypatch.setattr(AgentStore, "append_message", slow_append)
+    page = await open_shop(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "add one"})
+    await asyncio.wait_for(stored.wait(), 10)
+
+    await close(page)
+
+    assert leftover_tasks() == []
+    messages = await stored_messages(page.session_id)
+    assert_stored_conversation_valid(messages)
+    rows = await stored_calls(page.session_id)
+    assert [(r.tool_use_id, r.status) for r in rows] == [("toolu_held", "disconnected")]
+
+
+# --- approvals ---------------------------------------------------------------------------------
+
+
+def approval_request(call: dict, **overrides) -> dict:
+    payload = call["payload"]
+    return {"callId": payload["callId"], "toolName": payload["name"], "risk": "critical",
+            "args": payload["args"], "message": "Pay 42 USD with the saved card?", **overrides}
+
+
+TOOL_TIMEOUT = 0.5
+
+
+async def start_payment(llm, connect, api_key, settings,
+                        approval_timeout: float = 10.0) -> tuple[Page, dict]:
+    """A turn waiting on the page's critical ``pay`` call; the tool timeout is
+    small, though far above the time the page takes to ask for approval."""
+    settings.OWLLAYER_TOOL_TIMEOUT = TOOL_TIMEOUT
+    settings.OWLLAYER_APPROVAL_TIMEOUT = approval_timeout
+    llm.enqueue(tool_use_response([("toolu_pay", "pay", {"amount": 42})]),
+                text_response("Payment handled."))
+    page = await open_shop(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "pay for it"})
+    call = await page.recv_until("TOOL_CALL")
+    assert call["payload"]["name"] == "pay"
+    return page, call
+
+
+async def test_an_approval_request_keeps_the_call_alive_past_the_tool_timeout(
+    llm, connect, api_key, settings
+):
+    page, call = await start_payment(llm, connect, api_key, settings)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+
+    # Two tool timeouts go by while the user decides: no timeout, no frame.
+    assert await page.ws.receive_nothing(timeout=2 * TOOL_TIMEOUT)
+    await page.send("APPROVAL_RESPONSE", {"callId": call["payload"]["callId"], "approved": True,
+                                          "result": {"paid": True}})
+    frames = await until_done(page)
+
+    assert errors(frames) == []
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result == {"type": "tool_result", "tool_use_id": "toolu_pay", "content": '{"paid":true}'}
+    (row,) = await stored_calls(page.session_id)
+    assert (row.status, row.result) == ("success", {"paid": True})
+    await close(page)
+
+
+@pytest.mark.parametrize("how", ["approval_request", "pending_approval"])
+async def test_a_refusal_is_never_a_success_even_with_a_result(
+    llm, connect, api_key, settings, how
+):
+    page, call = await start_payment(llm, connect, api_key, settings)
+    call_id = call["payload"]["callId"]
+    if how == "approval_request":
+        await page.send("APPROVAL_REQUEST", approval_request(call))
+    else:
+        await page.send("TOOL_RESULT", {"callId": call_id, "status": "pending_approval",
+                                        "result": None})
+    assert await page.ws.receive_nothing(timeout=TOOL_TIMEOUT)
+
+    await page.send("APPROVAL_RESPONSE", {"callId": call_id, "approved": False,
+                                          "error": "Action denied by user",
+                                          "result": {"paid": True}})
+    frames = await until_done(page)
+
+    assert errors(frames) == []
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result["is_error"] is True
+    assert "declined" in result["content"]
+    (row,) = await stored_calls(page.session_id)
+    assert row.status == "denied"
+    assert row.result is None
+    await close(page)
+
+
+async def test_a_pending_approval_result_extends_the_deadline_like_an_approval_request(
+    llm, connect, api_key, settings
+):
+    page, call = await start_payment(llm, connect, api_key, settings)
+    call_id = call["payload"]["callId"]
+    await page.send("TOOL_RESULT", {"callId": call_id, "status": "pending_approval", "result": None})
+
+    assert await page.ws.receive_nothing(timeout=2 * TOOL_TIMEOUT)
+    await page.send("APPROVAL_RESPONSE", {"callId": call_id, "approved": True,
+                                          "result": {"paid": True}})
+    frames = await until_done(page)
+
+    assert errors(frames) == []
+    (row,) = await stored_calls(page.session_id)
+    assert row.status == "success"
+    await close(page)
+
+
+async def test_an_approval_nobody_decides_in_time_expires(llm, connect, api_key, settings):
+    page, call = await start_payment(llm, connect, api_key, settings, approval_timeout=1.0)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+    frames = await until_done(page, timeout=20)
+
+    (expired,) = errors(frames)
+    assert expired["data"]["code"] == "approval_expired"
+    (row,) = await stored_calls(page.session_id)
+    assert row.status == "expired"
+    await close(page)
