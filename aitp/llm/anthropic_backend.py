@@ -43,6 +43,7 @@ class AnthropicConfig:
     base_url: str | None
     max_retries: int
     timeout: float
+    max_retry_wait: float = 8.0
 
     @classmethod
     def from_settings(cls) -> AnthropicConfig:
@@ -53,7 +54,26 @@ class AnthropicConfig:
             base_url=settings.ANTHROPIC_BASE_URL or None,
             max_retries=settings.OWLLAYER_LLM_MAX_RETRIES,
             timeout=settings.OWLLAYER_LLM_TIMEOUT,
+            max_retry_wait=settings.OWLLAYER_LLM_MAX_RETRY_WAIT,
         )
+
+
+class InteractiveAnthropic(anthropic.AsyncAnthropic):
+    """The SDK client, with its retry waits capped for a person waiting.
+
+    The SDK honours any ``retry-after`` the API sends; a 429 asking for ten
+    minutes would hold the page's turn that long. Past the cap it retries
+    sooner, and once its retries are spent the turn ends with a clear
+    "busy, try again" error.
+    """
+
+    def __init__(self, *, max_retry_wait: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._max_retry_wait = max_retry_wait
+
+    def _calculate_retry_timeout(self, remaining_retries, options, response_headers=None) -> float:
+        wait = super()._calculate_retry_timeout(remaining_retries, options, response_headers)
+        return min(wait, self._max_retry_wait)
 
 
 # One client per process, so its connection pool is shared by every session.
@@ -72,7 +92,8 @@ def get_client(config: AnthropicConfig) -> anthropic.AsyncAnthropic:
         if _client is None or _client_key != key:
             # A replaced client is dropped, not closed: it may belong to a
             # loop that no longer runs.
-            _client = anthropic.AsyncAnthropic(
+            _client = InteractiveAnthropic(
+                max_retry_wait=config.max_retry_wait,
                 api_key=config.api_key,
                 base_url=config.base_url,
                 max_retries=config.max_retries,
