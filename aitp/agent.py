@@ -48,6 +48,10 @@ You act inside the user's web page through tools that the page declares.
 - If a tool result is an error, or the user declined, say so plainly and do not retry the same call unasked.
 - The page the user is on is described in [page] blocks; after a tool navigates, a new [page] block shows the new page and its tools."""
 
+# How often a turn waiting on a human re-reads the approval row, in case a
+# channel-layer notification was lost.
+DECISION_RECHECK_SECONDS = 3.0
+
 RISK_NOTES = {
     Risk.HIGH: " (risk: high; the user approves it in the page before it runs)",
     Risk.CRITICAL: " (risk: critical; the user approves it in the page before it runs)",
@@ -469,7 +473,7 @@ class Agent:
                         "waiting", message="Waiting for an operator to approve this action.",
                         data={"callId": call.call_id, "reason": "operator_approval"},
                     ))
-                decision = await wait_until_deadline(call, call.decision)
+                decision = await self._await_decision(call)
                 if decision is None:
                     await self.store.approval_expire(call.approval_id)
                     await self.io.send_message(
@@ -497,6 +501,22 @@ class Agent:
         if call.approval_id is not None:
             await self.store.approval_executed(call.approval_id, ok=True)
         return Outcome(SUCCESS, result=result)
+
+    async def _await_decision(self, call: PendingCall) -> str | None:
+        """The human decision on a server tool, or None past the deadline.
+
+        Decisions arrive as notifications (the page's answer, or an operator's
+        over the channel layer); the row is also re-read every few seconds so
+        a lost notification delays the turn instead of expiring it."""
+        loop = asyncio.get_running_loop()
+        while not call.decision.done():
+            remaining = call.deadline - loop.time()
+            if remaining <= 0:
+                return None
+            await asyncio.wait({call.decision}, timeout=min(remaining, DECISION_RECHECK_SECONDS))
+            if not call.decision.done():
+                await self._apply_approval_row(call)
+        return call.decision.result()
 
     # --- answers from the page and from operators ------------------------------
 

@@ -166,3 +166,20 @@ async def test_a_disconnect_while_waiting_closes_the_approval(connect, api_key, 
     call = await ToolCall.objects.aget(call_id=request["payload"]["callId"])
     assert call.status == "disconnected"
     assert await order_status(tenant) == "pending"
+
+
+async def test_a_lost_operator_notification_only_delays_the_turn(connect, api_key, tenant, monkeypatch):
+    import aitp.agent
+    import aitp.notify
+
+    monkeypatch.setattr(aitp.agent, "DECISION_RECHECK_SECONDS", 0.1)
+    operator = await in_db(operator_of)(tenant)
+    page = await start_cancel(connect, api_key, tenant, "operator")
+    await page.recv_until("SYSTEM_EVENT", kind="waiting")
+    approval = await Approval.objects.aget(tool_name="cancel_order")
+    # The decision is written, but its notification never arrives.
+    monkeypatch.setattr(aitp.notify, "session_command", lambda *args, **kwargs: None)
+    await in_db(approvals.approval_decide_operator)(approval_id=approval.id, user=operator, approved=True)
+    await page.recv_until("AGENT_RESPONSE", done=True)
+    assert await order_status(tenant) == "cancelled"
+    await page.close()
