@@ -17,6 +17,8 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 # A hung test fails instead of hanging CI.
 PYTEST := $(PY) -m pytest -p no:cacheprovider --timeout=120
 PYTEST_ARGS ?=
+# Options of `python -m bench`, e.g. make bench BENCH_ARGS="--quick --json bench.json"
+BENCH_ARGS ?=
 
 .PHONY: help setup chromium run test bench lint clean distclean
 
@@ -54,13 +56,14 @@ chromium:
 	fi
 
 # Local use: debug mode unless a real secret is given (settings refuse to
-# start without a secret otherwise).
+# start without a secret otherwise). owllayer_site.serve is daphne serving
+# owllayer_site.asgi:application, with the frame ceiling from settings.
 run: setup
 	@set -euo pipefail; \
 	if [ -z "$${DJANGO_SECRET_KEY:-}" ]; then export DJANGO_DEBUG="$${DJANGO_DEBUG:-true}"; fi; \
 	$(PY) manage.py migrate --noinput; \
 	$(PY) manage.py ensure_demo; \
-	exec $(VENV)/bin/daphne -b 127.0.0.1 -p "$${PORT:-8000}" owllayer_site.asgi:application
+	exec $(PY) -m owllayer_site.serve --bind 127.0.0.1 --port "$${PORT:-8000}"
 
 # Pass 1 always runs on the embedded default. Pass 2 needs PostgreSQL and
 # Redis; without them it is skipped with a note, except in CI (CI=true).
@@ -89,7 +92,7 @@ test: setup
 
 bench: setup
 	@if [ -f bench/__main__.py ]; then \
-		$(PY) -m bench; \
+		$(PY) -m bench $(BENCH_ARGS); \
 	else \
 		echo "no benchmarks yet"; \
 	fi

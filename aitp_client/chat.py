@@ -111,6 +111,10 @@ class _Screen:
             self.write(f"[{data.get('role', '?')}] {data.get('text', '')}\n")
         else:
             self.write(f"[{kind}] {payload.get('message', '')}\n")
+        if kind == "error":
+            # A refused input gets an error and no turn; a failed turn gets
+            # an error then done:true. Either way the next line may go.
+            self.idle.set()
 
 
 async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
@@ -139,9 +143,14 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
             line = next_line.result()
             if line is None:
                 break
-            if line.strip():
-                screen.idle.clear()
-                await client.user_input(line.strip())
+            if not line.strip():
+                continue
+            # One turn at a time, as in a page: the server refuses input
+            # while the agent is answering.
+            if not await _turn_finished(screen, screen_task):
+                return 1
+            screen.idle.clear()
+            await client.user_input(line.strip())
         # End of input: let the running turn finish before closing.
         try:
             async with asyncio.timeout(DRAIN_TIMEOUT):
@@ -153,6 +162,14 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
         screen.closing = True
         await client.close()
         await screen_task
+
+
+async def _turn_finished(screen: _Screen, screen_task: asyncio.Task) -> bool:
+    """Wait for the running turn to end; False when the connection ended instead."""
+    idle = asyncio.ensure_future(screen.idle.wait())
+    await asyncio.wait({idle, screen_task}, return_when=asyncio.FIRST_COMPLETED)
+    idle.cancel()
+    return not screen_task.done()
 
 
 def _read_stdin(loop: asyncio.AbstractEventLoop, lines: asyncio.Queue) -> None:

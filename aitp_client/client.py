@@ -20,7 +20,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 

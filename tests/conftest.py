@@ -53,6 +53,28 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
         test_settings["NAME"] = f"{test_name}_{suffix}"
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker) -> Iterator[None]:
+    """pytest-django's set-up, plus a clean teardown on PostgreSQL.
+
+    Connections opened in sync_to_async worker threads stay open after the
+    last test, and PostgreSQL refuses to drop a database in use: end them
+    first. The database is this run's own, so they are all ours.
+    """
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for connection in connections.all():
+            if connection.vendor != "postgresql":
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+
+
 def database_url_for(settings_dict: dict) -> str:
     """A DATABASE_URL that points another process at the same database."""
     engine = settings_dict["ENGINE"]

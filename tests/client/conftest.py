@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 from aitp_client import envelope
 
@@ -62,6 +63,7 @@ class FakeServer:
 async def fake_server() -> AsyncIterator[Callable[..., Awaitable[FakeServer]]]:
     """``server = await fake_server(script)`` runs ``script(peer)`` for each connection."""
     servers = []
+    failures: list[BaseException] = []
 
     async def start(script: Script, **serve_options) -> FakeServer:
         peers: list[Peer] = []
@@ -69,7 +71,14 @@ async def fake_server() -> AsyncIterator[Callable[..., Awaitable[FakeServer]]]:
         async def handler(ws: ServerConnection) -> None:
             peer = Peer(ws)
             peers.append(peer)
-            await script(peer)
+            try:
+                await script(peer)
+            except ConnectionClosed:
+                pass  # the client left first: the test's own asserts judge that
+            except Exception as exc:
+                # websockets would only log it; the test must fail instead.
+                failures.append(exc)
+                raise
 
         server = await serve(handler, "127.0.0.1", 0, **serve_options)
         servers.append(server)
@@ -80,3 +89,5 @@ async def fake_server() -> AsyncIterator[Callable[..., Awaitable[FakeServer]]]:
     for server in servers:
         server.close()
         await server.wait_closed()
+    if failures:
+        raise AssertionError(f"the scripted server failed: {failures[0]!r}") from failures[0]

@@ -69,3 +69,49 @@ async def test_says_why_the_server_refused_and_exits_non_zero(fake_server):
 
     assert code == 2
     assert "refused: Origin not allowed. (close 1008 origin not allowed)" in output
+
+
+async def test_sends_the_next_line_only_after_the_turn_is_done(fake_server):
+    async def agent(peer: Peer) -> None:
+        await peer.accept_handshake()
+        await peer.recv()  # CONTEXT_UPDATE
+        first = await peer.recv()
+        await peer.send("TOOL_CALL", {"callId": "tc_1", "name": "look", "args": {}})
+        # Both lines are already on stdin: a client that did not wait for
+        # the turn would have sent the second one before this answer.
+        answer = await peer.recv()
+        await peer.send("AGENT_RESPONSE", {"chunk": "one", "done": True})
+        second = await peer.recv()
+        await peer.send("AGENT_RESPONSE", {"chunk": "two", "done": True})
+        assert answer["type"] == "TOOL_RESULT"
+        assert [first["payload"]["content"], second["payload"]["content"]] == ["first", "second"]
+        await peer.ws.wait_closed()
+
+    server = await fake_server(agent)
+
+    code, output = await run_chat(server.url, "first\nsecond\n")
+
+    assert code == 0, output
+    assert [f["type"] for f in server.peers[0].received] == [
+        "HANDSHAKE_INIT", "CONTEXT_UPDATE", "USER_INPUT", "TOOL_RESULT", "USER_INPUT",
+    ]
+    assert "one\n" in output and "two\n" in output
+
+
+async def test_an_error_event_lets_the_next_line_go(fake_server):
+    async def agent(peer: Peer) -> None:
+        await peer.accept_handshake()
+        await peer.recv()  # CONTEXT_UPDATE
+        await peer.recv()
+        await peer.send("SYSTEM_EVENT", {"kind": "error", "message": "busy, try again"})
+        await peer.recv()
+        await peer.send("AGENT_RESPONSE", {"chunk": "done now", "done": True})
+        await peer.ws.wait_closed()
+
+    server = await fake_server(agent)
+
+    code, output = await run_chat(server.url, "first\nsecond\n")
+
+    assert code == 0, output
+    assert "[error] busy, try again" in output
+    assert "done now" in output

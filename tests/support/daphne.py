@@ -1,5 +1,8 @@
 """Run the real server in a real ``daphne`` process for end-to-end tests.
 
+The process is started as ``python -m owllayer_site.serve`` (daphne with the
+project's WebSocket frame ceiling), on a free 127.0.0.1 port.
+
 The process is a separate interpreter, so it sees only committed rows:
 tests that use it need ``@pytest.mark.django_db(transaction=True)`` and must
 point it at the test database (the ``live_db_url`` fixture).
@@ -17,7 +20,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-ASGI_APPLICATION = "owllayer_site.asgi:application"
+# The project's daphne launcher: daphne plus the frame ceiling from settings,
+# so tests run the server exactly as `make run` and deployments do.
+SERVE_COMMAND = (sys.executable, "-m", "owllayer_site.serve")
 # Django set-up plus the first import of the consumer; generous because CI
 # machines are slow, bounded so a broken server fails the test instead of
 # hanging it.
@@ -91,13 +96,12 @@ def start_daphne(
 ) -> DaphneServer:
     """Start daphne with exactly ``env`` and wait until it accepts connections."""
     last_error: DaphneStartError | None = None
-    for attempt in range(1, BIND_ATTEMPTS + 1):
+    for _ in range(BIND_ATTEMPTS):
         port = free_port()
         log_path = log_dir / f"daphne-{port}.log"
         with open(log_path, "wb") as log:
-            command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
             process = subprocess.Popen(
-                [*command, ASGI_APPLICATION],
+                [*SERVE_COMMAND, "--bind", "127.0.0.1", "--port", str(port)],
                 cwd=PROJECT_ROOT,
                 env=dict(env),
                 stdin=subprocess.DEVNULL,

@@ -1,0 +1,110 @@
+"""`manage.py ensure_demo`: one working demo key, kept across runs."""
+from __future__ import annotations
+
+import io
+import stat
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from aitp import services
+from aitp.models import ApiKey, Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def run(key_file, *args: str) -> str:
+    out = io.StringIO()
+    call_command("ensure_demo", "--key-file", str(key_file), *args, stdout=out)
+    return out.getvalue()
+
+
+def active_demo_keys():
+    return ApiKey.objects.filter(tenant__slug="demo", name="demo", status=ApiKey.Status.ACTIVE)
+
+
+def test_a_first_run_creates_the_demo_store_and_saves_its_key_readable_only_by_the_owner(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("PORT", raising=False)
+    key_file = tmp_path / ".demo-key"
+
+    output = run(key_file)
+
+    raw = key_file.read_text().strip()
+    key = services.api_key_lookup(raw)
+    assert Tenant.objects.get(slug="demo").name == "Demo Store"
+    assert key is not None and key.name == "demo" and key.status == ApiKey.Status.ACTIVE
+    assert key.allowed_origins == ["http://localhost:8000", "http://127.0.0.1:8000"]
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert f"ws://127.0.0.1:8000/owllayer?apiKey={raw}" in output
+    assert "http://127.0.0.1:8000/demo/" in output
+
+
+def test_a_second_run_reuses_the_saved_key(tmp_path):
+    key_file = tmp_path / ".demo-key"
+    run(key_file)
+    first = key_file.read_text()
+
+    output = run(key_file)
+
+    assert key_file.read_text() == first
+    assert active_demo_keys().count() == 1
+    assert ApiKey.objects.count() == 1
+    assert f"demo key:     {first.strip()}  (from " in output
+
+
+def test_a_revoked_demo_key_is_replaced_by_a_new_one(tmp_path):
+    key_file = tmp_path / ".demo-key"
+    run(key_file)
+    old_raw = key_file.read_text().strip()
+    services.api_key_revoke(key=services.api_key_lookup(old_raw))
+
+    run(key_file)
+
+    new_raw = key_file.read_text().strip()
+    assert new_raw != old_raw
+    assert list(active_demo_keys()) == [services.api_key_lookup(new_raw)]
+
+
+def test_a_lost_key_file_revokes_the_old_demo_key_so_only_one_stays_active(tmp_path):
+    key_file = tmp_path / ".demo-key"
+    run(key_file)
+    old_key = services.api_key_lookup(key_file.read_text().strip())
+    key_file.unlink()
+
+    run(key_file)
+
+    old_key.refresh_from_db()
+    assert old_key.status == ApiKey.Status.REVOKED
+    assert list(active_demo_keys()) == [services.api_key_lookup(key_file.read_text().strip())]
+
+
+def test_a_saved_key_of_another_tenant_is_left_alone(tmp_path):
+    other = services.tenant_create(slug="acme", name="Acme")
+    _, other_raw = services.api_key_create(tenant=other, name="demo")
+    key_file = tmp_path / ".demo-key"
+    key_file.write_text(other_raw)
+
+    run(key_file)
+
+    assert key_file.read_text().strip() != other_raw
+    assert services.api_key_lookup(other_raw).status == ApiKey.Status.ACTIVE
+    assert active_demo_keys().count() == 1
+
+
+def test_the_allowed_origins_follow_the_port(tmp_path, monkeypatch):
+    key_file = tmp_path / ".demo-key"
+    run(key_file)
+    monkeypatch.setenv("PORT", "9001")
+
+    output = run(key_file)
+
+    key = services.api_key_lookup(key_file.read_text().strip())
+    assert key.allowed_origins == ["http://localhost:9001", "http://127.0.0.1:9001"]
+    assert "ws://127.0.0.1:9001/owllayer?apiKey=" in output
+
+
+def test_refuses_a_port_that_is_not_a_number(tmp_path):
+    with pytest.raises(CommandError, match="port must be a number"):
+        run(tmp_path / ".demo-key", "--port", "http")
