@@ -98,6 +98,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # daphne serves no static files: the admin's and the console's CSS and JS
+    # come from here (found in the apps directly, no collectstatic needed).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -169,7 +172,10 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Only for `manage.py collectstatic` (then served from there); without it
+# the files are served straight from the apps.
+STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 
