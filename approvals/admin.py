@@ -16,8 +16,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from aitp import admin as aitp_admin
 from aitp.models import TenantMembership
-from aitp.selectors import scope_to_user, session_conversation, tenant_ids_for_user
+from aitp.selectors import session_conversation, tenant_ids_for_user
+from aitp.transcript import conversation_rows, pretty_json
 from approvals import services
 from approvals.models import (
     RISKS_NEEDING_APPROVAL,
@@ -34,23 +36,20 @@ from approvals.server_tools import python_tool_names
 MAX_NOTE_CHARS = 2000
 
 
-def _pretty(value) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+class ScreenAdmin(admin.ModelAdmin):
+    """A screen open to whoever ``may_use`` admits, with no model permissions
+    granted: access follows staff status and tenancy. Read-only unless a
+    subclass says otherwise. The live pages' admin entry (operators.admin) is
+    one too."""
 
-
-class TenantScopedAdmin(admin.ModelAdmin):
-    """Rows limited to the user's tenants; open to operators without model permissions."""
-
-    tenant_field = "tenant"
-
-    def get_queryset(self, request):
-        return scope_to_user(super().get_queryset(request), request.user, self.tenant_field)
+    def may_use(self, user) -> bool:
+        raise NotImplementedError
 
     def has_module_permission(self, request) -> bool:
-        return is_operator(request.user)
+        return self.may_use(request.user)
 
     def has_view_permission(self, request, obj=None) -> bool:
-        return is_operator(request.user)
+        return self.may_use(request.user)
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -60,6 +59,14 @@ class TenantScopedAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+class TenantScopedAdmin(ScreenAdmin, aitp_admin.TenantScopedAdmin):
+    """Rows and foreign-key choices limited to the user's tenants, as in aitp's
+    admin; open to operators."""
+
+    def may_use(self, user) -> bool:
+        return is_operator(user)
 
 
 # --- approvals ------------------------------------------------------------------
@@ -134,8 +141,8 @@ class ApprovalAdmin(TenantScopedAdmin):
             "opts": self.opts,
             "title": f"Approval #{approval.pk}: {approval.tool_name}",
             "approval": approval,
-            "arguments_json": _pretty(approval.arguments),
-            "conversation": _conversation_rows(approval),
+            "arguments_json": pretty_json(approval.arguments),
+            "conversation": conversation_rows(session_conversation(approval.session)),
             "audit_events": AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq"),
             "can_decide": can_decide,
             "can_review": can_review,
@@ -187,37 +194,6 @@ class ApprovalAdmin(TenantScopedAdmin):
         else:
             messages.success(request, "Review recorded.")
         return HttpResponseRedirect(self._detail_url(approval))
-
-
-def _conversation_rows(approval: Approval) -> list[dict]:
-    """The session's conversation as (role, blocks) with each block made readable."""
-    rows = []
-    for message in session_conversation(approval.session):
-        blocks = message.content if isinstance(message.content, list) else [message.content]
-        rows.append({"role": message.role, "seq": message.seq, "blocks": [_block(b) for b in blocks]})
-    return rows
-
-
-def _block(block) -> dict:
-    if isinstance(block, str):
-        return {"kind": "text", "text": block}
-    if not isinstance(block, dict):
-        return {"kind": "other", "text": _pretty(block)}
-    kind = block.get("type", "other")
-    if kind == "text":
-        return {"kind": "text", "text": block.get("text", "")}
-    if kind == "tool_use":
-        return {"kind": "tool_use", "title": f"calls {block.get('name', '?')}",
-                "text": _pretty(block.get("input", {}))}
-    if kind == "tool_result":
-        content = block.get("content", "")
-        if isinstance(content, list):
-            content = "\n".join(
-                c.get("text", "") if isinstance(c, dict) else str(c) for c in content
-            )
-        title = "tool error" if block.get("is_error") else "tool result"
-        return {"kind": "tool_result", "title": title, "text": str(content)}
-    return {"kind": "other", "title": kind, "text": _pretty(block)}
 
 
 @admin.register(Approval)
@@ -363,11 +339,14 @@ class ServerToolAdmin(TenantScopedAdmin):
         return self._may_manage(request, obj)
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        # Narrowed after the base class has limited the choices to the user's
+        # tenants: among those, only the ones they own.
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
         if db_field.name == "tenant":
             owners = _owner_tenant_ids(request.user)
             if owners is not None:
-                kwargs["queryset"] = db_field.related_model.objects.filter(pk__in=owners)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+                field.queryset = field.queryset.filter(pk__in=owners)
+        return field
 
     @admin.display(description="webhook secret")
     def masked_secret(self, obj: ServerTool) -> str:

@@ -4,26 +4,15 @@ from __future__ import annotations
 from django.contrib import admin
 from django.shortcuts import redirect
 
+from approvals.admin import ScreenAdmin
 from operators.models import LiveSession
 from operators.selectors import is_watcher
 
 
 @admin.register(LiveSession)
-class LiveSessionAdmin(admin.ModelAdmin):
-    def has_module_permission(self, request) -> bool:
-        return is_watcher(request.user)
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return is_watcher(request.user)
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+class LiveSessionAdmin(ScreenAdmin):
+    def may_use(self, user) -> bool:
+        return is_watcher(user)
 
     def changelist_view(self, request, extra_context=None):
         return redirect("operators:live_list")

@@ -5,7 +5,6 @@ user is not a member of does not exist as far as these pages are concerned.
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
@@ -17,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 from aitp.models import OperatorAction, Session
 from aitp.selectors import scope_to_user, session_conversation
 from aitp.services import live_sessions_filter
+from aitp.transcript import conversation_rows, pretty_json
 from approvals.models import Approval, AuditEvent
 
 
@@ -102,63 +102,12 @@ def watcher_live_rows(*, user_id: int) -> list[dict] | None:
 # --- the session page ------------------------------------------------------------
 
 
-def _pretty(value) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-
-
-def _result_text(content) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(item.get("text", "")) if isinstance(item, dict) and item.get("type") == "text"
-            else _pretty(item)
-            for item in content
-        )
-    return "" if content is None else _pretty(content)
-
-
-def conversation_block(block) -> dict:
-    """One stored Anthropic content block, made readable. Unknown shapes are
-    shown as JSON rather than dropped, so the record is never silently short."""
-    if isinstance(block, str):
-        return {"kind": "text", "title": "", "text": block}
-    if not isinstance(block, dict):
-        return {"kind": "other", "title": "", "text": _pretty(block)}
-    kind = block.get("type")
-    if kind == "text":
-        return {"kind": "text", "title": "", "text": str(block.get("text", ""))}
-    if kind == "tool_use":
-        return {"kind": "tool_use", "title": f"calls {block.get('name', '?')}",
-                "text": _pretty(block.get("input", {}))}
-    if kind == "tool_result":
-        title = "tool error" if block.get("is_error") else "tool result"
-        return {"kind": "tool_result", "title": title, "text": _result_text(block.get("content"))}
-    return {"kind": "other", "title": str(kind or "block"), "text": _pretty(block)}
-
-
-def _conversation(session: Session) -> list[dict]:
-    rows = []
-    for message in session_conversation(session):
-        content = message.content if isinstance(message.content, list) else [message.content]
-        rows.append({
-            "seq": message.seq, "turn": message.turn, "role": message.role,
-            "created_at": message.created_at,
-            "blocks": [conversation_block(block) for block in content],
-        })
-    return rows
-
-
 def _tool_calls(session: Session) -> list[dict]:
     calls = []
     for call in session.tool_calls.order_by("created_at", "pk"):
-        if call.error:
-            outcome = call.error
-        elif call.result is not None:
-            outcome = _pretty(call.result)
-        else:
-            outcome = ""
-        calls.append({"call": call, "arguments": _pretty(call.arguments), "outcome": outcome})
+        # An error says more than whatever result came with it.
+        outcome = call.error or pretty_json(call.result)
+        calls.append({"call": call, "arguments": pretty_json(call.arguments), "outcome": outcome})
     return calls
 
 
@@ -173,7 +122,7 @@ def _approvals(session: Session) -> list[dict]:
     return [
         {
             "approval": approval,
-            "arguments": _pretty(approval.arguments),
+            "arguments": pretty_json(approval.arguments),
             "events": events.get(approval.pk, []),
             "can_decide": (approval.is_pending and approval.needs_operator
                            and approval.operator_decision is None),
@@ -216,7 +165,7 @@ def session_record(session: Session) -> dict:
     approvals = _approvals(session)
     return {
         "session": session,
-        "conversation": _conversation(session),
+        "conversation": conversation_rows(session_conversation(session)),
         "tool_calls": _tool_calls(session),
         "approvals": approvals,
         "pending_approvals": [a for a in approvals if a["can_decide"]],

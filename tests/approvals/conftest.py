@@ -1,45 +1,24 @@
 """Fixtures for approvals: two shops, their sessions, tool calls, and the people involved.
 
-Personas: Olivia operates Acme (staff, member of acme), Mallory operates
-Globex (staff, member of globex only), Root is a superuser.
+Personas (tests.support.people): Olivia operates Acme (staff, owner of acme),
+Mallory operates Globex (staff, owner of globex only), Root is a superuser.
 """
 from __future__ import annotations
 
-import secrets
-
 import pytest
 
-@pytest.fixture
-def acme(db):
-    from aitp import services
-
-    return services.tenant_create(slug="acme", name="Acme Store")
-
-
-@pytest.fixture
-def globex(db):
-    from aitp import services
-
-    return services.tenant_create(slug="globex", name="Globex")
-
-
-def make_session(tenant, session_id: str | None = None):
-    from aitp import services
-    from aitp.models import Session
-
-    key, _raw = services.api_key_create(tenant=tenant, name="web")
-    return Session.objects.create(id=session_id or f"ses_{secrets.token_hex(6)}", tenant=tenant,
-                                  api_key=key)
+from tests.support.people import acme, globex, mallory, olivia, root  # noqa: F401 (fixtures)
+# Also helpers for the tests, which import them from here.
+from tests.support.people import make_session, make_tool_call, make_user  # noqa: F401
 
 
 def make_call(session, name="process_payment", args=None, risk="critical", origin="client"):
+    """A call sent to the page and not answered yet: a payment, unless told otherwise."""
     from aitp.models import ToolCall
 
-    token = secrets.token_hex(6)
-    return ToolCall.objects.create(
-        session=session, call_id=f"tc_{token}", tool_use_id=f"toolu_{token}", name=name,
-        arguments={"amount": 299.98} if args is None else args, risk=risk, origin=origin,
-        status=ToolCall.Status.SENT,
+    return make_tool_call(
+        session, name=name, arguments={"amount": 299.98} if args is None else args, risk=risk,
+        origin=origin, status=ToolCall.Status.SENT,
     )
 
 
@@ -56,35 +35,6 @@ def globex_session(globex):
 @pytest.fixture
 def payment_call(acme_session):
     return make_call(acme_session)
-
-
-def make_user(username: str, *, tenant=None, staff=True, superuser=False, role="owner"):
-    from django.contrib.auth import get_user_model
-
-    from aitp.models import TenantMembership
-
-    # No password: tests sign in with force_login, and hashing one is slow.
-    user = get_user_model().objects.create_user(
-        username=username, password=None, is_staff=staff, is_superuser=superuser
-    )
-    if tenant is not None:
-        TenantMembership.objects.create(tenant=tenant, user=user, role=role)
-    return user
-
-
-@pytest.fixture
-def olivia(acme):
-    return make_user("olivia", tenant=acme)
-
-
-@pytest.fixture
-def mallory(globex):
-    return make_user("mallory", tenant=globex)
-
-
-@pytest.fixture
-def root(db):
-    return make_user("root", superuser=True)
 
 
 @pytest.fixture

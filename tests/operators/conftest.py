@@ -1,51 +1,27 @@
 """Fixtures for the live pages: two shops, their sessions, and the people watching.
 
-Personas: Olivia operates Acme (staff, member of acme), Mallory operates
-Globex (staff, member of globex only), Root is a superuser, Carl is a
-customer account without staff status.
+Personas (tests.support.people): Olivia operates Acme (staff, owner of acme),
+Mallory operates Globex (staff, owner of globex only), Root is a superuser;
+Carl, only here, is a customer account of Acme without staff status.
 """
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
 
+from tests.support.people import acme, globex, mallory, olivia, root  # noqa: F401 (fixtures)
+# Also helpers for the tests, which import them from here.
+from tests.support.people import make_session, make_tool_call, make_user
+
 ORIGIN = "https://shop.example"
-_ids = itertools.count(1)
-
-
-def make_user(username: str, *, tenant=None, staff=True, superuser=False):
-    from django.contrib.auth import get_user_model
-
-    from aitp.models import TenantMembership
-
-    # No password: tests sign in with force_login, and hashing one is slow.
-    user = get_user_model().objects.create_user(
-        username=username, password=None, is_staff=staff, is_superuser=superuser
-    )
-    if tenant is not None:
-        TenantMembership.objects.create(tenant=tenant, user=user)
-    return user
-
-
-def make_session(tenant, session_id: str | None = None, **fields):
-    from aitp import services
-    from aitp.models import Session
-
-    key, _raw = services.api_key_create(tenant=tenant, name="web")
-    return Session.objects.create(
-        id=session_id or f"ses_op{next(_ids):06d}", tenant=tenant, api_key=key, **fields
-    )
 
 
 def make_call(session, name="refund", args=None, risk="high", origin="server", **fields):
-    from aitp.models import ToolCall
-
-    n = next(_ids)
-    return ToolCall.objects.create(
-        session=session, call_id=f"tc_op{n:08x}", tool_use_id=f"toolu_op{n}", name=name,
-        arguments={"order": "A1"} if args is None else args, risk=risk, origin=origin, **fields,
+    """A server tool's call: a refund, unless told otherwise."""
+    return make_tool_call(
+        session, name=name, arguments={"order": "A1"} if args is None else args, risk=risk,
+        origin=origin, **fields,
     )
 
 
@@ -66,20 +42,6 @@ def operator_approval(session, *, risk="high"):
 
 
 @pytest.fixture
-def acme(db):
-    from aitp import services
-
-    return services.tenant_create(slug="acme", name="Acme Store")
-
-
-@pytest.fixture
-def globex(db):
-    from aitp import services
-
-    return services.tenant_create(slug="globex", name="Globex")
-
-
-@pytest.fixture
 def acme_session(acme):
     return make_session(acme, "ses_acme", current_url="/cart", title="Your cart")
 
@@ -87,21 +49,6 @@ def acme_session(acme):
 @pytest.fixture
 def globex_session(globex):
     return make_session(globex, "ses_globex", current_url="/orders", title="Orders")
-
-
-@pytest.fixture
-def olivia(acme):
-    return make_user("olivia", tenant=acme)
-
-
-@pytest.fixture
-def mallory(globex):
-    return make_user("mallory", tenant=globex)
-
-
-@pytest.fixture
-def root(db):
-    return make_user("root", superuser=True)
 
 
 @pytest.fixture

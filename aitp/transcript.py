@@ -1,0 +1,89 @@
+"""Stored conversation content (Anthropic content blocks) made readable.
+
+One reading for every page that shows a conversation: the console's session
+page, the approval detail in the admin and the live session page.
+
+Pure: no Django, no queries. The stored shapes are the ones sent to the model:
+a message's content is a list of blocks (text, tool_use, tool_result) or, from
+older rows or other writers, a bare string. Anything else is shown as JSON
+rather than dropped, so the record is never silently incomplete.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # "text", "tool_use", "tool_result" or "other"
+    text: str
+    name: str = ""  # the tool's name (tool_use), the block's own type (other)
+    ref: str = ""  # the tool_use id (tool_use, tool_result)
+    is_error: bool = False
+
+    @property
+    def title(self) -> str:
+        """A one-line heading, for pages that show every kind of block alike."""
+        if self.kind == "tool_use":
+            return f"calls {self.name or '?'}"
+        if self.kind == "tool_result":
+            return "tool error" if self.is_error else "tool result"
+        return self.name if self.kind == "other" else ""
+
+
+def pretty_json(value: Any) -> str:
+    """Indented JSON for arguments and results; nothing for None."""
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+
+
+def result_text(content: Any) -> str:
+    """A tool_result's content: a string, or a list of text (and other) blocks."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(item.get("text", "")) if isinstance(item, dict) and item.get("type") == "text"
+            else pretty_json(item)
+            for item in content
+        )
+    return pretty_json(content)
+
+
+def content_block(item: Any) -> Block:
+    """One stored block; a bare string counts as text."""
+    if isinstance(item, str):
+        return Block(kind="text", text=item)
+    if not isinstance(item, dict):
+        return Block(kind="other", text=pretty_json(item))
+    kind = item.get("type")
+    if kind == "text":
+        return Block(kind="text", text=str(item.get("text", "")))
+    if kind == "tool_use":
+        return Block(kind="tool_use", text=pretty_json(item.get("input", {})),
+                     name=str(item.get("name", "")), ref=str(item.get("id", "")))
+    if kind == "tool_result":
+        return Block(kind="tool_result", text=result_text(item.get("content")),
+                     ref=str(item.get("tool_use_id", "")), is_error=bool(item.get("is_error", False)))
+    return Block(kind="other", text=pretty_json(item), name=str(kind or ""))
+
+
+def message_blocks(content: Any) -> list[Block]:
+    """A message's whole content; a lone block or string is read as a list of one."""
+    items = content if isinstance(content, list) else [content]
+    return [content_block(item) for item in items]
+
+
+def conversation_rows(messages: Iterable[Any]) -> list[dict]:
+    """``ConversationMessage`` rows (in the order given) as the pages list them."""
+    return [
+        {"seq": message.seq, "turn": message.turn, "role": message.role,
+         "created_at": message.created_at, "blocks": message_blocks(message.content)}
+        for message in messages
+    ]
