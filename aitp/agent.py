@@ -421,7 +421,9 @@ class Agent:
         self.ledger.add(call)
         try:
             await self.io.send_message(p.tool_call(call.call_id, call.name, call.args))
-            await self.store.mark_call(call, "sent", sent=True)
+            # Shielded: the frame is out, so the row must say so even if the
+            # turn is cancelled this very moment (the page left).
+            await asyncio.shield(self.store.mark_call(call, "sent", sent=True))
             await self.io.set_state("waiting_tool")
             outcome = await wait_until_deadline(call, call.future)
             if outcome is not None:

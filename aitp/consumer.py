@@ -84,6 +84,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.turn_task: asyncio.Task | None = None
         self.teardown_task: asyncio.Task | None = None
         self.snapshot_writer: asyncio.Task | None = None
+        self.live: live.LivePublisher | None = None
         self.pending_snapshot: ContextChanged | None = None
         self.last_url = ""
         self.visits: list[dict] = []
@@ -107,7 +108,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
 
     async def _handle(self, event) -> None:
         if not isinstance(event, HandshakeRequested):
-            await live.publish_frame(self.session_row, "in", _describe_inbound(event))
+            self.live.frame("in", _describe_inbound(event))
         if isinstance(event, HandshakeRequested):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):
@@ -163,7 +164,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.machine.accept_handshake(session.id)
         self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
-        await live.publish_session(session, "opened")
+        self.live = live.LivePublisher(session)
+        self.live.session_changed("opened")
 
     # --- the page snapshot ------------------------------------------------------
 
@@ -193,7 +195,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
                 tools=[tool.to_wire() for tool in event.tools],
                 visits=visits,
             )
-            await live.publish_session(self.session_row, "context", url=event.url, title=event.title)
+            self.live.session_changed("context", url=event.url, title=event.title)
 
     # --- the turn -------------------------------------------------------------
 
@@ -232,7 +234,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
         await database_sync_to_async(services.session_set_state)(
             session_id=self.session_row.id, state=state
         )
-        await live.publish_session(self.session_row, "state", state=state)
+        self.live.session_changed("state", state=state)
 
     # --- frames out -------------------------------------------------------------
 
@@ -241,7 +243,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
             if self.closed:
                 return
             await self.send(text_data=frame)
-            await live.publish_frame(self.session_row, "out", frame)
+            if self.live is not None:
+                self.live.frame("out", frame)
         if self.machine.close is not None and not self.closed:
             self.closed = True
             await self.close(code=self.machine.close.code, reason=self.machine.close.reason)
@@ -331,7 +334,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
             await database_sync_to_async(services.session_close)(
                 session_id=self.session_row.id, code=code, reason=reason
             )
-            await live.publish_session(self.session_row, "closed", code=code)
+            self.live.session_changed("closed", code=code)
+            await self.live.aclose()
             logger.info("session %s: closed (%s)", self.session_row.id, code)
 
     def _own(self, task: asyncio.Task, what: str) -> asyncio.Task:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from aitp import notify
@@ -347,7 +347,13 @@ def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
 
 def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str | None = None,
                    origin: str | None = None) -> None:
-    fields: dict = {"status": status}
+    """Record progress of a call (sent, running); never undoes a final status,
+    which a cancelled turn may have written first."""
+    fields: dict = {
+        "status": Case(
+            When(status__in=ToolCall.FINAL_STATUSES, then=F("status")), default=Value(status)
+        )
+    }
     if sent:
         fields["sent_at"] = timezone.now()
     if risk is not None:

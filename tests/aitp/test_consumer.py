@@ -15,7 +15,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from aitp import services
-from aitp.models import ApiKey, Session
+from aitp.models import ApiKey, Session, ToolCall
 from tests.aitp.conftest import ORIGIN, in_db, open_page
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -271,3 +271,29 @@ async def test_closing_records_the_end_of_the_session(connect, api_key):
     await asyncio.sleep(0.1)
     session = await Session.objects.aget(id=ack["payload"]["sessionId"])
     assert session.ended_at is not None and session.state == Session.State.ENDED
+
+
+@override_settings(OWLLAYER_TOOL_TIMEOUT=3)
+async def test_a_channel_layer_that_swallows_cancellation_cannot_keep_a_turn_alive(
+    connect, api_key, monkeypatch
+):
+    """channels-redis' group_send can swallow a cancellation that lands inside
+    it; watcher notifications are sent off the turn so a page that leaves
+    still ends its turn at once."""
+    import aitp.live
+
+    async def swallowing_publish(*args, **kwargs):
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            pass
+
+    monkeypatch.setattr(aitp.live, "publish_frame", swallowing_publish)
+    monkeypatch.setattr(aitp.live, "publish_session", swallowing_publish)
+    page = await open_page(connect, api_key, tools=[ADD_TO_CART])
+    await page.send("USER_INPUT", {"modality": "text", "content": '/tool add_to_cart {"quantity": 1}'})
+    call = await page.recv_until("TOOL_CALL")
+    # Patient, unlike the default: the app must end the turn by itself.
+    await page.ws.disconnect(timeout=30)
+    row = await ToolCall.objects.aget(call_id=call["payload"]["callId"])
+    assert row.status == "disconnected"
