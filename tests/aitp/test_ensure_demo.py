@@ -108,3 +108,13 @@ def test_the_allowed_origins_follow_the_port(tmp_path, monkeypatch):
 def test_refuses_a_port_that_is_not_a_number(tmp_path):
     with pytest.raises(CommandError, match="port must be a number"):
         run(tmp_path / ".demo-key", "--port", "http")
+
+
+def test_the_demo_store_gets_its_server_tools_and_says_which_agent_answers(tmp_path, settings):
+    from approvals.models import ServerTool
+
+    settings.OWLLAYER_LLM = "offline"
+    output = run(tmp_path / ".demo-key")
+    names = set(ServerTool.objects.filter(tenant__slug="demo").values_list("name", flat=True))
+    assert names == {"order_status", "cancel_order"}
+    assert "agent:        offline" in output

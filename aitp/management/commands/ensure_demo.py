@@ -112,6 +112,10 @@ class Command(BaseCommand):
         if not 0 < port_number < 65536:
             raise CommandError(f"port must be between 1 and 65535, got {port_number}")
         demo = ensure_demo(key_file=Path(key_file), origins=demo_origins(port_number))
+        # The shop's server-side tools (order lookup; cancelling needs approval).
+        from approvals.builtin_tools import demo_tools_install
+
+        demo_tools_install(tenant=demo.tenant)
         base = f"127.0.0.1:{port_number}"
         ws_url = f"ws://{base}{settings.OWLLAYER_WS_PATH}?apiKey={quote(demo.raw_key, safe='')}"
         state = f"new, saved to {key_file}" if demo.created else f"from {key_file}"
@@ -119,3 +123,10 @@ class Command(BaseCommand):
         self.stdout.write(f"demo key:     {demo.raw_key}  ({state})")
         self.stdout.write(f"websocket:    {ws_url}")
         self.stdout.write(f"demo page:    http://{base}/demo/")
+        if settings.OWLLAYER_LLM == "offline":
+            self.stdout.write(
+                "agent:        offline (no ANTHROPIC_API_KEY): no model answers, but page and "
+                'server tools run on request, e.g. /tool add_to_cart {"quantity": 2}'
+            )
+        else:
+            self.stdout.write(f"agent:        {settings.OWLLAYER_MODEL} (Anthropic)")
