@@ -83,9 +83,10 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.agent: Agent | None = None
         self.turn_task: asyncio.Task | None = None
         self.teardown_task: asyncio.Task | None = None
-        self.snapshot_writer: asyncio.Task | None = None
+        self.row_writer: asyncio.Task | None = None
         self.live: live.LivePublisher | None = None
         self.pending_snapshot: ContextChanged | None = None
+        self.pending_state: str | None = None
         self.last_url = ""
         self.visits: list[dict] = []
         self.groups_joined: list[str] = []
@@ -167,35 +168,43 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.live = live.LivePublisher(session)
         self.live.session_changed("opened")
 
-    # --- the page snapshot ------------------------------------------------------
+    # --- the session row, written behind the connection ------------------------
 
     def _context_changed(self, event: ContextChanged) -> None:
-        """Store the snapshot behind the connection's back: the session
-        machine already holds it for the agent, so the page's next frame need
-        not wait for the database. Only the latest snapshot is written; every
-        URL visited in between is kept for the page history."""
         if event.url and event.url != self.last_url:
             self.last_url = event.url
             self.visits.append({"url": event.url, "title": event.title, "at": timezone.now().isoformat()})
         self.pending_snapshot = event
-        if self.snapshot_writer is None or self.snapshot_writer.done():
-            self.snapshot_writer = self._own(
-                asyncio.create_task(self._write_snapshots()), "snapshot writer"
-            )
+        self._kick_row_writer()
 
-    async def _write_snapshots(self) -> None:
-        while self.pending_snapshot is not None:
+    def _kick_row_writer(self) -> None:
+        if self.row_writer is None or self.row_writer.done():
+            self.row_writer = self._own(asyncio.create_task(self._write_row()), "row writer")
+
+    async def _write_row(self) -> None:
+        """Write the page snapshot and the turn state to the session row.
+
+        The session machine and the agent hold the live values, so neither
+        the page's next frame nor the turn waits for this write: only the
+        latest values are written, every URL visited in between is kept for
+        the page history, and watchers are told after the row changed."""
+        while self.pending_snapshot is not None or self.pending_state is not None:
             event, self.pending_snapshot = self.pending_snapshot, None
+            state, self.pending_state = self.pending_state, None
             visits, self.visits = self.visits, []
-            await database_sync_to_async(services.session_update_context)(
-                session_id=self.session_row.id,
-                url=event.url,
-                title=event.title,
-                context=event.context,
-                tools=[tool.to_wire() for tool in event.tools],
-                visits=visits,
+            snapshot = None
+            if event is not None:
+                snapshot = {
+                    "url": event.url, "title": event.title, "context": event.context,
+                    "tools": [tool.to_wire() for tool in event.tools],
+                }
+            await database_sync_to_async(services.session_write_live)(
+                session_id=self.session_row.id, snapshot=snapshot, state=state, visits=visits,
             )
-            self.live.session_changed("context", url=event.url, title=event.title)
+            if event is not None:
+                self.live.session_changed("context", url=event.url, title=event.title)
+            if state is not None:
+                self.live.session_changed("state", state=state)
 
     # --- the turn -------------------------------------------------------------
 
@@ -231,10 +240,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
         if state == self.state or self.session_row is None:
             return
         self.state = state
-        await database_sync_to_async(services.session_set_state)(
-            session_id=self.session_row.id, state=state
-        )
-        self.live.session_changed("state", state=state)
+        self.pending_state = state
+        self._kick_row_writer()
 
     # --- frames out -------------------------------------------------------------
 
@@ -323,10 +330,10 @@ class AitpConsumer(AsyncWebsocketConsumer):
         for timer in self.timers:
             with contextlib.suppress(asyncio.CancelledError):
                 await timer
-        if self.snapshot_writer is not None:
-            # Let the last snapshot land before the session is closed.
+        if self.row_writer is not None:
+            # Let the last snapshot and state land before the session is closed.
             with contextlib.suppress(Exception):
-                await self.snapshot_writer
+                await self.row_writer
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []

@@ -259,27 +259,36 @@ def session_update_context(
     *, session_id: str, url: str, title: str, context: dict, tools: list[dict],
     visits: list[dict] = (),
 ) -> None:
-    """Replace the page snapshot and append the pages visited since the last
-    write (each distinct URL with its time; the oldest are dropped past
-    PAGE_HISTORY_LIMIT)."""
-    fields = {
-        "current_url": url[:2000],
-        "title": title[:500],
-        "context": context,
-        "tools": tools,
-        "last_activity_at": timezone.now(),
-    }
+    """Replace the page snapshot and append the pages visited since the last write."""
+    session_write_live(
+        session_id=session_id,
+        snapshot={"url": url, "title": title, "context": context, "tools": tools},
+        visits=visits,
+    )
+
+
+def session_write_live(
+    *, session_id: str, snapshot: dict | None = None, state: str | None = None,
+    visits: list[dict] = (),
+) -> None:
+    """One write of what a live connection holds: the page snapshot (url,
+    title, context, tools), the turn state, and the pages visited since the
+    last write (each distinct URL with its time; the oldest are dropped past
+    PAGE_HISTORY_LIMIT). A closed session is left as it is."""
+    fields: dict = {"last_activity_at": timezone.now()}
+    if snapshot is not None:
+        fields.update(
+            current_url=snapshot["url"][:2000], title=snapshot["title"][:500],
+            context=snapshot["context"], tools=snapshot["tools"],
+        )
+    if state is not None:
+        fields["state"] = state
+    live = Session.objects.filter(id=session_id, ended_at__isnull=True)
     with transaction.atomic():
         if visits:
-            history = Session.objects.filter(id=session_id).values_list("page_history", flat=True).first()
+            history = live.values_list("page_history", flat=True).first()
             fields["page_history"] = [*(history or []), *visits][-PAGE_HISTORY_LIMIT:]
-        Session.objects.filter(id=session_id).update(**fields)
-
-
-def session_set_state(*, session_id: str, state: str) -> None:
-    Session.objects.filter(id=session_id, ended_at__isnull=True).update(
-        state=state, last_activity_at=timezone.now()
-    )
+        live.update(**fields)
 
 
 def session_close(*, session_id: str, code: int | None, reason: str = "") -> None:
