@@ -16,6 +16,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
 from aitp import live, notify, services
@@ -25,6 +26,7 @@ from aitp.agent_store import AgentStore
 from aitp.llm import get_backend
 from aitp.session import (
     CLOSE_POLICY,
+    CLOSE_TRY_AGAIN_LATER,
     ApprovalRequestReceived,
     ApprovalResponseReceived,
     ContextChanged,
@@ -104,8 +106,27 @@ class AitpConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         data = text_data if text_data is not None else bytes_data
         for event in self.machine.receive_text(data or ""):
-            await self._handle(event)
+            try:
+                await self._handle(event)
+            except DatabaseError:
+                logger.exception("session %s: database error", self.machine.session_id)
+                self._database_unavailable()
+            except Exception:
+                # Our bug, not the page's: log it, tell the page, keep the connection.
+                logger.exception("session %s: failed to handle %s", self.machine.session_id,
+                                 type(event).__name__)
+                self.machine.error("internal_error", "Something went wrong on the server.")
         await self._flush()
+
+    def _database_unavailable(self) -> None:
+        if self.machine.state is State.AWAITING_HANDSHAKE:
+            # Worth retrying: 1013 makes the client reconnect later.
+            self.machine.refuse(
+                "temporarily_unavailable", "The service is briefly unavailable; retrying.",
+                "try again later", close_code=CLOSE_TRY_AGAIN_LATER,
+            )
+        else:
+            self.machine.error("temporarily_unavailable", "The service is briefly unavailable.")
 
     async def _handle(self, event) -> None:
         if not isinstance(event, HandshakeRequested):

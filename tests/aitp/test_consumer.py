@@ -297,3 +297,32 @@ async def test_a_channel_layer_that_swallows_cancellation_cannot_keep_a_turn_ali
     await page.ws.disconnect(timeout=30)
     row = await ToolCall.objects.aget(call_id=call["payload"]["callId"])
     assert row.status == "disconnected"
+
+
+async def test_a_database_outage_at_handshake_asks_the_client_to_retry_later(connect, api_key, monkeypatch):
+    from django.db import OperationalError
+
+    def down(**kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(services, "session_open", down)
+    page = await connect()
+    error = await page.handshake(api_key.raw)
+    assert error["payload"]["data"]["code"] == "temporarily_unavailable"
+    # 1013: the deployed client reconnects after a delay (wire-compat.md section 2).
+    assert (await page.recv())["code"] == 1013
+
+
+async def test_a_server_bug_while_handling_a_frame_keeps_the_connection(connect, api_key, monkeypatch):
+    from aitp.agent import Agent
+
+    async def broken(self, payload):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(Agent, "on_tool_result", broken)
+    page = await open_page(connect, api_key)
+    await page.send("TOOL_RESULT", {"callId": "tc_x", "status": "success", "result": None})
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "internal_error"
+    assert (await page.context())["payload"]["kind"] == "tools_effective"
+    await page.close()
