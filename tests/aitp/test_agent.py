@@ -477,8 +477,8 @@ async def test_a_failure_with_retry_after_is_retried_and_the_page_sees_only_the_
 
     assert errors(frames) == []
     assert streamed(frames)[1] == "Back with you."
+    assert llm.wait_for(lambda requests: requests[0].outcome == "error")
     first, second = llm.requests
-    assert first.outcome == "error"
     assert dict(first) == dict(second)
     await close(page)
 
