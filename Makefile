@@ -98,7 +98,7 @@ bench: setup
 	fi
 
 lint: setup
-	$(PY) -m compileall -q aitp aitp_client approvals console owllayer_site tests
+	$(PY) -m compileall -q aitp aitp_client approvals bench console demo operators owllayer_site tests
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
