@@ -30,7 +30,7 @@ from approvals.models import (
     ReviewedApproval,
     ServerTool,
 )
-from approvals.selectors import is_operator
+from approvals.selectors import awaiting_operator, is_operator
 from approvals.server_tools import python_tool_names
 
 MAX_NOTE_CHARS = 2000
@@ -209,9 +209,7 @@ class PendingApprovalAdmin(ApprovalAdmin):
     ordering = ("deadline",)
 
     def get_queryset(self, request):
-        return super().get_queryset(request).filter(
-            status=Approval.Status.PENDING, needs_operator=True, operator_decision__isnull=True
-        )
+        return awaiting_operator(super().get_queryset(request))
 
     @admin.display(description="arguments")
     def arguments_short(self, obj: Approval) -> str:

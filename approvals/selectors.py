@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from aitp.selectors import scope_to_user, tenant_ids_for_user
 from approvals.models import RISKS_NEEDING_APPROVAL, Approval
@@ -23,11 +24,21 @@ def is_operator(user) -> bool:
     return tenant_ids is None or bool(tenant_ids)
 
 
+def awaiting_operator(queryset: QuerySet[Approval]) -> QuerySet[Approval]:
+    """Approvals an operator can still decide.
+
+    One past its deadline is left out: its turn has given up on it (or the
+    process holding it died before expiring it), so a decision would reach
+    nobody."""
+    return queryset.filter(
+        status=Approval.Status.PENDING, needs_operator=True, operator_decision__isnull=True,
+        deadline__gte=timezone.now(),
+    )
+
+
 def pending_operator_approvals(user) -> QuerySet[Approval]:
     """Pending approvals still waiting for an operator, in the user's tenants."""
-    queryset = Approval.objects.filter(
-        status=Approval.Status.PENDING, needs_operator=True, operator_decision__isnull=True
-    ).select_related("tenant", "session", "tool_call")
+    queryset = awaiting_operator(Approval.objects.select_related("tenant", "session", "tool_call"))
     return scope_to_user(queryset, user).order_by("deadline")
 
 

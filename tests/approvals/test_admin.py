@@ -271,3 +271,18 @@ def test_a_viewer_member_may_look_at_server_tools_but_not_change_them(acme):
     assert listing.status_code == 200
     assert change.status_code == 403
     assert ServerTool.objects.get(pk=tool.pk).name == "refund"
+
+
+def test_an_approval_past_its_deadline_leaves_the_operators_queue(acme_session, olivia):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    stale = operator_approval(acme_session, name="stale_refund")
+    Approval.objects.filter(pk=stale.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    operator_approval(acme_session, name="fresh_refund")
+
+    page = logged_in(olivia).get(url("pendingapproval_changelist"))
+
+    assert "fresh_refund" in page.content.decode()
+    assert "stale_refund" not in page.content.decode()
