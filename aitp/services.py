@@ -299,6 +299,17 @@ def session_close(*, session_id: str, code: int | None, reason: str = "") -> Non
     )
 
 
+def sessions_close_stale(*, now: datetime | None = None) -> int:
+    """Close the rows of sessions whose process stopped refreshing them (it
+    died without closing them). They already stopped counting against their
+    key's cap; this ends their record. Returns how many."""
+    now = now or timezone.now()
+    stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
+    return Session.objects.filter(ended_at__isnull=True, last_seen_at__lt=stale_before).update(
+        ended_at=now, close_code=1006, close_reason="server process lost", state=Session.State.ENDED,
+    )
+
+
 def session_add_usage(
     *, session_id: str, tenant_id: int, input_tokens: int, output_tokens: int,
     cache_read_tokens: int, cache_write_tokens: int, turns: int = 0,

@@ -1,3 +1,7 @@
 from django.urls import path
 
-urlpatterns: list = []
+from aitp import views
+
+urlpatterns = [
+    path("healthz", views.healthz, name="healthz"),
+]

@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bind", "-b", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", "-p", type=int, default=int(os.environ.get("PORT", "8000")))
     args, extra = parser.parse_known_args(argv)
+    # Rows left open by a process that died (this one's previous run, say).
+    from django.core.management import call_command
+
+    call_command("sweep")
     ceiling = str(settings.OWLLAYER_WS_FRAME_CEILING_BYTES)
     from daphne.cli import CommandLineInterface
 
