@@ -326,3 +326,15 @@ async def test_a_server_bug_while_handling_a_frame_keeps_the_connection(connect,
     assert error["payload"]["data"]["code"] == "internal_error"
     assert (await page.context())["payload"]["kind"] == "tools_effective"
     await page.close()
+
+
+@override_settings(OWLLAYER_HEARTBEAT_INTERVAL=0.2)
+async def test_a_revocation_whose_notice_never_arrives_closes_the_session_at_its_heartbeat(
+    connect, api_key
+):
+    page = await open_page(connect, api_key)
+    # Written straight to the database: no channel-layer notice is sent.
+    await ApiKey.objects.filter(pk=api_key.pk).aupdate(status=ApiKey.Status.REVOKED)
+    error = await page.recv()
+    assert error["payload"]["data"]["code"] == "api_key_revoked"
+    assert (await page.recv())["code"] == 1008
