@@ -42,6 +42,9 @@ from aitp.tools import ToolSurface
 logger = logging.getLogger(__name__)
 
 CAPABILITIES = ("text", "tools")
+# The session row (page snapshot, turn state) is written at most this often;
+# the connection holds the live values, the row is for watchers and the record.
+ROW_WRITE_INTERVAL = 0.25
 
 
 def limits_from_settings() -> Limits:
@@ -89,6 +92,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.live: live.LivePublisher | None = None
         self.pending_snapshot: ContextChanged | None = None
         self.pending_state: str | None = None
+        self.row_written_at: float | None = None
+        self.row_flush = asyncio.Event()
         self.last_url = ""
         self.visits: list[dict] = []
         self.groups_joined: list[str] = []
@@ -210,6 +215,13 @@ class AitpConsumer(AsyncWebsocketConsumer):
         latest values are written, every URL visited in between is kept for
         the page history, and watchers are told after the row changed."""
         while self.pending_snapshot is not None or self.pending_state is not None:
+            if self.row_written_at is not None and not self.row_flush.is_set():
+                # At most one write per interval: a page sending updates
+                # back to back costs one write, not one per frame.
+                wait = self.row_written_at + ROW_WRITE_INTERVAL - asyncio.get_running_loop().time()
+                if wait > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.row_flush.wait(), wait)
             event, self.pending_snapshot = self.pending_snapshot, None
             state, self.pending_state = self.pending_state, None
             visits, self.visits = self.visits, []
@@ -222,6 +234,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
             await database_sync_to_async(services.session_write_live)(
                 session_id=self.session_row.id, snapshot=snapshot, state=state, visits=visits,
             )
+            self.row_written_at = asyncio.get_running_loop().time()
             if event is not None:
                 self.live.session_changed("context", url=event.url, title=event.title)
             if state is not None:
@@ -352,7 +365,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError):
                 await timer
         if self.row_writer is not None:
-            # Let the last snapshot and state land before the session is closed.
+            # Let the last snapshot and state land, now, before the session is closed.
+            self.row_flush.set()
             with contextlib.suppress(Exception):
                 await self.row_writer
         for group in self.groups_joined:
