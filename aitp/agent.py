@@ -211,6 +211,7 @@ class Agent:
         self.history: list[dict] = []
         self.turn = 0
         self._seq = 0
+        self._unsaved: list[dict] = []
         self._last_page: PageSnapshot | None = None
         # What pending calls become when the turn task is cancelled.
         self.cancel_status = CANCELLED
@@ -265,7 +266,7 @@ class Agent:
         finally:
             await streamer.discard()
             # Bookkeeping runs even while the task is being cancelled.
-            await self.store.add_usage(usage, turns=1)
+            await self._checkpoint(usage=usage)
             await self.io.set_state("idle")
             # Last of all: the page may send its next message the moment it
             # reads the done frame, and the turn must be over by then.
@@ -342,7 +343,20 @@ class Agent:
         else:
             self.history.append({"role": role, "content": content})
         self._seq += 1
-        await self.store.append_message(seq=self._seq, turn=self.turn, role=role, content=content)
+        # Written at the turn's next checkpoint, with the calls about to run
+        # or with the turn's usage: one database round trip instead of one
+        # per message.
+        self._unsaved.append({"seq": self._seq, "role": role, "content": content})
+
+    async def _checkpoint(self, *, calls: list[PendingCall] = (), usage: Usage | None = None) -> None:
+        """Write what the turn produced since the last checkpoint. Messages stay
+        buffered until the write returns, so a checkpoint cut short by a
+        cancellation is simply written again (it is idempotent)."""
+        messages = list(self._unsaved)
+        await self.store.checkpoint(
+            turn=self.turn, messages=messages, calls=calls, usage=usage, turns=1 if usage else 0
+        )
+        del self._unsaved[: len(messages)]
 
     async def _append_results(self, tool_uses: list[dict], outcomes: list[Outcome]) -> None:
         blocks = [o.tool_result_block(b["id"]) for b, o in zip(tool_uses, outcomes)]
@@ -370,13 +384,11 @@ class Agent:
             # Recorded with the tool as it is now; re-read before each dispatch.
             call.spec = surface.get(call.name)
         outcomes: list[Outcome | None] = [None] * len(calls)
-        recording = False
         try:
-            # Appended inside the try: a cancel can land on this very write,
-            # and the tool_uses it stores must still get their results.
+            # Inside the try: a cancel can land on this very write, and the
+            # tool_uses it stores must still get their results.
             await self._append("assistant", content)
-            recording = True
-            await self.store.record_calls(self.turn, calls)
+            await self._checkpoint(calls=calls)
             for index, call in enumerate(calls):
                 outcomes[index] = skip or await self._run_one(call)
                 await self.store.finish_call(call, outcomes[index])
@@ -388,8 +400,8 @@ class Agent:
                 status, error = self.cancel_status, _cancel_message(self.cancel_status)
             else:
                 status, error = ERROR, "The server failed while running this tool."
-            if not recording:
-                await self.store.record_calls(self.turn, calls)
+            # Idempotent: the checkpoint may or may not have landed.
+            await self._checkpoint(calls=calls)
             for index, call in enumerate(calls):
                 if outcomes[index] is None:
                     outcomes[index] = Outcome(status, error=error)

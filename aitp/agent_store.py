@@ -17,15 +17,14 @@ class AgentStore:
         self.session_id = session_id
         self.tenant_id = tenant_id
 
-    async def append_message(self, *, seq: int, turn: int, role: str, content: list) -> None:
-        await database_sync_to_async(services.conversation_append)(
-            session_id=self.session_id, seq=seq, turn=turn, role=role, content=content
-        )
-
-    async def record_calls(self, turn: int, calls: list[PendingCall]) -> None:
-        await database_sync_to_async(services.tool_calls_record)(
+    async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
+                         usage: Usage | None = None, turns: int = 0) -> None:
+        """One database round trip for what the turn produced since the last one."""
+        await database_sync_to_async(services.turn_checkpoint)(
             session_id=self.session_id,
+            tenant_id=self.tenant_id,
             turn=turn,
+            messages=messages,
             calls=[
                 {
                     "call_id": call.call_id,
@@ -37,6 +36,13 @@ class AgentStore:
                 }
                 for call in calls
             ],
+            usage=None if usage is None else {
+                "turns": turns,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cache_read_tokens": usage.cache_read_tokens,
+                "cache_write_tokens": usage.cache_write_tokens,
+            },
         )
 
     async def mark_call(self, call: PendingCall, status: str, *, sent: bool = False) -> None:
@@ -49,17 +55,6 @@ class AgentStore:
         await database_sync_to_async(services.tool_call_finish)(
             call_id=call.call_id, status=outcome.status, result=outcome.result,
             error=outcome.error, risk=call.risk.value, origin=call.origin,
-        )
-
-    async def add_usage(self, usage: Usage, *, turns: int) -> None:
-        await database_sync_to_async(services.session_add_usage)(
-            session_id=self.session_id,
-            tenant_id=self.tenant_id,
-            turns=turns,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_read_tokens=usage.cache_read_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
         )
 
     # --- approvals (the approvals app owns these rows) -------------------------

@@ -345,6 +345,32 @@ def conversation_append(*, session_id: str, seq: int, turn: int, role: str, cont
     )
 
 
+def turn_checkpoint(
+    *, session_id: str, tenant_id: int, turn: int, messages: list[dict],
+    calls: list[dict] = (), usage: dict | None = None,
+) -> None:
+    """What a turn has produced since its last checkpoint, in one transaction:
+    conversation messages, the ledger rows of the calls about to run, and the
+    turn's token usage. Messages and calls are idempotent (a checkpoint
+    interrupted half way may be written again); usage is added once."""
+    with transaction.atomic():
+        if messages:
+            ConversationMessage.objects.bulk_create(
+                [
+                    ConversationMessage(
+                        session_id=session_id, seq=m["seq"], turn=turn, role=m["role"],
+                        content=m["content"],
+                    )
+                    for m in messages
+                ],
+                ignore_conflicts=True,
+            )
+        if calls:
+            tool_calls_record(session_id=session_id, turn=turn, calls=list(calls))
+        if usage is not None:
+            session_add_usage(session_id=session_id, tenant_id=tenant_id, **usage)
+
+
 def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
     """Record every tool_use of one assistant message before any is dispatched,
     so a crash half way still leaves a row per call."""
@@ -361,7 +387,8 @@ def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
                 origin=call.get("origin", ToolCall.Origin.CLIENT),
             )
             for call in calls
-        ]
+        ],
+        ignore_conflicts=True,
     )
 
 

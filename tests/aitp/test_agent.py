@@ -865,15 +865,17 @@ async def test_a_disconnect_while_the_tool_use_message_is_stored_still_answers_i
     message itself: its tool_uses must still get their results."""
     llm.enqueue(tool_use_response([("toolu_held", "add_to_cart", {"quantity": 1})]))
     stored = asyncio.Event()
-    original = AgentStore.append_message
+    original = AgentStore.checkpoint
 
-    async def slow_append(self, *, seq, turn, role, content):
-        await original(self, seq=seq, turn=turn, role=role, content=content)
-        if any(b.get("type") == "tool_use" for b in content):
+    async def slow_checkpoint(self, **kwargs):
+        await original(self, **kwargs)
+        carries_tool_use = any(
+            b.get("type") == "tool_use" for m in kwargs["messages"] for b in m["content"])
+        if carries_tool_use and not stored.is_set():
             stored.set()
             await asyncio.Event().wait()  # the write is done, the await not yet
 
-    monkeypatch.setattr(AgentStore, "append_message", slow_append)
+    monkeypatch.setattr(AgentStore, "checkpoint", slow_checkpoint)
     page = await open_shop(connect, api_key)
     await page.send("USER_INPUT", {"modality": "text", "content": "add one"})
     await asyncio.wait_for(stored.wait(), 10)

@@ -254,6 +254,10 @@ def check_requests(world: World, requests: list) -> int:
     once in the session's next request. Returns how many ids were checked."""
     by_session: dict[str, list] = {}
     for request in requests:
+        if not request and request.outcome == "client_disconnected":
+            # The page left while the request was still being sent: the fake
+            # API never read a body, so nothing was served or emitted.
+            continue
         number = turn_of(request)
         assert number is not None, "a request without its turn's text"
         by_session.setdefault(world.session_of_turn[number], []).append(request)
