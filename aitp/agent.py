@@ -37,7 +37,7 @@ from aitp.ledger import (
     wait_until_deadline,
 )
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
-from aitp.tools import Risk, ToolSpec, ToolSurface, canonical_json, validate_arguments
+from aitp.tools import Risk, ToolSurface, canonical_json, validate_arguments
 
 logger = logging.getLogger(__name__)
 
