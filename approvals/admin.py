@@ -30,10 +30,10 @@ from approvals.models import (
     ReviewedApproval,
     ServerTool,
 )
+from approvals.forms import DecisionForm, ReviewForm, decide_from_post
 from approvals.selectors import awaiting_operator, is_operator
 from approvals.server_tools import python_tool_names
 
-MAX_NOTE_CHARS = 2000
 
 
 class ScreenAdmin(admin.ModelAdmin):
@@ -70,16 +70,6 @@ class TenantScopedAdmin(ScreenAdmin, aitp_admin.TenantScopedAdmin):
 
 
 # --- approvals ------------------------------------------------------------------
-
-
-class DecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
-    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, widget=forms.Textarea)
-
-
-class ReviewForm(forms.Form):
-    verdict = forms.ChoiceField(choices=[("ok", "OK"), ("concern", "Concern")])
-    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, widget=forms.Textarea)
 
 
 class ApprovalAdmin(TenantScopedAdmin):
@@ -158,22 +148,7 @@ class ApprovalAdmin(TenantScopedAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         approval = self._get_visible(request, object_id)
-        form = DecisionForm(request.POST)
-        if not form.is_valid():
-            messages.error(request, "choose approve or deny")
-            return HttpResponseRedirect(self._detail_url(approval))
-        approved = form.cleaned_data["decision"] == "approve"
-        try:
-            approval = services.approval_decide_operator(
-                approval_id=approval.pk, user=request.user, approved=approved,
-                note=form.cleaned_data["note"], channel="admin",
-            )
-        except services.ApprovalError as exc:
-            messages.error(request, f"Not recorded: {exc.message}.")
-        else:
-            messages.success(
-                request, f"{'Approved' if approved else 'Denied'}; the approval is now {approval.status}."
-            )
+        decide_from_post(request, approval)
         return HttpResponseRedirect(self._detail_url(approval))
 
     def review_view(self, request, object_id):

@@ -8,7 +8,6 @@ from django import forms
 from aitp.services import SESSION_COMMANDS
 
 MAX_MESSAGE_CHARS = 500
-MAX_NOTE_CHARS = 2000
 MAX_URL_CHARS = 2000
 
 
@@ -45,7 +44,4 @@ class SessionCommandForm(forms.Form):
         return data
 
 
-class ApprovalDecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
-    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, strip=True,
-                           widget=forms.Textarea)
+

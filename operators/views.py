@@ -20,10 +20,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from aitp import services
 from aitp.models import Session
-from approvals import services as approval_services
 from approvals.models import Approval
 from operators import selectors
-from operators.forms import ApprovalDecisionForm, SessionCommandForm
+from approvals.forms import decide_from_post
+from operators.forms import SessionCommandForm
 from operators.routing import WATCH_PATH
 
 logger = logging.getLogger(__name__)
@@ -120,22 +120,5 @@ def live_approval_decide(request: HttpRequest, session_id: str, approval_id: int
     approval = Approval.objects.filter(pk=approval_id, session=session).first()
     if approval is None:
         raise Http404("no such approval")
-    form = ApprovalDecisionForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Not recorded: choose approve or deny.")
-        return HttpResponseRedirect(_session_url(session))
-    approved = form.cleaned_data["decision"] == "approve"
-    try:
-        approval = approval_services.approval_decide_operator(
-            approval_id=approval.pk, user=request.user, approved=approved,
-            note=form.cleaned_data["note"], channel="admin",
-        )
-    except approval_services.ApprovalError as exc:
-        messages.error(request, f"Not recorded: {exc.message}.")
-    else:
-        messages.success(
-            request,
-            f"{'Approved' if approved else 'Denied'} {approval.tool_name}; "
-            f"the approval is now {approval.get_status_display().lower()}.",
-        )
+    decide_from_post(request, approval)
     return HttpResponseRedirect(_session_url(session))

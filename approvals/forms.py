@@ -1,0 +1,40 @@
+"""The operator's forms, shared by the approvals admin and the live session page."""
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+
+from approvals import services
+
+MAX_NOTE_CHARS = 2000
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
+    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, widget=forms.Textarea)
+
+
+class ReviewForm(forms.Form):
+    verdict = forms.ChoiceField(choices=[("ok", "OK"), ("concern", "Concern")])
+    note = forms.CharField(required=False, max_length=MAX_NOTE_CHARS, widget=forms.Textarea)
+
+
+def decide_from_post(request, approval) -> None:
+    """An operator's Approve / Deny form, decided through the one service the
+    page path uses too; the outcome is told as a message."""
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Not recorded: choose approve or deny.")
+        return
+    approved = form.cleaned_data["decision"] == "approve"
+    try:
+        approval = services.approval_decide_operator(
+            approval_id=approval.pk, user=request.user, approved=approved,
+            note=form.cleaned_data["note"], channel="admin",
+        )
+    except services.ApprovalError as exc:
+        messages.error(request, f"Not recorded: {exc.message}.")
+    else:
+        messages.success(
+            request, f"{'Approved' if approved else 'Denied'}; the approval is now {approval.status}."
+        )
