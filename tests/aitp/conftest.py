@@ -7,6 +7,18 @@ import pytest
 
 ORIGIN = "https://shop.example"
 
+# The page tool most tests declare.
+ADD_TO_CART = {
+    "name": "add_to_cart",
+    "description": "Add the product to the cart",
+    "parameters": {
+        "type": "OBJECT",
+        "properties": {"quantity": {"type": "NUMBER", "description": "How many"}},
+        "required": ["quantity"],
+    },
+    "risk": "low",
+}
+
 
 @pytest.fixture
 def tenant(db):

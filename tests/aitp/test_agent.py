@@ -18,7 +18,7 @@ from aitp.agent_store import AgentStore
 from aitp.llm import reset_backend
 from aitp.llm.anthropic_backend import close_client
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
-from tests.aitp.conftest import Page
+from tests.aitp.conftest import ADD_TO_CART, Page
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
     StreamedMessage,
@@ -34,16 +34,6 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 API_KEY = "sk-ant-agent-tests"
 EPHEMERAL = {"type": "ephemeral"}
 
-ADD_TO_CART = {
-    "name": "add_to_cart",
-    "description": "Add the product to the cart",
-    "parameters": {
-        "type": "OBJECT",
-        "properties": {"quantity": {"type": "NUMBER", "description": "How many"}},
-        "required": ["quantity"],
-    },
-    "risk": "low",
-}
 GO_TO_CART = {"name": "go_to_cart", "description": "Open the cart page"}
 CHECKOUT = {"name": "checkout", "description": "Start the checkout", "risk": "high"}
 PAY = {

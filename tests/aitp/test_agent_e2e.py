@@ -7,7 +7,7 @@ import pytest
 
 from aitp.models import ConversationMessage, ToolCall
 from aitp_client import AitpClient, final_text, streamed_text, system_event
-from tests.aitp.conftest import ORIGIN
+from tests.aitp.conftest import ADD_TO_CART, ORIGIN
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
     error_response,
@@ -18,16 +18,6 @@ from tests.support.fake_anthropic import (
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 API_KEY = "sk-ant-e2e-tests"
-ADD_TO_CART = {
-    "name": "add_to_cart",
-    "description": "Add the product to the cart",
-    "parameters": {
-        "type": "OBJECT",
-        "properties": {"quantity": {"type": "NUMBER", "description": "How many"}},
-        "required": ["quantity"],
-    },
-    "risk": "low",
-}
 
 
 @pytest.fixture

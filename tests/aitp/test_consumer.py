@@ -7,7 +7,6 @@ thread to see them, hence transaction=True.
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import timedelta
 
 import pytest
@@ -16,20 +15,9 @@ from django.utils import timezone
 
 from aitp import services
 from aitp.models import ApiKey, Session, ToolCall
-from tests.aitp.conftest import ORIGIN, in_db, open_page
+from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db, open_page
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-ADD_TO_CART = {
-    "name": "add_to_cart",
-    "description": "Add the product to the cart",
-    "parameters": {
-        "type": "OBJECT",
-        "properties": {"quantity": {"type": "NUMBER", "description": "How many"}},
-        "required": ["quantity"],
-    },
-    "risk": "low",
-}
 
 
 async def test_a_valid_handshake_gets_an_ack_with_a_session_and_integer_tool_limit(connect, api_key):

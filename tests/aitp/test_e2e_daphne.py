@@ -17,18 +17,12 @@ from channels.db import database_sync_to_async
 from aitp import services
 from aitp.models import Session, ToolCall
 from aitp_client import AitpClient, AitpRefused
+from tests.aitp.conftest import ADD_TO_CART
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 ORIGIN = "http://page.example"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-ADD_TO_CART = {
-    "name": "add_to_cart",
-    "description": "Add the product to the cart",
-    "parameters": {"type": "OBJECT", "properties": {"quantity": {"type": "NUMBER"}},
-                   "required": ["quantity"]},
-    "risk": "low",
-}
 
 
 @pytest.fixture
