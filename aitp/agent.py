@@ -635,9 +635,6 @@ class Agent:
         elif status in ("denied", "expired", "cancelled", "disconnected"):
             call.decide(status)
 
-    def open_call_count(self) -> int:
-        return len(self.ledger.open_calls())
-
 
 def _has_tool_blocks(messages: list[dict]) -> bool:
     return any(

@@ -130,8 +130,8 @@ class Ledger:
         return call
 
     def by_approval(self, approval_id: int) -> PendingCall | None:
-        for call in self._calls.values():
-            if call.approval_id == approval_id and not call.future.done():
+        for call in self.open_calls():
+            if call.approval_id == approval_id:
                 return call
         return None
 

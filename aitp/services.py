@@ -255,18 +255,6 @@ def session_heartbeat(*, session_id: str) -> None:
 PAGE_HISTORY_LIMIT = 500
 
 
-def session_update_context(
-    *, session_id: str, url: str, title: str, context: dict, tools: list[dict],
-    visits: list[dict] = (),
-) -> None:
-    """Replace the page snapshot and append the pages visited since the last write."""
-    session_write_live(
-        session_id=session_id,
-        snapshot={"url": url, "title": title, "context": context, "tools": tools},
-        visits=visits,
-    )
-
-
 def session_write_live(
     *, session_id: str, snapshot: dict | None = None, state: str | None = None,
     visits: list[dict] = (),

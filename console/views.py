@@ -19,10 +19,10 @@ from django.views.decorators.http import require_POST
 
 from aitp import selectors, services
 from aitp.models import ApiKey, OperatorAction, Session, TenantMembership, ToolCall
+from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
 from console.access import Access, render_page, tenant_view
 from console.forms import ApiKeyCreateForm, ApiKeyEditForm, MemberAddForm, MemberRoleForm
-from console.transcript import message_blocks, pretty_json
 from console.usage import bar_chart, daily_usage
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Conversation content blocks -> what the session page shows (pure)."""
 from __future__ import annotations
 
-from console.transcript import Block, message_blocks, pretty_json
+from aitp.transcript import Block, message_blocks, pretty_json
 
 
 def test_text_tool_use_and_tool_result_blocks_become_display_blocks():

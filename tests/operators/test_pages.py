@@ -137,8 +137,10 @@ def test_an_ended_session_is_a_replay_of_its_record(client, olivia, acme_session
     ])
     make_call(acme_session, name="refund", status="success", result={"refunded": True},
               duration_ms=412)
-    services.session_update_context(session_id=acme_session.id, url="/orders/A1",
-                                    title="Order A1", context={}, tools=[])
+    services.session_write_live(
+        session_id=acme_session.id,
+        snapshot={"url": "/orders/A1", "title": "Order A1", "context": {}, "tools": []},
+    )
     services.session_command(session=acme_session, user=olivia, command="reload")
     services.session_close(session_id=acme_session.id, code=1000)
 
