@@ -81,7 +81,8 @@ test: setup
 	run_pass "pass 1: SQLite + in-memory channel layer" -u DATABASE_URL -u REDIS_URL; \
 	if $(PY) -m tests.support.services "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)"; then \
 		run_pass "pass 2: PostgreSQL + Redis" \
-			DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)"; \
+			DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+			OWLLAYER_CHANNEL_PREFIX="owllayer-test-$$$$"; \
 	elif [ "$${CI:-}" = true ]; then \
 		echo "=== pass 2: PostgreSQL and Redis must answer in CI: FAILED"; status=1; \
 	else \
