@@ -92,23 +92,29 @@ def start_daphne(
     env: Mapping[str, str],
     log_dir: Path,
     *,
+    port: int | None = None,
     startup_timeout: float = STARTUP_TIMEOUT,
 ) -> DaphneServer:
-    """Start daphne with exactly ``env`` and wait until it accepts connections."""
+    """Start daphne with exactly ``env`` and wait until it accepts connections.
+
+    On a free port, or on ``port`` (to restart a server where its clients
+    expect it; a taken port is then an error, not retried elsewhere).
+    """
     last_error: DaphneStartError | None = None
-    for _ in range(BIND_ATTEMPTS):
-        port = free_port()
-        log_path = log_dir / f"daphne-{port}.log"
+    for _ in range(1 if port else BIND_ATTEMPTS):
+        listen_on = port or free_port()
+        # A restart on the same port keeps the earlier process's log.
+        log_path = log_dir / f"daphne-{listen_on}-{time.monotonic_ns()}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                [*SERVE_COMMAND, "--bind", "127.0.0.1", "--port", str(port)],
+                [*SERVE_COMMAND, "--bind", "127.0.0.1", "--port", str(listen_on)],
                 cwd=PROJECT_ROOT,
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        server = DaphneServer(process, port, log_path)
+        server = DaphneServer(process, listen_on, log_path)
         try:
             _wait_until_listening(server, startup_timeout)
             return server
@@ -147,17 +153,19 @@ class DaphneFactory:
         self.servers: list[DaphneServer] = []
 
     def __call__(
-        self, env: Mapping[str, str | None] | None = None, **overrides: str | int | float | None
+        self, env: Mapping[str, str | None] | None = None, *, port: int | None = None,
+        **overrides: str | int | float | None,
     ) -> DaphneServer:
         """Start one server; ``env`` and keyword overrides are added to the base
-        environment (a value of None removes the variable)."""
+        environment (a value of None removes the variable). ``port``: listen
+        there instead of on a free port."""
         full_env = dict(self.base_env)
         for name, value in {**(env or {}), **overrides}.items():
             if value is None:
                 full_env.pop(name, None)
             else:
                 full_env[name] = str(value)
-        server = start_daphne(full_env, self.log_dir)
+        server = start_daphne(full_env, self.log_dir, port=port)
         self.servers.append(server)
         return server
 
