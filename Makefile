@@ -67,7 +67,8 @@ run: setup
 
 # Pass 1 always runs on the embedded default. Pass 2 needs PostgreSQL and
 # Redis; without them it is skipped with a note, except in CI (CI=true).
-# pytest's exit 5 ("no tests ran") counts as a failure.
+# pytest's exit 5 ("no tests ran") counts as a failure. Browser tests save
+# screenshots of each step under test-artifacts/<pass>/screenshots/.
 test: setup
 	@set -uo pipefail; status=0; \
 	run_pass() { \
@@ -78,11 +79,13 @@ test: setup
 		if [ $$code = 5 ]; then echo "=== $$name: no tests ran"; fi; \
 		if [ $$code != 0 ]; then echo "=== $$name: FAILED (exit $$code)"; status=1; fi; \
 	}; \
-	run_pass "pass 1: SQLite + in-memory channel layer" -u DATABASE_URL -u REDIS_URL; \
+	run_pass "pass 1: SQLite + in-memory channel layer" -u DATABASE_URL -u REDIS_URL \
+		OWLLAYER_TEST_ARTIFACTS="$(CURDIR)/test-artifacts/embedded"; \
 	if $(PY) -m tests.support.services "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)"; then \
 		run_pass "pass 2: PostgreSQL + Redis" \
 			DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
-			OWLLAYER_CHANNEL_PREFIX="owllayer-test-$$$$"; \
+			OWLLAYER_CHANNEL_PREFIX="owllayer-test-$$$$" \
+			OWLLAYER_TEST_ARTIFACTS="$(CURDIR)/test-artifacts/postgres-redis"; \
 	elif [ "$${CI:-}" = true ]; then \
 		echo "=== pass 2: PostgreSQL and Redis must answer in CI: FAILED"; status=1; \
 	else \
@@ -103,7 +106,7 @@ lint: setup
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
-	rm -rf .pytest_cache staticfiles test-db.sqlite3*
+	rm -rf .pytest_cache staticfiles test-db.sqlite3* test-artifacts
 
 # The local database and the demo key go together: a new database needs a new key.
 distclean: clean

@@ -5,7 +5,8 @@ from demo import views
 app_name = "demo"
 
 urlpatterns = [
-    path("", views.store_page, {"route": "product"}, name="product"),
-    path("cart/", views.store_page, {"route": "cart"}, name="cart"),
-    path("assets/<str:name>", views.asset, name="asset"),
+    path("", views.home, name="home"),
+    path("products/<slug:slug>/", views.product_page, name="product"),
+    path("cart/", views.cart_page, name="cart"),
+    path("api/cart/<slug:action>", views.cart_api, name="api"),
 ]

@@ -1,29 +1,36 @@
-"""The demo store: two pages of a pretend shop with the chat widget, wired to
-this server's AITP endpoint with the demo key.
+"""The demo store: a catalogue, product pages and a cart, each a Django
+template with the chat panel, wired to this server's AITP endpoint.
 
-The store itself lives in the browser (the cart is in localStorage); these
-views only hand the page its key and the endpoint path.
+The cart lives in the visitor's Django session. The page's tools change it
+through the small JSON API at the bottom (`/demo/api/cart/<action>`), the
+same one the page's own buttons use, so what the agent does and what a
+person clicks end in the same place.
 """
 from __future__ import annotations
 
+import json
 import logging
+import secrets
 from pathlib import Path
 
 from django.conf import settings
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET
-from django.views.static import serve
+from django.views.decorators.http import require_GET, require_POST
+
+from demo import catalog
+from demo.catalog import Cart, CartError
 
 logger = logging.getLogger(__name__)
 
 # Written by `manage.py ensure_demo` (run by `make run`).
 DEMO_KEY_FILE = Path(settings.BASE_DIR) / ".demo-key"
-# The page's scripts. Served by this app so that the demo works under plain
-# daphne, which serves no static files (they also collect as usual).
-ASSET_ROOT = Path(__file__).resolve().parent / "static" / "demo"
-ASSETS = frozenset({"owllayer-client.js", "store.js", "demo.css"})
+# A key given in a page's URL is remembered for the visitor's later pages.
+SESSION_KEY = "owl_demo_api_key"
+SESSION_CART = "owl_demo_cart"
+SESSION_ORDER = "owl_demo_last_order"
+MAX_API_BODY_BYTES = 4096
 
 
 def read_demo_key(key_file: Path) -> str:
@@ -37,22 +44,182 @@ def read_demo_key(key_file: Path) -> str:
         return ""
 
 
-@require_GET
-def store_page(request: HttpRequest, *, route: str) -> HttpResponse:
-    # A key in the URL wins: tests and other tenants' keys use it.
-    api_key = request.GET.get("apiKey", "").strip() or read_demo_key(DEMO_KEY_FILE)
-    config = {
-        "apiKey": api_key,
+def page_api_key(request: HttpRequest) -> str:
+    """The key from ?apiKey=..., else the one a previous page got that way, else the demo key."""
+    from_url = request.GET.get("apiKey", "").strip()
+    if from_url:
+        request.session[SESSION_KEY] = from_url
+        return from_url
+    return request.session.get(SESSION_KEY, "") or read_demo_key(DEMO_KEY_FILE)
+
+
+def load_cart(request: HttpRequest) -> Cart:
+    return Cart.from_data(request.session.get(SESSION_CART))
+
+
+def save_cart(request: HttpRequest, cart: Cart) -> None:
+    request.session[SESSION_CART] = cart.to_data()
+
+
+def product_url(slug: str) -> str:
+    return reverse("demo:product", args=[slug])
+
+
+def store_config(request: HttpRequest) -> dict:
+    """What every page's script needs: how to connect, and where things are."""
+    return {
+        "apiKey": page_api_key(request),
         "wsPath": settings.OWLLAYER_WS_PATH,
-        "route": route,
-        "routes": {"product": reverse("demo:product"), "cart": reverse("demo:cart")},
+        "agent": settings.OWLLAYER_LLM,
+        "urls": {
+            "home": reverse("demo:home"),
+            "cart": reverse("demo:cart"),
+            "product": product_url("__slug__"),
+            "api": reverse("demo:api", args=["__action__"]),
+        },
+        "products": [{"id": item.slug, "name": item.name} for item in catalog.PRODUCTS],
     }
-    return render(request, "demo/store.html", {"config": config, "has_key": bool(api_key)})
+
+
+def render_page(request: HttpRequest, template: str, *, title: str, kind: str,
+                context: dict, tools: list[str], extra: dict | None = None) -> HttpResponse:
+    config = store_config(request)
+    cart = load_cart(request)
+    page = {"kind": kind, "title": title, "context": context, "tools": tools}
+    return render(request, template, {
+        "config": config,
+        "page": page,
+        "title": title,
+        "has_key": bool(config["apiKey"]),
+        "offline_agent": settings.OWLLAYER_LLM == "offline",
+        "cart": cart,
+        **(extra or {}),
+    })
+
+
+# --- pages ---------------------------------------------------------------------
 
 
 @require_GET
-def asset(request: HttpRequest, name: str) -> HttpResponse:
-    # A fixed list: nothing else in (or above) the folder is ever served.
-    if name not in ASSETS:
-        raise Http404("no such asset")
-    return serve(request, name, document_root=ASSET_ROOT)
+def home(request: HttpRequest) -> HttpResponse:
+    cart = load_cart(request)
+    products = [
+        {"item": item, "url": product_url(item.slug), "price": catalog.money(item.price_cents)}
+        for item in catalog.PRODUCTS
+    ]
+    context = {
+        "page": "catalog",
+        "products": [
+            {"productId": item.slug, "name": item.name, "price": catalog.dollars(item.price_cents),
+             "summary": item.summary}
+            for item in catalog.PRODUCTS
+        ],
+        "currency": catalog.CURRENCY,
+        "cartItemCount": cart.count,
+    }
+    return render_page(request, "demo/home.html", title="Owl Store", kind="catalog",
+                       context=context, tools=["open_product", "open_cart"],
+                       extra={"products": products})
+
+
+@require_GET
+def product_page(request: HttpRequest, slug: str) -> HttpResponse:
+    item = catalog.product(slug)
+    if item is None:
+        raise Http404("no such product")
+    context = {
+        "page": "product_detail",
+        "productId": item.slug,
+        "name": item.name,
+        "price": catalog.dollars(item.price_cents),
+        "currency": catalog.CURRENCY,
+        "description": item.description,
+        "inCart": load_cart(request).items.get(item.slug, 0),
+    }
+    return render_page(request, "demo/product.html", title=f"{item.name} - Owl Store",
+                       kind="product", context=context,
+                       tools=["add_to_cart", "open_product", "open_cart"],
+                       extra={"product": item, "price": catalog.money(item.price_cents)})
+
+
+@require_GET
+def cart_page(request: HttpRequest) -> HttpResponse:
+    cart = load_cart(request)
+    last_order = request.session.get(SESSION_ORDER)
+    context = {"page": "cart", **cart.summary()}
+    if last_order:
+        context["lastOrder"] = {k: last_order[k] for k in ("orderId", "amount", "currency")}
+    lines = [
+        {**line, "url": product_url(line["productId"]),
+         "price_text": catalog.money(round(line["price"] * 100)),
+         "total_text": catalog.money(round(line["lineTotal"] * 100))}
+        for line in cart.lines()
+    ]
+    return render_page(request, "demo/cart.html", title="Your cart - Owl Store", kind="cart",
+                       context=context,
+                       tools=["set_quantity", "apply_coupon", "process_payment", "open_product"],
+                       extra={
+                           "lines": lines,
+                           "subtotal": catalog.money(cart.subtotal_cents),
+                           "discount": catalog.money(cart.discount_cents),
+                           "total": catalog.money(cart.total_cents),
+                           "total_amount": catalog.dollars(cart.total_cents),
+                           "coupon": catalog.COUPONS.get(cart.coupon or ""),
+                           "last_order": last_order,
+                           "last_order_amount": (catalog.money(round(last_order["amount"] * 100))
+                                                 if last_order else ""),
+                       })
+
+
+# --- the cart API -----------------------------------------------------------------
+
+
+def _add(request: HttpRequest, cart: Cart, body: dict) -> dict:
+    cart.add(body.get("productId"), body.get("quantity"))
+    # A new purchase starts: the previous order's confirmation has been seen.
+    request.session.pop(SESSION_ORDER, None)
+    return {"added": True, "productId": body["productId"], "quantity": int(body["quantity"])}
+
+
+def _quantity(request: HttpRequest, cart: Cart, body: dict) -> dict:
+    cart.set_quantity(body.get("productId"), body.get("quantity"))
+    return {"updated": True}
+
+
+def _coupon(request: HttpRequest, cart: Cart, body: dict) -> dict:
+    coupon = cart.apply_coupon(body.get("code"))
+    return {"applied": True, "coupon": coupon.code, "label": coupon.label}
+
+
+def _pay(request: HttpRequest, cart: Cart, body: dict) -> dict:
+    order = cart.pay(body.get("amount"), order_id=f"ord_{secrets.token_hex(5)}")
+    request.session[SESSION_ORDER] = order
+    logger.info("demo order %s paid: %s %s", order["orderId"], order["amount"], order["currency"])
+    return {"paid": True, "orderId": order["orderId"], "amount": order["amount"],
+            "currency": order["currency"]}
+
+
+CART_ACTIONS = {"add": _add, "quantity": _quantity, "coupon": _coupon, "pay": _pay}
+
+
+@require_POST
+def cart_api(request: HttpRequest, action: str) -> JsonResponse:
+    """POST a JSON object; 200 {..., "cart": summary} or 400 {"error": sentence}."""
+    handler = CART_ACTIONS.get(action)
+    if handler is None:
+        raise Http404("no such cart action")
+    if len(request.body) > MAX_API_BODY_BYTES:
+        return JsonResponse({"error": "The request is too large."}, status=400)
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        return JsonResponse({"error": "The request is not valid JSON."}, status=400)
+    if not isinstance(body, dict):
+        return JsonResponse({"error": "The request must be a JSON object."}, status=400)
+    cart = load_cart(request)
+    try:
+        outcome = handler(request, cart, body)
+    except CartError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    save_cart(request, cart)
+    return JsonResponse({**outcome, "cart": cart.summary()})

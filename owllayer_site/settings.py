@@ -176,6 +176,8 @@ STATIC_URL = "static/"
 # the files are served straight from the apps.
 STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
+# The browser client (static/owllayer/owllayer-client.js), for any page.
+STATICFILES_DIRS = [BASE_DIR / "static"]
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 

@@ -9,5 +9,5 @@ urlpatterns = [
     path("console/", include("console.urls")),
     path("", include("aitp.urls")),
     path("demo/", include("demo.urls")),
-    path("", RedirectView.as_view(pattern_name="demo:product", query_string=True)),
+    path("", RedirectView.as_view(pattern_name="demo:home", query_string=True)),
 ]

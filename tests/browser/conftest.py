@@ -8,7 +8,11 @@ thread, which makes Django refuse ORM calls and fights pytest-asyncio.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
+import re
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,9 +26,11 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from tests.support.daphne import PROJECT_ROOT, DaphneFactory, DaphneServer
+from tests.support.fake_anthropic import FakeAnthropicServer
+
 if TYPE_CHECKING:
     from aitp.models import ApiKey
-    from tests.support.daphne import DaphneServer
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -36,11 +42,16 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-CLIENT_JS = Path(__file__).resolve().parents[2] / "demo" / "static" / "demo" / "owllayer-client.js"
+CLIENT_JS = Path(__file__).resolve().parents[2] / "static" / "owllayer" / "owllayer-client.js"
+# Where the fake server serves the client module; pages import it from there.
+CLIENT_PATH = "/owllayer-client.js"
 # Upper bound for anything the page or the server should do "soon"; only a
 # broken build waits this long.
 SOON = 15.0
 PAGE_PATH = "/shop/headphones"
+# `make test` points each pass at its own folder; CI keeps them.
+ARTIFACTS = Path(os.environ.get("OWLLAYER_TEST_ARTIFACTS") or PROJECT_ROOT / "test-artifacts")
+MODEL_API_KEY = "sk-ant-demo-store-tests"
 
 
 async def eventually(predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float = SOON,
@@ -91,28 +102,83 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
 
 @dataclass
 class Store:
+    """The store on one daphne process, with a key of a fresh tenant."""
+
+    factory: DaphneFactory
     server: DaphneServer
     raw_key: str
     key: ApiKey
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         return f"{self.server.http_url}/demo/?apiKey={quote(self.raw_key, safe='')}"
 
+    def restart(self) -> None:
+        """Stop the server and start a new one on the same port (pages reconnect there)."""
+        self.server.stop()
+        self.server = self.factory(self.env, port=self.server.port)
 
-@pytest.fixture
-def store(daphne_factory) -> Iterator[Store]:
-    """A daphne process and a key of a fresh tenant that allows its origin."""
+
+def start_store(factory: DaphneFactory, env: dict[str, str]) -> Store:
     from aitp import services
 
-    server = daphne_factory()
+    server = factory(env)
     tenant = services.tenant_create(slug="owl-store", name="Owl Store")
     key, raw_key = services.api_key_create(
         tenant=tenant, name="browser", allowed_origins=[server.http_url]
     )
-    yield Store(server=server, raw_key=raw_key, key=key)
+    return Store(factory=factory, server=server, raw_key=raw_key, key=key, env=env)
+
+
+def print_logs(store: Store) -> None:
     # Captured output: pytest shows it only when the test failed.
-    print(f"--- daphne log ({server!r}) ---\n{server.logs()}")
+    for server in store.factory.servers:
+        print(f"--- daphne log ({server!r}) ---\n{server.logs()}")
+
+
+@pytest.fixture
+def store(daphne_factory) -> Iterator[Store]:
+    """The store with the offline agent: "/tool <name> {json}" calls a page tool."""
+    started = start_store(daphne_factory, {"OWLLAYER_LLM": "offline"})
+    yield started
+    print_logs(started)
+
+
+@pytest.fixture
+def model() -> Iterator[FakeAnthropicServer]:
+    """The fake Messages API; tests script its answers with enqueue()."""
+    with FakeAnthropicServer(api_key=MODEL_API_KEY) as server:
+        yield server
+
+
+@pytest.fixture
+def llm_store(daphne_factory, model) -> Iterator[Store]:
+    """The store with the anthropic agent, the real SDK talking to `model`."""
+    started = start_store(daphne_factory, {
+        "OWLLAYER_LLM": "anthropic",
+        "ANTHROPIC_API_KEY": MODEL_API_KEY,
+        "ANTHROPIC_BASE_URL": model.base_url,
+        "OWLLAYER_LLM_MAX_RETRIES": "0",
+    })
+    yield started
+    print_logs(started)
+
+
+@pytest.fixture
+def shot(request: pytest.FixtureRequest, page: Page) -> Callable[[str], Awaitable[Path]]:
+    """shot("step") saves a full-page screenshot as NN-step.png in this test's folder."""
+    folder = ARTIFACTS / "screenshots" / re.sub(r"[^\w.-]+", "_", request.node.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    numbers = itertools.count(1)
+
+    async def take(step: str) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{next(numbers):02d}-{step}.png"
+        await page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
 
 
 # --- a scripted AITP server for the client's wire behaviour --------------------
@@ -166,7 +232,9 @@ Script = Callable[[FakeConnection], Awaitable[None]]
 
 class FakeAitpServer:
     """Serves ws://127.0.0.1:<port>/owllayer, where each connection runs
-    `script`, and plain HTTP pages (``pages``) from the same origin.
+    `script`, and plain HTTP pages (``pages``) from the same origin, among
+    them the client module at CLIENT_PATH (read at each request, so a page
+    always gets the file as it is on disk).
 
     After the script returns, the connection is read until the page closes
     it, so every frame the page sent is in ``received``.
@@ -182,11 +250,18 @@ class FakeAitpServer:
         path = urlsplit(request.path).path
         if path == "/owllayer":
             return None  # the WebSocket handshake goes on
+        if path == CLIENT_PATH:
+            return self._respond(connection, CLIENT_JS.read_text(), "text/javascript; charset=utf-8")
         if path not in self.pages:
             return connection.respond(404, "not found\n")
-        response = connection.respond(200, self.pages[path])
+        return self._respond(connection, self.pages[path], "text/html; charset=utf-8")
+
+    @staticmethod
+    def _respond(connection: ServerConnection, body: str, content_type: str) -> Response:
+        # Chromium runs a module script only with a JavaScript MIME type.
+        response = connection.respond(200, body)
         del response.headers["Content-Type"]
-        response.headers["Content-Type"] = "text/html; charset=utf-8"
+        response.headers["Content-Type"] = content_type
         return response
 
     async def _handle(self, ws: ServerConnection) -> None:
@@ -236,23 +311,35 @@ async def fake_server() -> AsyncIterator[Callable[[Script], Awaitable[FakeAitpSe
             await server.wait_closed()
 
 
+def module_page(script: str, title: str = "Pro Headphones - Store") -> str:
+    """A bare HTML page whose only script is the module `script`."""
+    return (
+        f"<!doctype html><html><head><title>{title}</title></head><body>"
+        f'<script type="module">{script}</script>'
+        "</body></html>"
+    )
+
+
 async def open_client_page(page: Page, fake: FakeAitpServer, setup: str = "") -> None:
-    """Load a bare page with the client from the fake server's own origin.
+    """Load a bare page that imports the client module from the fake server's
+    own origin, and wait until the page's `client` exists.
 
     (A page Playwright fulfils itself counts as a public site, and Chromium
     then blocks its socket to 127.0.0.1.) `setup` runs with `client` in
-    scope before connect().
+    scope before connect(); `window.client` is the same object, so the
+    tests' page.evaluate() calls can name it `client`.
     """
-    fake.pages[PAGE_PATH] = (
-        "<!doctype html><html><head><title>Pro Headphones - Store</title></head><body>"
-        f"<script>{CLIENT_JS.read_text()}</script>"
-        "<script>"
+    fake.pages[PAGE_PATH] = module_page(
+        f'import {{ OwlLayerClient }} from "{CLIENT_PATH}";'
         "window.agentEvents = [];"
         f"const client = new OwlLayerClient({{apiKey: 'pk_live_fake', endpoint: '{fake.endpoint}'}});"
         "window.client = client;"
         "client.on('agent', (e) => window.agentEvents.push(e));"
         f"{setup}"
         "client.connect();"
-        "</script></body></html>"
     )
     await page.goto(fake.page_url)
+    # A module runs after parsing, once its import arrived: normally before
+    # the load event goto() waits for. A failed import then fails here, not
+    # in a later wait that looks unrelated.
+    await page.wait_for_function("window.client !== undefined")

@@ -1,5 +1,7 @@
-"""The demo store in real Chromium against a real daphne process, with the
-offline backend: "/tool <name> {json}" in the chat calls a page tool."""
+"""The demo store end to end: real Chromium, a real daphne process, the page's
+own client. The offline agent runs "/tool <name> {json}" commands; the
+anthropic agent talks through the real SDK to the fake Messages API, which
+plays the model. Each step's screenshot lands in test-artifacts/."""
 from __future__ import annotations
 
 from urllib.parse import quote
@@ -9,141 +11,194 @@ from asgiref.sync import sync_to_async
 from playwright.async_api import Page, expect
 
 from aitp import services
-from aitp.models import Session, ToolCall
-from tests.browser.conftest import SOON, Store, eventually
+from aitp.models import ToolCall
+from tests.browser.store_support import (
+    answers,
+    nothing_dropped,
+    offered_tools,
+    open_store,
+    result_data,
+    say,
+    send,
+    session_when,
+    status,
+    tool_calls,
+    tool_names,
+    tool_results,
+)
+from tests.support.fake_anthropic import text_response, tool_use_response
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-expect.set_options(timeout=SOON * 1000)
+
+def activity(page: Page):
+    return page.locator("#owl-activity")
 
 
-async def open_store(page: Page, store: Store) -> None:
-    await page.goto(store.url)
-    await expect(page.locator("#owl-status")).to_have_text("connected")
+def tool_line(page: Page, name: str):
+    return page.locator(f".owl-msg-tool[data-tool={name}]").last
 
 
-async def say(page: Page, text: str) -> str:
-    """Send a chat message; the agent's complete answer."""
-    answers = page.locator(".owl-msg-agent[data-done=true]")
-    before = await answers.count()
-    await page.fill("#owl-input", text)
-    await page.press("#owl-input", "Enter")
-    await expect(answers).to_have_count(before + 1)
-    await expect(page.locator("#owl-status")).to_have_text("connected")
-    return await answers.nth(before).inner_text()
+async def fill_cart_by_hand(page: Page, product: str, quantity: int) -> None:
+    """What a shopper does without the assistant: open the product, add, open the cart."""
+    await page.get_by_role("link", name=product).first.click()
+    await page.fill("#product-quantity", str(quantity))
+    await page.click("#add-to-cart")
+    await expect(page.locator("#cart-count")).to_have_text(str(quantity))
+    await page.locator("header a[href='/demo/cart/']").click()
+    await expect(page.locator("h1")).to_have_text("Your cart")
 
 
-async def nothing_dropped(page: Page) -> None:
-    owl = await page.evaluate("window.__owl")
-    assert owl["dropped"] == 0, owl["droppedReasons"]
+# --- the page and its tools (offline agent) ------------------------------------------
 
 
-async def session_when(page: Page, ready) -> Session:
-    """The page's session row, once ready(row) holds (the server writes it
-    after the frame that changed it)."""
-    session_id = await page.evaluate("window.__owl.sessionId")
-    row = None
-
-    async def check() -> bool:
-        nonlocal row
-        row = await Session.objects.aget(id=session_id)
-        return ready(row)
-
-    await eventually(check, what=f"session {session_id} to be ready")
-    return row
-
-
-async def tool_calls(name: str) -> list[ToolCall]:
-    return [call async for call in ToolCall.objects.filter(name=name).order_by("created_at")]
-
-
-async def add_two_and_go_to_cart(page: Page) -> None:
-    await say(page, '/tool add_to_cart {"quantity": 2}')
-    await say(page, "/tool go_to_cart")
-    await expect(page.locator("#cart-total")).to_have_text("$299.98")
-
-
-async def test_the_store_connects_and_shows_connected(store, page):
+async def test_the_catalogue_connects_and_tells_the_server_its_page_and_tools(store, page, shot):
     await open_store(page, store)
+    await shot("catalogue")
 
     session = await session_when(page, lambda row: row.current_url == "/demo/")
-    assert session.title == "Pro Headphones - Owl Store"
-    assert [tool["name"] for tool in session.tools] == ["add_to_cart", "go_to_cart"]
-    assert session.context["price"] == 149.99
+    assert session.title == "Owl Store"
+    assert tool_names(session) == ["open_product", "open_cart"]
+    assert [p["name"] for p in session.context["products"]] == [
+        "Pro Headphones", "Travel Speaker", "Charging Dock"]
     await nothing_dropped(page)
 
 
-async def test_a_tool_command_in_the_chat_adds_to_the_cart(store, page):
+async def test_the_whole_journey_with_tool_commands(store, page, shot):
     await open_store(page, store)
 
-    answer = await say(page, '/tool add_to_cart {"quantity": 2}')
+    answer = await say(page, '/tool open_product {"productId": "pro-headphones"}')
+    assert "open_product succeeded" in answer
+    await expect(page.locator("h1")).to_have_text("Pro Headphones")
+    await shot("product-opened")
 
-    assert "add_to_cart succeeded" in answer
+    await say(page, '/tool add_to_cart {"quantity": 2}')
     await expect(page.locator("#cart-count")).to_have_text("2")
-    [call] = await tool_calls("add_to_cart")
-    assert call.status == ToolCall.Status.SUCCESS
-    assert call.arguments == {"quantity": 2}
-    assert call.result["cartTotal"] == 299.98
-    await nothing_dropped(page)
+    await shot("two-in-the-cart")
 
+    await say(page, "/tool open_cart")
+    await say(page, '/tool apply_coupon {"code": "OWL10"}')
+    await expect(page.locator("#cart-total")).to_have_text("$269.98")
+    await shot("coupon-applied")
 
-async def test_go_to_cart_moves_the_page_and_the_server_follows_on_the_same_socket(store, page):
-    await open_store(page, store)
-
-    await add_two_and_go_to_cart(page)
-
-    assert page.url.startswith(f"{store.server.http_url}/demo/cart/?apiKey=")
-    session = await session_when(page, lambda row: row.current_url == "/demo/cart/")
-    assert [tool["name"] for tool in session.tools] == ["set_quantity", "process_payment"]
-    owl = await page.evaluate("window.__owl")
-    assert owl["connects"] == 1
-    # The cart page's tools reached the server before go_to_cart's result.
-    sent = [(f["type"], f["payload"]) for f in owl["sent"]]
-    result_at = next(i for i, (type_, payload) in enumerate(sent)
-                     if type_ == "TOOL_RESULT" and payload["result"] == {"url": "/demo/cart/"})
-    assert sent[result_at - 1][0] == "CONTEXT_UPDATE"
-    assert sent[result_at - 1][1]["url"] == "/demo/cart/"
-    await nothing_dropped(page)
-
-
-async def test_declining_a_payment_is_reported_and_never_counts_as_a_success(store, page):
-    await open_store(page, store)
-    await add_two_and_go_to_cart(page)
-
-    await page.fill("#owl-input", '/tool process_payment {"amount": 299.98}')
-    await page.press("#owl-input", "Enter")
+    await send(page, '/tool process_payment {"amount": 269.98}')
     dialog = page.get_by_role("dialog")
-    await expect(dialog).to_contain_text("Pay 299.98 USD with the saved card?")
-    await expect(page.locator("#owl-status")).to_have_text("thinking")
-    await dialog.get_by_role("button", name="Decline").click()
-
-    answer = page.locator(".owl-msg-agent[data-done=true]").last
-    await expect(answer).to_contain_text("declined")
-    await expect(page.locator("#cart-count")).to_have_text("2")
-    [call] = await tool_calls("process_payment")
-    assert call.status == ToolCall.Status.DENIED
-    assert call.result is None
-    await nothing_dropped(page)
-
-
-async def test_approving_a_payment_runs_it_and_empties_the_cart(store, page):
-    await open_store(page, store)
-    await add_two_and_go_to_cart(page)
-
-    await page.fill("#owl-input", '/tool process_payment {"amount": 299.98}')
-    await page.press("#owl-input", "Enter")
-    dialog = page.get_by_role("dialog")
+    await expect(dialog.locator(".pay-amount")).to_have_text("$269.98")
+    await shot("payment-approval")
     await dialog.get_by_role("button", name="Approve").click()
 
-    await expect(page.locator("#order-confirmation")).to_contain_text("$299.98")
+    await expect(page.locator("#order-confirmation")).to_contain_text("$269.98")
+    await expect(answers(page).last).to_contain_text("process_payment succeeded")
     await expect(page.locator("#cart-count")).to_have_text("0")
-    answer = page.locator(".owl-msg-agent[data-done=true]").last
-    await expect(answer).to_contain_text("process_payment succeeded")
-    [call] = await tool_calls("process_payment")
-    assert call.status == ToolCall.Status.SUCCESS
-    assert call.risk == "critical"
-    assert call.result["paid"] is True
+    await shot("paid")
+    statuses = {call.name: call.status async for call in ToolCall.objects.all()}
+    assert statuses == dict.fromkeys(
+        ["open_product", "add_to_cart", "open_cart", "apply_coupon", "process_payment"],
+        ToolCall.Status.SUCCESS)
+    # One socket the whole way: the pages changed inside it.
+    assert (await page.evaluate("window.__owl.connects")) == 1
     await nothing_dropped(page)
+
+
+async def test_a_navigating_tool_answers_after_the_new_pages_tools_reach_the_server(store, page):
+    await open_store(page, store)
+
+    await say(page, '/tool open_product {"productId": "travel-speaker"}')
+
+    assert page.url == f"{store.server.http_url}/demo/products/travel-speaker/"
+    session = await session_when(
+        page, lambda row: row.current_url == "/demo/products/travel-speaker/")
+    assert sorted(tool_names(session)) == ["add_to_cart", "open_cart", "open_product"]
+    assert session.context["price"] == 89.0
+    sent = [(f["type"], f["payload"]) for f in await page.evaluate("window.__owl.sent")]
+    result_at = next(i for i, (type_, payload) in enumerate(sent) if type_ == "TOOL_RESULT")
+    assert sent[result_at - 1][0] == "CONTEXT_UPDATE"
+    assert sent[result_at - 1][1]["url"] == "/demo/products/travel-speaker/"
+    assert sent[result_at][1]["result"] == {
+        "url": "/demo/products/travel-speaker/", "title": "Travel Speaker - Owl Store"}
+
+
+async def test_the_agents_state_and_each_tool_call_show_while_they_happen(store, page, shot):
+    await open_store(page, store)
+    await say(page, '/tool open_product {"productId": "pro-headphones"}')
+    await say(page, '/tool add_to_cart {"quantity": 1}')
+    await expect(tool_line(page, "add_to_cart")).to_have_attribute("data-status", "success")
+    await say(page, "/tool open_cart")
+
+    await send(page, '/tool process_payment {"amount": 149.99}')
+
+    await expect(activity(page)).to_have_attribute("data-activity", "approval")
+    await expect(activity(page)).to_have_text("Waiting for you: approve or decline.")
+    await expect(tool_line(page, "process_payment")).to_have_attribute("data-status", "running")
+    await expect(tool_line(page, "process_payment")).to_contain_text('amount 149.99')
+    await shot("waiting-for-approval")
+    await page.get_by_role("dialog").get_by_role("button", name="Decline").click()
+
+    await expect(tool_line(page, "process_payment")).to_have_attribute("data-status", "denied")
+    await expect(tool_line(page, "process_payment")).to_contain_text("you declined")
+    await expect(activity(page)).to_have_attribute("data-activity", "idle")
+    await expect(activity(page)).to_be_hidden()
+    await shot("declined")
+
+
+async def test_a_tool_that_fails_says_why_in_plain_words(store, page):
+    await open_store(page, store)
+    await say(page, '/tool open_product {"productId": "pro-headphones"}')
+    await say(page, '/tool add_to_cart {"quantity": 1}')
+    await say(page, "/tool open_cart")
+
+    answer = await say(page, '/tool apply_coupon {"code": "FREESTUFF"}')
+
+    await expect(tool_line(page, "apply_coupon")).to_have_attribute("data-status", "error")
+    await expect(tool_line(page, "apply_coupon")).to_contain_text(
+        "There is no coupon called 'FREESTUFF'.")
+    assert "apply_coupon failed" in answer
+    [call] = await tool_calls("apply_coupon")
+    assert call.status == ToolCall.Status.ERROR
+
+
+async def test_a_payment_for_the_wrong_amount_shows_the_cart_total_and_charges_nothing(store, page):
+    await open_store(page, store)
+    await fill_cart_by_hand(page, "Charging Dock", 2)
+
+    await send(page, '/tool process_payment {"amount": 10}')
+    dialog = page.get_by_role("dialog")
+    await expect(dialog.locator(".pay-amount")).to_have_text("$10.00")
+    await expect(dialog.locator(".pay-mismatch")).to_have_text("This is not your cart total ($79.00).")
+    await dialog.get_by_role("button", name="Approve").click()
+
+    await expect(tool_line(page, "process_payment")).to_contain_text(
+        "The amount $10.00 does not match the cart total $79.00.")
+    await expect(page.locator("#cart-total")).to_have_text("$79.00")
+    [call] = await tool_calls("process_payment")
+    assert call.status == ToolCall.Status.ERROR
+
+
+async def test_what_the_shopper_does_by_hand_reaches_the_agents_context(store, page):
+    await open_store(page, store)
+
+    await fill_cart_by_hand(page, "Travel Speaker", 3)
+    await page.fill("#coupon-code", "welcome5")
+    await page.click("form.coupon button")
+    await expect(page.locator("#cart-total")).to_have_text("$262.00")
+
+    session = await session_when(page, lambda row: row.context.get("total") == 262.0)
+    assert session.current_url == "/demo/cart/"
+    assert session.context["coupon"]["code"] == "WELCOME5"
+    assert sorted(tool_names(session)) == [
+        "apply_coupon", "open_product", "process_payment", "set_quantity"]
+
+
+async def test_the_cart_survives_a_reload_and_the_reloaded_page_connects_on_its_own(store, page):
+    await open_store(page, store)
+    await fill_cart_by_hand(page, "Pro Headphones", 2)
+
+    await page.reload()
+
+    await expect(status(page)).to_have_text("connected")
+    await expect(page.locator("#cart-count")).to_have_text("2")
+    session = await session_when(page, lambda row: row.current_url == "/demo/cart/")
+    assert session.context["items"][0]["quantity"] == 2
 
 
 async def test_a_server_tool_that_needs_approval_asks_in_the_page(store, page):
@@ -153,46 +208,137 @@ async def test_a_server_tool_that_needs_approval_asks_in_the_page(store, page):
     await sync_to_async(demo_tools_install)(tenant=store.key.tenant)
     await open_store(page, store)
 
-    await page.fill("#owl-input", '/tool cancel_order {"number": "A1003"}')
-    await page.press("#owl-input", "Enter")
+    await send(page, '/tool cancel_order {"number": "A1003"}')
     dialog = page.get_by_role("dialog")
     await expect(dialog).to_contain_text("cancel_order")
+    await expect(activity(page)).to_have_attribute("data-activity", "approval")
     await dialog.get_by_role("button", name="Approve").click()
 
-    answer = page.locator(".owl-msg-agent[data-done=true]").last
-    await expect(answer).to_contain_text("cancel_order succeeded")
+    await expect(answers(page).last).to_contain_text("cancel_order succeeded")
     order = await DemoOrder.objects.aget(tenant=store.key.tenant, number="A1003")
     assert order.status == DemoOrder.Status.CANCELLED
     await nothing_dropped(page)
 
 
-async def test_an_origin_the_key_does_not_allow_shows_the_error_and_does_not_reconnect(store, page):
+async def test_an_origin_the_key_does_not_allow_is_explained_and_not_retried(store, page, shot):
     _, raw_key = await sync_to_async(services.api_key_create)(
         tenant=store.key.tenant, name="elsewhere", allowed_origins=["https://shop.example"]
     )
 
     await page.goto(f"{store.server.http_url}/demo/?apiKey={quote(raw_key, safe='')}")
 
-    await expect(page.locator("#owl-status")).to_have_text("error")
-    await expect(page.locator(".owl-msg-error")).to_have_count(1)
-    await expect(page.locator(".owl-msg-error")).to_contain_text("origin")
+    await expect(status(page)).to_have_text("error")
+    await expect(page.locator(".owl-msg-error")).to_have_text(
+        "This page's origin is not allowed to use the assistant key.")
+    await shot("refused")
     owl = await page.evaluate("window.__owl")
     assert [close["code"] for close in owl["closes"]] == [1008]
-    # The decision is taken when the socket closes: no retry is scheduled.
     assert owl["retryInMs"] is None
     assert owl["connects"] == 1
-    assert owl["dropped"] == 0
     await expect(page.locator("#owl-send")).to_be_disabled()
 
 
-async def test_the_cart_survives_a_reload_and_the_cart_page_connects_on_its_own(store, page):
+async def test_the_page_reconnects_by_itself_when_the_server_comes_back(store, page, shot):
     await open_store(page, store)
-    await add_two_and_go_to_cart(page)
+    first_session = await page.evaluate("window.__owl.sessionId")
 
-    await page.reload()
+    await sync_to_async(store.server.stop)()
+    await expect(status(page)).to_have_text("reconnecting")
+    await expect(page.locator(".owl-msg-note").last).to_have_text(
+        "Lost the connection to the assistant. Reconnecting…")
+    await shot("server-down")
+    await sync_to_async(store.restart)()
 
-    await expect(page.locator("#owl-status")).to_have_text("connected")
+    # The client retries after 2 s, 4 s, ...: the first retry after the
+    # restart gets through.
+    await expect(status(page)).to_have_text("connected", timeout=30_000)
+    await expect(page.locator(".owl-msg-note").last).to_have_text("Reconnected.")
+    await shot("reconnected")
+    assert await page.evaluate("window.__owl.sessionId") != first_session
+    answer = await say(page, '/tool open_product {"productId": "charging-dock"}')
+    assert "open_product succeeded" in answer
+
+
+# --- the anthropic agent (the fake Messages API plays the model) -----------------------
+
+
+async def test_asked_for_a_product_the_agent_opens_it_and_adds_two_to_the_cart(
+        llm_store, model, page, shot):
+    model.enqueue(
+        tool_use_response([("open_product", {"productId": "travel-speaker"})],
+                          text="Let me open the Travel Speaker."),
+        tool_use_response([("add_to_cart", {"quantity": 2})]),
+        text_response("Two Travel Speakers are in your cart.", chunks=4),
+    )
+    await open_store(page, llm_store)
+    await shot("asking")
+
+    answer = await say(page, "I'd like two of the travel speakers, please")
+
+    assert answer.endswith("Two Travel Speakers are in your cart.")
     await expect(page.locator("#cart-count")).to_have_text("2")
-    session = await session_when(page, lambda row: row.current_url == "/demo/cart/")
-    assert [tool["name"] for tool in session.tools] == ["set_quantity", "process_payment"]
-    assert session.context["items"][0]["quantity"] == 2
+    await expect(page.locator("h1")).to_have_text("Travel Speaker")
+    await shot("two-in-the-cart")
+    first, second, third = model.requests
+    # The catalogue offered no add_to_cart; after the navigation the product
+    # page's tools took over, before the model's next step.
+    assert "add_to_cart" not in offered_tools(first)
+    assert "add_to_cart" in offered_tools(second)
+    assert result_data(tool_results(second)[0])["url"] == "/demo/products/travel-speaker/"
+    assert result_data(tool_results(third)[0])["cart"]["itemCount"] == 2
+    await nothing_dropped(page)
+
+
+def payment_outcome(request: dict):
+    """The model's last word after process_payment: what its tool result said."""
+    [result] = tool_results(request)
+    if result.get("is_error"):
+        return text_response(f"I did not pay: {result['content']}")
+    paid = result_data(result)
+    return text_response(f"Paid ${paid['amount']:.2f}, order {paid['orderId']}.")
+
+
+async def ask_to_pay(page: Page, llm_store, model, amount: float) -> None:
+    model.enqueue(
+        tool_use_response([("process_payment", {"amount": amount})], text="Paying now."),
+    )
+    model.responder = payment_outcome
+    await open_store(page, llm_store)
+    await fill_cart_by_hand(page, "Pro Headphones", 2)
+    await send(page, "Please pay for my cart")
+
+
+async def test_asked_to_pay_the_agent_asks_first_and_pays_once_approved(llm_store, model, page, shot):
+    await ask_to_pay(page, llm_store, model, 299.98)
+
+    dialog = page.get_by_role("dialog")
+    await expect(dialog.locator(".pay-amount")).to_have_text("$299.98")
+    await expect(dialog).to_contain_text("2 × Pro Headphones")
+    await shot("approval")
+    await dialog.get_by_role("button", name="Approve").click()
+
+    await expect(page.locator("#order-confirmation")).to_contain_text("$299.98")
+    await expect(answers(page).last).to_contain_text("Paid $299.98, order ord_")
+    await shot("paid")
+    [call] = await tool_calls("process_payment")
+    assert call.status == ToolCall.Status.SUCCESS
+    assert call.result["paid"] is True
+
+
+async def test_asked_to_pay_a_declined_payment_is_never_made_and_the_agent_says_so(
+        llm_store, model, page, shot):
+    await ask_to_pay(page, llm_store, model, 299.98)
+
+    dialog = page.get_by_role("dialog")
+    await expect(dialog.locator(".pay-amount")).to_have_text("$299.98")
+    await dialog.get_by_role("button", name="Decline").click()
+
+    await expect(answers(page).last).to_contain_text("I did not pay: The user declined this action.")
+    await shot("declined")
+    await expect(page.locator("#order-confirmation")).to_have_count(0)
+    await expect(page.locator("#cart-total")).to_have_text("$299.98")
+    [call] = await tool_calls("process_payment")
+    assert call.status == ToolCall.Status.DENIED
+    assert call.result is None
+    [last] = model.requests[-1:]
+    assert tool_results(last)[0]["is_error"] is True

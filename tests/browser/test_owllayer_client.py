@@ -1,5 +1,6 @@
 """The in-page client's wire behaviour, in real Chromium, against a scripted
-server: what it sends, what it drops, when it reconnects (wire-compat.md)."""
+server: what it sends, what it drops, when it reconnects (wire-compat.md),
+and what it tells the page: the agent's activity and each tool call."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,15 @@ import re
 import pytest
 from playwright.async_api import expect
 
-from tests.browser.conftest import FakeConnection, ack, eventually, frame, open_client_page
+from tests.browser.conftest import (
+    CLIENT_PATH,
+    FakeConnection,
+    ack,
+    eventually,
+    frame,
+    module_page,
+    open_client_page,
+)
 
 pytestmark = [pytest.mark.browser]
 
@@ -373,3 +382,251 @@ async def test_a_disconnect_event_ends_the_session_for_good(fake_server, page):
     assert await page.evaluate("window.errors") == ["An operator ended this session."]
     assert await page.evaluate("[window.__owl.state, window.__owl.retryInMs]") == ["closed", None]
     assert await page.evaluate("window.retries") == []
+
+
+# --- what the page is told: the activity and each tool call ---------------------
+
+RECORD_ACTIVITY = (
+    "window.activity = []; window.toolEvents = [];"
+    "client.on('activity', (a) => window.activity.push(a));"
+    "client.on('tool.start', (e) => window.toolEvents.push(['start', e]));"
+    "client.on('tool', (e) => window.toolEvents.push(['end', e]));"
+)
+PAY = {"name": "process_payment", "description": "Pay", "risk": "critical",
+       "parameters": {"type": "OBJECT", "properties": {"amount": {"type": "NUMBER"}},
+                      "required": ["amount"]}}
+IDLE = {"activity": "idle"}
+THINKING = {"activity": "thinking"}
+
+
+def doing(activity: str, tool: str, call_id: str) -> dict:
+    return {"activity": activity, "tool": tool, "callId": call_id}
+
+
+def register(tool: dict, handler: str) -> str:
+    return f"client.registerTool({json.dumps(tool)}, {handler});"
+
+
+# A handler that finishes only when the test calls window.finish[callId](result).
+HELD_HANDLER = ("(args, {callId}) => new Promise((resolve) => {"
+                " (window.finish = window.finish || {})[callId] = resolve; })")
+
+
+async def connected_client(fake_server, page, setup: str) -> FakeConnection:
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake, RECORD_ACTIVITY + setup)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    return fake.connections[0]
+
+
+async def start_turn(page, connection: FakeConnection) -> None:
+    assert await page.evaluate("client.sendText('please')") is True
+    await eventually(lambda: sent(connection, "USER_INPUT"), what="the user input")
+
+
+async def call_tool(connection: FakeConnection, call_id: str, name: str, args: dict) -> None:
+    await connection.send(frame("TOOL_CALL", {"callId": call_id, "name": name, "args": args}))
+
+
+async def test_the_activity_goes_thinking_tool_thinking_idle_through_a_turn_with_one_low_risk_tool(
+        fake_server, page):
+    connection = await connected_client(fake_server, page, register(ADD_TO_CART, "() => ({added: true})"))
+    assert await page.evaluate("[client.activity, window.__owl.activity]") == ["idle", "idle"]
+
+    await start_turn(page, connection)
+    await call_tool(connection, "tc_add", "add_to_cart", {"quantity": 2})
+    await eventually(lambda: sent(connection, "TOOL_RESULT"), what="the tool result")
+    await connection.send(frame("AGENT_RESPONSE", {"chunk": "Added.", "done": True}))
+    await eventually(lambda: page.evaluate("window.agentEvents.length === 1"), what="the end of the turn")
+
+    assert await page.evaluate("window.activity") == [
+        THINKING, doing("tool", "add_to_cart", "tc_add"), THINKING, IDLE,
+    ]
+    assert await page.evaluate("[client.activity, window.__owl.activity]") == ["idle", "idle"]
+
+
+async def test_a_tool_start_and_a_tool_event_bracket_each_call_even_of_an_unknown_tool(fake_server, page):
+    connection = await connected_client(fake_server, page, register(ADD_TO_CART, "() => ({added: true})"))
+
+    await call_tool(connection, "tc_add", "add_to_cart", {"quantity": 2})
+    await eventually(lambda: len(sent(connection, "TOOL_RESULT")) == 1, what="the first result")
+    await call_tool(connection, "tc_fly", "fly", {"speed": 3})
+    await eventually(lambda: len(sent(connection, "TOOL_RESULT")) == 2, what="the second result")
+
+    assert await page.evaluate("window.toolEvents") == [
+        ["start", {"name": "add_to_cart", "callId": "tc_add", "args": {"quantity": 2}, "risk": "low"}],
+        ["end", {"name": "add_to_cart", "callId": "tc_add", "outcome": {"result": {"added": True}}}],
+        ["start", {"name": "fly", "callId": "tc_fly", "args": {"speed": 3}, "risk": "none"}],
+        ["end", {"name": "fly", "callId": "tc_fly", "outcome": {"error": "unknown tool: fly"}}],
+    ]
+
+
+async def test_a_critical_tool_shows_approval_while_its_dialog_is_open_and_thinking_after_a_decline(
+        fake_server, page):
+    connection = await connected_client(fake_server, page, register(PAY, "() => ({paid: true})"))
+    dialog = page.locator("dialog#owl-approval")
+
+    await start_turn(page, connection)
+    await call_tool(connection, "tc_pay", "process_payment", {"amount": 10})
+    await expect(dialog).to_be_visible()
+    assert await page.evaluate("client.activity") == "approval"
+    await dialog.get_by_role("button", name="Decline").click()
+    await eventually(lambda: sent(connection, "APPROVAL_RESPONSE"), what="the decline")
+
+    assert await page.evaluate("window.activity") == [
+        THINKING,
+        doing("tool", "process_payment", "tc_pay"),
+        doing("approval", "process_payment", "tc_pay"),
+        THINKING,
+    ]
+
+
+async def test_a_declined_call_is_reported_on_the_tool_event_as_denied(fake_server, page):
+    connection = await connected_client(fake_server, page, register(PAY, "() => ({paid: true})"))
+    dialog = page.locator("dialog#owl-approval")
+
+    await call_tool(connection, "tc_pay", "process_payment", {"amount": 10})
+    await dialog.get_by_role("button", name="Decline").click()
+    await eventually(lambda: page.evaluate("window.toolEvents.length === 2"), what="the tool event")
+
+    assert await page.evaluate("window.toolEvents") == [
+        ["start", {"name": "process_payment", "callId": "tc_pay", "args": {"amount": 10},
+                   "risk": "critical"}],
+        ["end", {"name": "process_payment", "callId": "tc_pay",
+                 "outcome": {"error": "Action denied by user", "denied": True}}],
+    ]
+
+
+async def test_an_approved_critical_tool_shows_tool_while_its_handler_runs(fake_server, page):
+    connection = await connected_client(fake_server, page, register(PAY, HELD_HANDLER))
+    dialog = page.locator("dialog#owl-approval")
+
+    await call_tool(connection, "tc_pay", "process_payment", {"amount": 10})
+    await dialog.get_by_role("button", name="Approve").click()
+    await eventually(lambda: page.evaluate("Boolean(window.finish && window.finish.tc_pay)"),
+                     what="the handler to start")
+    assert await page.evaluate("client.activity") == "tool"
+    await page.evaluate("window.finish.tc_pay({paid: true})")
+    await eventually(lambda: sent(connection, "APPROVAL_RESPONSE"), what="the approval response")
+
+    assert await page.evaluate("window.activity") == [
+        doing("tool", "process_payment", "tc_pay"),
+        doing("approval", "process_payment", "tc_pay"),
+        doing("tool", "process_payment", "tc_pay"),
+        THINKING,
+    ]
+
+
+async def test_with_two_calls_open_the_activity_stays_on_a_tool_until_the_last_result(fake_server, page):
+    check_stock = {"name": "check_stock", "description": "Check the stock"}
+    setup = register(check_stock, HELD_HANDLER) + register(ADD_TO_CART, HELD_HANDLER)
+    connection = await connected_client(fake_server, page, setup)
+
+    await call_tool(connection, "tc_stock", "check_stock", {})
+    await call_tool(connection, "tc_add", "add_to_cart", {"quantity": 1})
+    await eventually(lambda: page.evaluate("Object.keys(window.finish || {}).length === 2"),
+                     what="both handlers to start")
+    await page.evaluate("window.finish.tc_add(null)")
+    await eventually(lambda: len(sent(connection, "TOOL_RESULT")) == 1, what="the first result")
+    assert await page.evaluate("window.activity.at(-1)") == doing("tool", "check_stock", "tc_stock")
+    await page.evaluate("window.finish.tc_stock(null)")
+    await eventually(lambda: len(sent(connection, "TOOL_RESULT")) == 2, what="the second result")
+
+    assert await page.evaluate("window.activity") == [
+        doing("tool", "check_stock", "tc_stock"),
+        doing("tool", "add_to_cart", "tc_add"),
+        doing("tool", "check_stock", "tc_stock"),
+        THINKING,
+    ]
+
+
+async def test_a_server_side_approval_shows_approval_while_its_dialog_is_open(fake_server, page):
+    connection = await connected_client(fake_server, page, "")
+    dialog = page.locator("dialog#owl-approval")
+
+    await start_turn(page, connection)
+    await connection.send(frame("APPROVAL_REQUEST", {
+        "callId": "srv_1", "toolName": "cancel_order", "risk": "high",
+        "args": {"number": "A1003"}, "message": "Cancel order A1003?",
+    }))
+    await expect(dialog).to_be_visible()
+    assert await page.evaluate("client.activity") == "approval"
+    await dialog.get_by_role("button", name="Approve").click()
+    await eventually(lambda: sent(connection, "APPROVAL_RESPONSE"), what="the answer")
+
+    assert await page.evaluate("window.activity") == [
+        THINKING, doing("approval", "cancel_order", "srv_1"), THINKING,
+    ]
+
+
+async def test_a_lost_connection_resets_the_activity_to_idle(fake_server, page):
+    connection = await connected_client(fake_server, page, register(ADD_TO_CART, HELD_HANDLER))
+
+    await start_turn(page, connection)
+    await call_tool(connection, "tc_add", "add_to_cart", {"quantity": 1})
+    await eventually(lambda: page.evaluate("Boolean(window.finish && window.finish.tc_add)"),
+                     what="the handler to start")
+    await connection.ws.close(1001, "going away")
+    await eventually(lambda: page.evaluate("window.__owl.closes.length === 1"), what="the close")
+
+    assert await page.evaluate("window.activity") == [
+        THINKING, doing("tool", "add_to_cart", "tc_add"), IDLE,
+    ]
+
+
+async def test_a_disconnect_event_resets_the_activity_to_idle(fake_server, page):
+    connection = await connected_client(fake_server, page, "")
+
+    await start_turn(page, connection)
+    await connection.send(frame("SYSTEM_EVENT", {"kind": "disconnect", "message": "Ended."}))
+    await eventually(lambda: page.evaluate("window.activity.length === 2"), what="the activity change")
+
+    assert await page.evaluate("window.activity") == [THINKING, IDLE]
+
+
+# --- the module itself ------------------------------------------------------------
+
+
+async def test_the_module_exports_the_class_and_its_helpers_also_as_static_properties(fake_server, page):
+    fake = await fake_server(acknowledge)
+    null_meta = frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, meta=None)
+    fake.pages["/exports"] = module_page(
+        "import OwlLayer, { OwlLayerClient, SDK_VERSION, PROTOCOL_VERSION, validateFrame,"
+        f' closeIsPermanent, argumentsError, showApprovalDialog }} from "{CLIENT_PATH}";'
+        "window.exported = {"
+        "  defaultIsTheClass: OwlLayer === OwlLayerClient,"
+        "  versions: [SDK_VERSION, PROTOCOL_VERSION],"
+        f"  nullMeta: validateFrame({json.dumps(null_meta)}),"
+        "  permanent: [closeIsPermanent(1008), closeIsPermanent(1001)],"
+        "  argumentsError: argumentsError({type: 'NUMBER'}, 'two', 'args.quantity'),"
+        "  dialog: typeof showApprovalDialog,"
+        "  statics: [OwlLayerClient.SDK_VERSION === SDK_VERSION,"
+        "    OwlLayerClient.PROTOCOL_VERSION === PROTOCOL_VERSION,"
+        "    OwlLayerClient.validateFrame === validateFrame,"
+        "    OwlLayerClient.closeIsPermanent === closeIsPermanent,"
+        "    OwlLayerClient.argumentsError === argumentsError,"
+        "    OwlLayerClient.showApprovalDialog === showApprovalDialog],"
+        "};"
+    )
+    await page.goto(fake.url("/exports"))
+    await page.wait_for_function("window.exported !== undefined")
+
+    assert await page.evaluate("window.exported") == {
+        "defaultIsTheClass": True,
+        "versions": ["0.4.0", "1.0.0"],
+        "nullMeta": {"error": "meta must be an object"},
+        "permanent": [True, False],
+        "argumentsError": "args.quantity must be number",
+        "dialog": "function",
+        "statics": [True] * 6,
+    }
+
+
+async def test_the_module_sets_no_global_class_and_exposes_the_wire_state(fake_server, page):
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake)
+
+    assert await page.evaluate("[typeof window.OwlLayerClient, window.__owl === client.wire]") == [
+        "undefined", True,
+    ]

@@ -1,367 +1,407 @@
 /*
- * The demo store: a product page and a cart page rendered in the browser,
- * the chat widget, and the page tools the assistant can call.
+ * The demo store in the browser: the page's tools, moving between pages
+ * without dropping the assistant's socket, and the chat panel.
  *
- * Navigation between the two pages is client-side (history.pushState), so
- * the AITP socket stays open when a tool such as go_to_cart moves the user:
- * the new page's CONTEXT_UPDATE leaves before that tool's TOOL_RESULT.
+ * Every page is a Django template. Links inside the store and the tools that
+ * navigate fetch the next page and swap its <main> in (history.pushState), so
+ * the AITP connection stays open: a tool that opens a product answers only
+ * after the new page's tools and context are sent (the client flushes its
+ * CONTEXT_UPDATE before the TOOL_RESULT).
  */
-(function () {
-  "use strict";
+import { OwlLayerClient, showApprovalDialog } from "../owllayer/owllayer-client.js";
 
-  var config = JSON.parse(document.getElementById("owl-demo-config").textContent);
+const config = JSON.parse(document.getElementById("owl-demo-config").textContent);
+const csrfToken = document.querySelector("input[name=csrfmiddlewaretoken]").value;
+let page = readPage(document);
 
-  var PRODUCT = {
-    id: "pro-headphones",
-    name: "Pro Headphones",
-    priceCents: 14999,
-    description: "Closed-back wireless headphones with active noise cancelling and 30 hours of battery."
-  };
-  var CURRENCY = "USD";
-  var CART_KEY = "owl-demo-cart";
-  var MAX_QUANTITY = 99;
-  var TITLES = { product: "Pro Headphones - Owl Store", cart: "Your cart - Owl Store" };
+function readPage(doc) {
+  return JSON.parse(doc.getElementById("owl-page").textContent);
+}
 
-  // --- the cart, kept in localStorage -------------------------------------------
+function productUrl(id) {
+  return config.urls.product.replace("__slug__", encodeURIComponent(id));
+}
 
-  function cartQuantity() {
-    var saved;
-    try {
-      saved = JSON.parse(localStorage.getItem(CART_KEY) || "{}");
-    } catch (err) {
-      saved = {}; // a damaged entry is an empty cart
-    }
-    var quantity = saved && saved[PRODUCT.id];
-    return Number.isInteger(quantity) && quantity > 0 ? quantity : 0;
-  }
+function money(amount) {
+  return "$" + amount.toFixed(2);
+}
 
-  function setCartQuantity(quantity) {
-    var saved = {};
-    if (quantity > 0) saved[PRODUCT.id] = quantity;
-    localStorage.setItem(CART_KEY, JSON.stringify(saved));
-  }
+// --- the cart API (the same one the page's buttons use) ----------------------
 
-  function cartTotalCents() {
-    return cartQuantity() * PRODUCT.priceCents;
-  }
-
-  function money(cents) {
-    return "$" + (cents / 100).toFixed(2);
-  }
-
-  function wholeQuantity(value, minimum) {
-    if (!Number.isInteger(value) || value < minimum || value > MAX_QUANTITY) {
-      throw new Error("quantity must be a whole number from " + minimum + " to " + MAX_QUANTITY);
-    }
-    return value;
-  }
-
-  var lastOrder = null;
-
-  function addToCart(quantity) {
-    wholeQuantity(quantity, 1);
-    var total = cartQuantity() + quantity;
-    if (total > MAX_QUANTITY) throw new Error("the cart holds at most " + MAX_QUANTITY);
-    setCartQuantity(total);
-    lastOrder = null;
-    render();
-    return { added: true, quantity: quantity, cartQuantity: total, cartTotal: cartTotalCents() / 100 };
-  }
-
-  function changeQuantity(quantity) {
-    wholeQuantity(quantity, 0);
-    setCartQuantity(quantity);
-    render();
-    return { quantity: quantity, cartTotal: cartTotalCents() / 100 };
-  }
-
-  function pay(amount) {
-    var totalCents = cartTotalCents();
-    if (totalCents === 0) throw new Error("the cart is empty");
-    // Compare cents: 299.98 is not exactly representable as a float.
-    if (Math.round(amount * 100) !== totalCents) {
-      throw new Error("amount does not match the cart total (" + money(totalCents) + ")");
-    }
-    var order = { orderId: "ord_" + Math.random().toString(36).slice(2, 10), amount: totalCents / 100 };
-    setCartQuantity(0);
-    lastOrder = order;
-    render();
-    return { paid: true, orderId: order.orderId, amount: order.amount, currency: CURRENCY };
-  }
-
-  // --- routing ------------------------------------------------------------------------
-
-  var route = routeOf(window.location.pathname);
-
-  function routeOf(pathname) {
-    return pathname === config.routes.cart ? "cart" : "product";
-  }
-
-  function navigate(to) {
-    if (to !== route) {
-      // Keep ?apiKey=... so that a reload of the new page still connects.
-      window.history.pushState({ route: to }, "", config.routes[to] + window.location.search);
-    }
-    route = to;
-    render();
-  }
-
-  window.addEventListener("popstate", function () {
-    route = routeOf(window.location.pathname);
-    render();
+async function cartAction(action, body) {
+  const response = await fetch(config.urls.api.replace("__action__", action), {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken },
+    credentials: "same-origin",
+    body: JSON.stringify(body),
   });
+  let data;
+  try {
+    data = await response.json();
+  } catch (err) {
+    throw new Error("The store did not answer (" + response.status + ").");
+  }
+  if (!response.ok) throw new Error(data.error || "The store refused (" + response.status + ").");
+  return data;
+}
 
-  document.addEventListener("click", function (event) {
-    var link = event.target.closest("a[data-nav]");
-    if (!link || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey) return;
-    event.preventDefault();
-    navigate(link.dataset.nav);
+// --- moving between pages -------------------------------------------------------
+
+function isStoreUrl(url) {
+  return url.origin === window.location.origin && url.pathname.startsWith(config.urls.home) &&
+    !url.pathname.startsWith(config.urls.api.replace("__action__", ""));
+}
+
+/* Show another store page in place; resolves once the assistant knows about it. */
+async function visit(href, { push = true } = {}) {
+  const url = new URL(href, window.location.href);
+  const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } });
+  if (!response.ok) throw new Error("That page does not exist (" + response.status + ").");
+  const doc = new DOMParser().parseFromString(await response.text(), "text/html");
+  const view = doc.getElementById("view");
+  if (!view || !doc.getElementById("owl-page")) throw new Error("That is not a store page.");
+  if (push && url.href !== window.location.href) window.history.pushState({}, "", url.href);
+  document.title = doc.title;
+  document.getElementById("view").replaceWith(document.adoptNode(view));
+  document.getElementById("cart-count").textContent = doc.getElementById("cart-count").textContent;
+  page = readPage(document);
+  syncAssistant();
+  window.scrollTo(0, 0);
+  return { url: url.pathname, title: doc.title };
+}
+
+/* Redraw the current page after the cart changed. */
+function refresh() {
+  return visit(window.location.href, { push: false });
+}
+
+window.addEventListener("popstate", () => {
+  visit(window.location.href, { push: false }).catch(() => window.location.reload());
+});
+
+document.addEventListener("click", (event) => {
+  const link = event.target.closest("a[href]");
+  if (!link || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+  const url = new URL(link.href, window.location.href);
+  if (!isStoreUrl(url)) return;
+  event.preventDefault();
+  visit(url.href).catch(() => window.location.assign(url.href));
+});
+
+// The page's own buttons and forms.
+document.addEventListener("submit", (event) => {
+  const form = event.target.closest("form[data-action]");
+  if (!form) return;
+  event.preventDefault();
+  const fields = new FormData(form);
+  if (form.dataset.action === "add") {
+    act(() => cartAction("add", { productId: form.dataset.product, quantity: Number(fields.get("quantity")) }));
+  } else if (form.dataset.action === "coupon") {
+    act(() => cartAction("coupon", { code: String(fields.get("code") || "") }));
+  }
+});
+
+document.addEventListener("change", (event) => {
+  const input = event.target.closest("input[data-action=quantity]");
+  if (input) act(() => cartAction("quantity", { productId: input.dataset.product, quantity: Number(input.value) }));
+});
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("button[data-action=pay]");
+  // A person clicking Pay is the approval: no dialog.
+  if (button) act(() => cartAction("pay", { amount: Number(button.dataset.amount) }));
+});
+
+async function act(change) {
+  try {
+    await change();
+  } catch (err) {
+    showMessage("error", err.message);
+  }
+  await refresh();
+}
+
+// --- the page's tools ---------------------------------------------------------------
+
+const NUMBER = (description) => ({ type: "NUMBER", description });
+const STRING = (description, extra) => ({ type: "STRING", description, ...extra });
+
+/* name -> [declaration, handler, label shown while it runs] */
+const TOOLS = {
+  open_product: [{
+    name: "open_product",
+    description: "Open a product's page in the store. Products: " +
+      config.products.map((p) => p.id + " (" + p.name + ")").join(", "),
+    parameters: {
+      type: "OBJECT",
+      properties: { productId: STRING("The product's id", { enum: config.products.map((p) => p.id) }) },
+      required: ["productId"],
+    },
+    risk: "none",
+  }, (args) => visit(productUrl(args.productId)), "Opening a product page"],
+  open_cart: [{
+    name: "open_cart",
+    description: "Open the shopping cart page (to review it, apply a coupon or pay)",
+    parameters: { type: "OBJECT", properties: {} },
+    risk: "none",
+  }, () => visit(config.urls.cart), "Opening your cart"],
+  add_to_cart: [{
+    name: "add_to_cart",
+    description: "Add the product on this page to the shopping cart",
+    parameters: {
+      type: "OBJECT",
+      properties: { quantity: NUMBER("How many to add (1-99)") },
+      required: ["quantity"],
+    },
+    risk: "low",
+  }, (args) => changeCart("add", { productId: page.context.productId, quantity: args.quantity }),
+  "Adding to your cart"],
+  set_quantity: [{
+    name: "set_quantity",
+    description: "Set how many of a product are in the cart (0 removes it)",
+    parameters: {
+      type: "OBJECT",
+      properties: {
+        productId: STRING("The product's id", { enum: config.products.map((p) => p.id) }),
+        quantity: NUMBER("The new quantity (0-99)"),
+      },
+      required: ["productId", "quantity"],
+    },
+    risk: "low",
+  }, (args) => changeCart("quantity", args), "Updating your cart"],
+  apply_coupon: [{
+    name: "apply_coupon",
+    description: "Apply a coupon code to the cart",
+    parameters: { type: "OBJECT", properties: { code: STRING("The coupon code") }, required: ["code"] },
+    risk: "low",
+  }, (args) => changeCart("coupon", { code: args.code }), "Applying the coupon"],
+  process_payment: [{
+    name: "process_payment",
+    description: "Pay for the cart with the customer's saved card. The amount must equal the cart " +
+      "total in USD. The customer is asked to approve first.",
+    parameters: {
+      type: "OBJECT",
+      properties: { amount: NUMBER("The amount to charge in USD: the cart total") },
+      required: ["amount"],
+    },
+    risk: "critical",
+    approvalMessage: (args) => "Pay " + money(args.amount) + " with your saved card?",
+  }, (args) => changeCart("pay", { amount: args.amount }), "Paying"],
+};
+
+/* Change the cart, redraw the page (so the agent sees the new context), report. */
+async function changeCart(action, body) {
+  const outcome = await cartAction(action, body);
+  await refresh();
+  return outcome;
+}
+
+// --- the assistant ----------------------------------------------------------------------
+
+const messages = document.getElementById("owl-messages");
+const statusBadge = document.getElementById("owl-status");
+const activityLine = document.getElementById("owl-activity");
+const form = document.getElementById("owl-form");
+const input = document.getElementById("owl-input");
+const sendButton = document.getElementById("owl-send");
+
+let client = null;
+let agentBubble = null;
+const toolLines = new Map();
+
+function showMessage(kind, text) {
+  const node = document.createElement("p");
+  node.className = "owl-msg owl-msg-" + kind;
+  node.textContent = text;
+  messages.appendChild(node);
+  messages.scrollTop = messages.scrollHeight;
+  return node;
+}
+
+// Everything changed here in one go leaves as one CONTEXT_UPDATE.
+function syncAssistant() {
+  if (!client) return;
+  const wanted = page.tools.filter((name) => name in TOOLS);
+  Object.keys(client.tools).forEach((name) => {
+    if (!wanted.includes(name)) client.unregisterTool(name);
   });
+  wanted.forEach((name) => {
+    if (!(name in client.tools)) client.registerTool(TOOLS[name][0], TOOLS[name][1]);
+  });
+  client.setContext(page.context);
+  client.pageChanged();
+}
 
-  // --- views ----------------------------------------------------------------------------
+// Plain words for what the server's error codes mean to a shopper.
+const PLAIN_ERRORS = {
+  turn_in_progress: "I'm still working on your last message. Please wait for my answer.",
+  input_too_long: "That message is too long for me. Please shorten it.",
+  rate_limited: "I'm getting too many requests right now. Please try again in a moment.",
+  overloaded: "I'm very busy right now. Please try again in a moment.",
+  timeout: "I took too long to answer. Please try again.",
+  unreachable: "I can't reach my language model right now. Please try again later.",
+  upstream_error: "Something went wrong on my side. Please try again.",
+  tool_timeout: "The page took too long to do what I asked.",
+  approval_expired: "Nobody answered the approval in time, so I did not go ahead.",
+  session_limit: "Too many people are using this assistant right now. Please try again later.",
+  invalid_api_key: "This store's assistant key is not valid, so the assistant is off.",
+  api_key_revoked: "This store's assistant key was revoked, so the assistant is off.",
+  api_key_disabled: "This store's assistant key is disabled, so the assistant is off.",
+  api_key_expired: "This store's assistant key has expired, so the assistant is off.",
+  origin_not_allowed: "This page's origin is not allowed to use the assistant key.",
+  internal_error: "Something went wrong on the server. Please try again.",
+};
 
-  function el(tag, attrs, children) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (name) {
-      if (name === "text") node.textContent = attrs[name];
-      else if (name === "on") Object.keys(attrs.on).forEach(function (e) { node.addEventListener(e, attrs.on[e]); });
-      else node.setAttribute(name, attrs[name]);
-    });
-    (children || []).forEach(function (child) { if (child) node.appendChild(child); });
-    return node;
-  }
+function plainError(event) {
+  const code = event.data && event.data.code;
+  return (code && PLAIN_ERRORS[code]) || event.message || "Something went wrong.";
+}
 
-  // Drawn inline: no image file to serve, no emoji font to rely on.
-  function headphonesPicture() {
-    var frame = el("div", { class: "product-image", "aria-hidden": "true" });
-    frame.innerHTML =
-      '<svg viewBox="0 0 64 64" fill="none" stroke="currentColor" stroke-width="4" stroke-linecap="round">' +
-      '<path d="M12 38V32a20 20 0 0 1 40 0v6"/>' +
-      '<rect x="8" y="36" width="12" height="18" rx="4" fill="currentColor"/>' +
-      '<rect x="44" y="36" width="12" height="18" rx="4" fill="currentColor"/></svg>';
-    return frame;
-  }
+function describeArgs(args) {
+  const parts = Object.keys(args).map((key) => key + " " + JSON.stringify(args[key]));
+  return parts.length ? " (" + parts.join(", ") + ")" : "";
+}
 
-  function productView() {
-    var quantity = el("input", { id: "product-quantity", type: "number", min: "1", max: String(MAX_QUANTITY), value: "1" });
-    return el("article", { class: "product", "data-page": "product" }, [
-      headphonesPicture(),
-      el("div", { class: "product-info" }, [
-        el("h1", { text: PRODUCT.name }),
-        el("p", { class: "price", id: "product-price", text: money(PRODUCT.priceCents) }),
-        el("p", { text: PRODUCT.description }),
-        el("div", { class: "buy" }, [
-          el("label", { for: "product-quantity", text: "Quantity" }),
-          quantity,
-          el("button", { id: "add-to-cart", type: "button", text: "Add to cart", on: { click: function () {
-            try {
-              addToCart(Number(quantity.value));
-            } catch (err) {
-              showNote(err.message, "error");
-            }
-          } } })
-        ]),
-        el("a", { href: config.routes.cart, "data-nav": "cart", text: "Go to cart →" })
-      ])
-    ]);
-  }
+function toolLabel(name) {
+  return name in TOOLS ? TOOLS[name][2] : "Using " + name;
+}
 
-  function cartView() {
-    var quantity = cartQuantity();
-    var children = [el("h1", { text: "Your cart" })];
-    if (lastOrder) {
-      children.push(el("p", { id: "order-confirmation", class: "confirmation",
-        text: "Thank you! Order " + lastOrder.orderId + " is paid (" + money(lastOrder.amount * 100) + ")." }));
-    }
-    if (quantity === 0) {
-      children.push(el("p", { id: "cart-empty", text: "Your cart is empty." }));
-      children.push(el("a", { href: config.routes.product, "data-nav": "product", text: "← Back to the headphones" }));
-      return el("article", { class: "cart", "data-page": "cart" }, children);
-    }
-    var input = el("input", { id: "cart-quantity", type: "number", min: "0", max: String(MAX_QUANTITY), value: String(quantity),
-      on: { change: function () {
-        try {
-          changeQuantity(Number(input.value));
-        } catch (err) {
-          showNote(err.message, "error");
-        }
-      } } });
-    children.push(el("table", { class: "cart-lines" }, [
-      el("tr", {}, [el("th", { text: "Item" }), el("th", { text: "Price" }), el("th", { text: "Quantity" }), el("th", { text: "Total" })]),
-      el("tr", {}, [
-        el("td", { text: PRODUCT.name }), el("td", { text: money(PRODUCT.priceCents) }),
-        el("td", {}, [input]), el("td", { text: money(cartTotalCents()) })
-      ])
-    ]));
-    children.push(el("p", { class: "cart-total" }, [
-      document.createTextNode("Total: "), el("strong", { id: "cart-total", text: money(cartTotalCents()) })
-    ]));
-    children.push(el("button", { id: "pay", type: "button", text: "Pay " + money(cartTotalCents()),
-      on: { click: function () { pay(cartTotalCents() / 100); } } }));
-    return el("article", { class: "cart", "data-page": "cart" }, children);
-  }
+function showActivity(event) {
+  activityLine.dataset.activity = event.activity;
+  activityLine.hidden = event.activity === "idle";
+  if (event.activity === "thinking") activityLine.textContent = "Thinking…";
+  else if (event.activity === "tool") activityLine.textContent = toolLabel(event.tool) + "…";
+  else if (event.activity === "approval") activityLine.textContent = "Waiting for you: approve or decline.";
+  else activityLine.textContent = "";
+}
 
-  function render() {
-    document.title = TITLES[route];
-    var view = document.getElementById("view");
-    view.replaceChildren(route === "cart" ? cartView() : productView());
-    document.getElementById("cart-count").textContent = String(cartQuantity());
-    syncAssistant();
-  }
+function toolStarted(event) {
+  const line = showMessage("tool", "");
+  line.dataset.callId = event.callId;
+  line.dataset.tool = event.name;
+  line.dataset.status = "running";
+  line.dataset.summary = event.name + describeArgs(event.args);
+  line.textContent = "→ " + line.dataset.summary + " …";
+  toolLines.set(event.callId, line);
+}
 
-  // --- the page's tools -------------------------------------------------------------------
-
-  var TOOLS = {
-    product: [
-      [{
-        name: "add_to_cart",
-        description: "Add the currently viewed product (Pro Headphones) to the shopping cart",
-        parameters: {
-          type: "OBJECT",
-          properties: { quantity: { type: "NUMBER", description: "Quantity to add (1-99)" } },
-          required: ["quantity"]
-        },
-        risk: "low"
-      }, function (args) { return addToCart(args.quantity); }],
-      [{
-        name: "go_to_cart",
-        description: "Open the shopping cart page",
-        parameters: { type: "OBJECT", properties: {} },
-        risk: "none"
-      }, function () {
-        navigate("cart");
-        return { url: window.location.pathname };
-      }]
-    ],
-    cart: [
-      [{
-        name: "set_quantity",
-        description: "Set how many Pro Headphones are in the cart (0 removes them)",
-        parameters: {
-          type: "OBJECT",
-          properties: { quantity: { type: "NUMBER", description: "The new quantity (0-99)" } },
-          required: ["quantity"]
-        },
-        risk: "low"
-      }, function (args) { return changeQuantity(args.quantity); }],
-      [{
-        name: "process_payment",
-        description: "Pay for the cart with the customer's saved card; the amount must equal the cart total",
-        parameters: {
-          type: "OBJECT",
-          properties: { amount: { type: "NUMBER", description: "The amount to charge in USD" } },
-          required: ["amount"]
-        },
-        risk: "critical",
-        approvalMessage: function (args) { return "Pay " + args.amount.toFixed(2) + " " + CURRENCY + " with the saved card?"; }
-      }, function (args) { return pay(args.amount); }]
-    ]
-  };
-
-  function pageContext() {
-    if (route === "cart") {
-      var context = {
-        page: "cart",
-        currency: CURRENCY,
-        items: cartQuantity() ? [{
-          productId: PRODUCT.id, name: PRODUCT.name, price: PRODUCT.priceCents / 100, quantity: cartQuantity()
-        }] : [],
-        total: cartTotalCents() / 100
-      };
-      if (lastOrder) context.lastOrder = lastOrder;
-      return context;
-    }
-    return {
-      page: "product_detail",
-      productId: PRODUCT.id,
-      name: PRODUCT.name,
-      price: PRODUCT.priceCents / 100,
-      currency: CURRENCY,
-      cartQuantity: cartQuantity()
-    };
-  }
-
-  // Everything changed here in one go leaves as one CONTEXT_UPDATE.
-  function syncAssistant() {
-    if (!client) return;
-    var wanted = TOOLS[route];
-    var names = wanted.map(function (tool) { return tool[0].name; });
-    Object.keys(client.tools).forEach(function (name) {
-      if (names.indexOf(name) === -1) client.unregisterTool(name);
-    });
-    wanted.forEach(function (tool) {
-      if (!(tool[0].name in client.tools)) client.registerTool(tool[0], tool[1]);
-    });
-    client.setContext(pageContext());
-    client.pageChanged();
-  }
-
-  // --- the chat widget ------------------------------------------------------------------
-
-  var messages = document.getElementById("owl-messages");
-  var statusBadge = document.getElementById("owl-status");
-  var thinking = document.getElementById("owl-thinking");
-  var form = document.getElementById("owl-form");
-  var input = document.getElementById("owl-input");
-  var sendButton = document.getElementById("owl-send");
-  var agentBubble = null;
-
-  function showMessage(kind, text) {
-    var node = el("p", { class: "owl-msg owl-msg-" + kind, text: text });
-    messages.appendChild(node);
-    messages.scrollTop = messages.scrollHeight;
-    return node;
-  }
-
-  function showNote(text, kind) {
-    showMessage(kind || "note", text);
-  }
-
-  var client = null;
-  if (config.apiKey) {
-    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    client = new OwlLayerClient({ apiKey: config.apiKey, endpoint: scheme + window.location.host + config.wsPath });
-
-    client.on("state", function (state) {
-      statusBadge.textContent = state;
-      statusBadge.dataset.state = state;
-      thinking.hidden = state !== "thinking";
-      sendButton.disabled = state !== "connected";
-    });
-    client.on("agent", function (event) {
-      if (!agentBubble) agentBubble = showMessage("agent", "");
-      // Deltas grow the bubble; the final frame's complete text replaces it.
-      agentBubble.textContent = event.text;
-      messages.scrollTop = messages.scrollHeight;
-      if (event.done) {
-        agentBubble.dataset.done = "true";
-        if (!event.text) agentBubble.remove();
-        agentBubble = null;
-      }
-    });
-    client.on("error", function (event) { showMessage("error", event.message); });
-    // A turn cut off by a lost connection will not finish: start afresh.
-    client.on("close", function () { agentBubble = null; });
-    client.on("system", function (event) {
-      if (event.kind === "waiting" && event.message) showNote(event.message);
-    });
-    client.on("tool", function (event) {
-      var outcome = event.outcome.error ? "failed: " + event.outcome.error : "done";
-      showNote(event.name + " " + outcome, "tool");
-    });
-    form.addEventListener("submit", function (event) {
-      event.preventDefault();
-      var text = input.value;
-      if (client.sendText(text)) {
-        showMessage("user", text.trim());
-        input.value = "";
-        agentBubble = null;
-      }
-    });
+function toolFinished(event) {
+  const line = toolLines.get(event.callId) || showMessage("tool", "");
+  toolLines.delete(event.callId);
+  const summary = line.dataset.summary || event.name;
+  if (event.outcome.denied) {
+    line.dataset.status = "denied";
+    line.textContent = "✗ " + event.name + ": you declined";
+  } else if ("error" in event.outcome) {
+    line.dataset.status = "error";
+    line.textContent = "✗ " + event.name + " failed: " + event.outcome.error;
   } else {
-    form.addEventListener("submit", function (event) { event.preventDefault(); });
+    line.dataset.status = "success";
+    line.textContent = "✓ " + summary + " done";
   }
+}
 
-  render();
-  if (client) client.connect();
-})();
+/* The payment approval: a modal that shows the amount and the cart. */
+function showApproval(request, decide) {
+  if (request.toolName !== "process_payment") return showApprovalDialog(request, decide);
+  const dialog = document.getElementById("pay-dialog-template").content.firstElementChild.cloneNode(true);
+  const amount = Number(request.args.amount);
+  const total = page.kind === "cart" ? page.context.total : null;
+  dialog.querySelector("[data-amount]").textContent = money(amount);
+  dialog.querySelector("[data-message]").textContent = request.message;
+  const lines = dialog.querySelector("[data-lines]");
+  (page.kind === "cart" ? page.context.items : []).forEach((item) => {
+    const li = document.createElement("li");
+    li.textContent = item.quantity + " × " + item.name + " — " + money(item.lineTotal);
+    lines.appendChild(li);
+  });
+  const mismatch = dialog.querySelector("[data-mismatch]");
+  if (total !== null && Math.round(total * 100) !== Math.round(amount * 100)) {
+    mismatch.hidden = false;
+    mismatch.textContent = "This is not your cart total (" + money(total) + ").";
+  }
+  dialog.dataset.callId = request.callId;
+  document.body.appendChild(dialog);
+  let decided = false;
+  const finish = (approved) => {
+    if (decided) return;
+    decided = true;
+    dialog.close();
+    dialog.remove();
+    if (approved !== null) decide(approved);
+  };
+  dialog.querySelector("[data-owl-approve]").addEventListener("click", () => finish(true));
+  dialog.querySelector("[data-owl-decline]").addEventListener("click", () => finish(false));
+  // Escape declines: for a payment, the safe answer.
+  dialog.addEventListener("cancel", (event) => { event.preventDefault(); finish(false); });
+  dialog.showModal();
+  return { dismiss: () => finish(null) };
+}
+
+function connectAssistant() {
+  const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+  client = new OwlLayerClient({
+    apiKey: config.apiKey, endpoint: scheme + window.location.host + config.wsPath, showApproval,
+  });
+  let lostConnection = false;
+
+  client.on("state", (state) => {
+    statusBadge.textContent = state;
+    statusBadge.dataset.state = state;
+    sendButton.disabled = state !== "connected";
+    if (state === "reconnecting" && !lostConnection) {
+      lostConnection = true;
+      showMessage("note", "Lost the connection to the assistant. Reconnecting…");
+    }
+  });
+  client.on("connected", () => {
+    if (lostConnection) showMessage("note", "Reconnected.");
+    lostConnection = false;
+  });
+  client.on("activity", showActivity);
+  client.on("agent", (event) => {
+    if (!agentBubble) agentBubble = showMessage("agent", "");
+    // Deltas grow the bubble; the final frame's complete text replaces it.
+    agentBubble.textContent = event.text;
+    messages.scrollTop = messages.scrollHeight;
+    if (event.done) {
+      agentBubble.dataset.done = "true";
+      if (!event.text) agentBubble.remove();
+      agentBubble = null;
+    }
+  });
+  client.on("error", (event) => showMessage("error", plainError(event)));
+  // A turn cut off by a lost connection will not finish: start afresh, and
+  // say so for the calls it left running (their answers can reach no one).
+  client.on("close", () => {
+    agentBubble = null;
+    toolLines.forEach((line) => {
+      line.dataset.status = "lost";
+      line.textContent = "✗ " + (line.dataset.summary || line.dataset.tool) + ": the connection was lost";
+    });
+    toolLines.clear();
+  });
+  client.on("system", (event) => {
+    if (event.kind === "waiting" && event.message) showMessage("note", event.message);
+  });
+  client.on("tool.start", toolStarted);
+  client.on("tool", toolFinished);
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = input.value;
+    if (client.sendText(text)) {
+      showMessage("user", text.trim());
+      input.value = "";
+      agentBubble = null;
+    }
+  });
+  syncAssistant();
+  client.connect();
+}
+
+if (config.apiKey) {
+  connectAssistant();
+} else {
+  form.addEventListener("submit", (event) => event.preventDefault());
+}

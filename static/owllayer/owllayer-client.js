@@ -1,0 +1,914 @@
+/*
+ * OwlLayer browser client: speaks AITP 1.0.0 over a WebSocket exactly as the
+ * deployed OwlLayerClient 0.4 does (docs: aitp-spec.md, wire-compat.md).
+ *
+ *   import { OwlLayerClient } from "/static/owllayer/owllayer-client.js";
+ *   const client = new OwlLayerClient({ apiKey, endpoint });
+ *   client.registerTool({ name, description, parameters, risk }, handler);
+ *   client.setContext({ page: "product_detail" });
+ *   client.on("agent", ({ text, done }) => ...);
+ *   client.on("activity", ({ activity, tool, callId }) => ...);
+ *   client.connect();
+ *
+ * An ES module without dependencies. Every received frame is checked against
+ * the same strict schema as the deployed client; a frame that fails is
+ * dropped silently and counted in window.__owl.dropped, so tests can prove
+ * none ever was.
+ *
+ * Two things a page can show:
+ *   state     the connection: idle, connecting, connected, thinking,
+ *             reconnecting, error, closed (the "state" event);
+ *   activity  what the agent is doing: idle, thinking, tool, approval
+ *             (the "activity" event, with the tool and callId for the last two).
+ *
+ * Events: state, activity, connected, close, error, frame, agent, tools,
+ * transcript.delta, system, tool.start, tool, approval, approval.decided.
+ */
+
+export const SDK_VERSION = "0.4.0";
+export const PROTOCOL_VERSION = "1.0.0";
+// wire-compat 1 and 2: the deployed client's numbers.
+const HANDSHAKE_TIMEOUT_MS = 5000;
+const RECONNECT_STEP_MS = 2000;
+const MAX_RECONNECT_ATTEMPTS = 10;
+const DEFAULT_MAX_ACTIVE_TOOLS = 30;
+const MAX_INPUT_CHARS = 8000;
+// 1008 refusals, 1003 unsupported data, 1011 server bug: retrying cannot help.
+const PERMANENT_CLOSE_CODES = [1008, 1003, 1011];
+const DENIED_BY_USER = "Action denied by user";
+// Keeps the test log of a long session bounded.
+const MAX_LOGGED_FRAMES = 1000;
+
+const RISKS = ["none", "low", "high", "critical"];
+const APPROVAL_RISKS = ["high", "critical"];
+const MESSAGE_TYPES = [
+  "HANDSHAKE_INIT", "HANDSHAKE_ACK", "CONTEXT_UPDATE", "USER_INPUT", "TOOL_CALL",
+  "TOOL_RESULT", "APPROVAL_REQUEST", "APPROVAL_RESPONSE", "AGENT_RESPONSE",
+  "AUDIO_STREAM", "VOICE_INPUT_END", "VOICE_INTERRUPT", "VOICE_STATE_EVENT", "SYSTEM_EVENT",
+];
+const SERVER_TYPES = [
+  "HANDSHAKE_ACK", "TOOL_CALL", "APPROVAL_REQUEST", "AGENT_RESPONSE",
+  "AUDIO_STREAM", "VOICE_STATE_EVENT", "SYSTEM_EVENT",
+];
+const SYSTEM_EVENT_KINDS = [
+  "error", "waiting", "approval_required", "tools_effective",
+  "transcript", "reload", "redirect", "disconnect",
+];
+
+// --- strict frame validation (wire-compat section 3) ----------------------------
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+const check = {
+  string: (v) => typeof v === "string",
+  nonEmptyString: (v) => typeof v === "string" && v.length > 0,
+  boolean: (v) => typeof v === "boolean",
+  object: isObject,
+  positiveInteger: (v) => typeof v === "number" && Number.isInteger(v) && v >= 1,
+  stringList: (v) => Array.isArray(v) && v.every((item) => typeof item === "string"),
+  oneOf: (allowed) => (v) => typeof v === "string" && allowed.includes(v),
+};
+
+// "required": present and not null; "optional": may be absent, never null;
+// "nullable": may be absent or null (a tool result).
+const PAYLOAD_SCHEMAS = {
+  HANDSHAKE_ACK: {
+    sessionId: ["required", check.string], serverVersion: ["required", check.string],
+    protocolVersion: ["required", check.string], capabilities: ["required", check.stringList],
+    maxActiveTools: ["optional", check.positiveInteger],
+  },
+  TOOL_CALL: {
+    callId: ["required", check.nonEmptyString], name: ["required", check.string],
+    args: ["required", check.object],
+  },
+  APPROVAL_REQUEST: {
+    callId: ["required", check.nonEmptyString], toolName: ["required", check.string],
+    risk: ["required", check.oneOf(RISKS)], args: ["required", check.object],
+    message: ["required", check.nonEmptyString],
+  },
+  AGENT_RESPONSE: { chunk: ["required", check.string], done: ["required", check.boolean] },
+  AUDIO_STREAM: { data: ["required", check.string], mimeType: ["optional", check.string] },
+  VOICE_STATE_EVENT: {
+    event: ["required", check.oneOf(["turn_complete", "interrupted", "waiting_for_input"])],
+    reason: ["optional", check.string],
+  },
+  SYSTEM_EVENT: {
+    kind: ["required", check.oneOf(SYSTEM_EVENT_KINDS)],
+    message: ["optional", check.string], data: ["optional", check.object],
+  },
+};
+
+/* Why the envelope of a parsed frame is invalid, or null when it is valid. */
+function envelopeError(frame) {
+  if (!isObject(frame)) return "frame is not an object";
+  if (!check.nonEmptyString(frame.id)) return "id must be a non-empty string";
+  if (!MESSAGE_TYPES.includes(frame.type)) return "unknown type";
+  if (!SERVER_TYPES.includes(frame.type)) return "type is not sent by a server";
+  if (typeof frame.timestamp !== "number" || !isFinite(frame.timestamp)) {
+    return "timestamp must be a number";
+  }
+  if (!isObject(frame.payload)) return "payload must be an object";
+  if ("meta" in frame && !isObject(frame.meta)) return "meta must be an object";
+  return null;
+}
+
+/* The payload reduced to the schema's keys as {payload}, or {error}. */
+function checkPayload(schema, received) {
+  const payload = {};
+  for (const [field, [presence, valid]] of Object.entries(schema)) {
+    if (!(field in received)) {
+      if (presence === "required") return { error: "payload." + field + " is missing" };
+      continue;
+    }
+    const value = received[field];
+    if (value === null) {
+      if (presence !== "nullable") return { error: "payload." + field + " is null" };
+    } else if (!valid(value)) {
+      return { error: "payload." + field + " is invalid" };
+    }
+    payload[field] = value;
+  }
+  return { payload };
+}
+
+/*
+ * Check one received text frame. Returns {frame} with the payload reduced to
+ * the known keys (the client strips unknown ones), or {error} saying why the
+ * deployed client would drop it.
+ */
+export function validateFrame(text) {
+  if (typeof text !== "string") return { error: "frame is not text" };
+  let frame;
+  try {
+    frame = JSON.parse(text);
+  } catch (err) {
+    return { error: "not valid json" };
+  }
+  const error = envelopeError(frame);
+  if (error) return { error };
+  const checked = checkPayload(PAYLOAD_SCHEMAS[frame.type], frame.payload);
+  if (checked.error) return { error: checked.error };
+  const clean = { id: frame.id, type: frame.type, timestamp: frame.timestamp, payload: checked.payload };
+  if ("meta" in frame) clean.meta = frame.meta;
+  return { frame: clean };
+}
+
+export function closeIsPermanent(code) {
+  return PERMANENT_CLOSE_CODES.includes(code);
+}
+
+// --- tool declarations and arguments ------------------------------------------
+
+const PARAMETER_TYPES = ["STRING", "NUMBER", "BOOLEAN", "OBJECT", "ARRAY"];
+
+function hasType(type, value) {
+  switch (type) {
+    case "STRING": return typeof value === "string";
+    case "NUMBER": return typeof value === "number" && isFinite(value);
+    case "BOOLEAN": return typeof value === "boolean";
+    case "OBJECT": return isObject(value);
+    case "ARRAY": return Array.isArray(value);
+    // A type this client does not know is the server's to judge.
+    default: return !PARAMETER_TYPES.includes(type);
+  }
+}
+
+function objectError(schema, value, where) {
+  for (const name of schema.required || []) {
+    if (value[name] === undefined || value[name] === null) return where + "." + name + " is required";
+  }
+  const properties = schema.properties || {};
+  for (const key of Object.keys(properties)) {
+    if (value[key] === undefined) continue;
+    const error = argumentsError(properties[key], value[key], where + "." + key);
+    if (error) return error;
+  }
+  return null;
+}
+
+function itemsError(schema, value, where) {
+  for (let i = 0; i < value.length; i++) {
+    const error = argumentsError(schema.items, value[i], where + "[" + i + "]");
+    if (error) return error;
+  }
+  return null;
+}
+
+/* Why args do not fit an AITP parameter schema, or null when they do. */
+export function argumentsError(schema, value, where) {
+  if (!schema) return null;
+  const type = schema.type;
+  if (!hasType(type, value)) return where + " must be " + String(type).toLowerCase();
+  if (Array.isArray(schema.enum) && !schema.enum.includes(value)) {
+    return where + " must be one of " + schema.enum.join(", ");
+  }
+  if (type === "OBJECT") return objectError(schema, value, where);
+  if (type === "ARRAY" && schema.items) return itemsError(schema, value, where);
+  return null;
+}
+
+function declarationOf(tool) {
+  const declaration = { name: tool.name, description: tool.description || "" };
+  if (tool.parameters) declaration.parameters = tool.parameters;
+  declaration.risk = tool.risk;
+  return declaration;
+}
+
+// --- small helpers ---------------------------------------------------------------
+
+function newMessageId() {
+  const crypto = globalThis.crypto;
+  if (typeof crypto.randomUUID === "function") return "msg_" + crypto.randomUUID();
+  // randomUUID needs a secure context; build a v4 UUID by hand otherwise.
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes);
+  bytes[6] = (bytes[6] & 0x0f) | 0x40;
+  bytes[8] = (bytes[8] & 0x3f) | 0x80;
+  const hex = Array.from(bytes, (b) => (b + 0x100).toString(16).slice(1)).join("");
+  return "msg_" + hex.slice(0, 8) + "-" + hex.slice(8, 12) + "-" + hex.slice(12, 16) +
+    "-" + hex.slice(16, 20) + "-" + hex.slice(20);
+}
+
+function errorText(err) {
+  if (err && typeof err.message === "string" && err.message) return err.message;
+  return String(err || "the tool failed");
+}
+
+function defaultEndpoint() {
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  return scheme + "//" + location.host + "/owllayer";
+}
+
+// --- the approval dialog ---------------------------------------------------------
+
+const DIALOG_STYLE =
+  ".owl-approval{border:1px solid #c8ccd4;border-radius:10px;padding:20px 22px;max-width:420px;" +
+  "font:15px/1.4 system-ui,sans-serif;color:#1d2230;box-shadow:0 12px 40px rgba(0,0,0,.25)}" +
+  ".owl-approval::backdrop{background:rgba(20,24,35,.45)}" +
+  ".owl-approval h2{margin:0 0 8px;font-size:18px}" +
+  ".owl-approval .owl-approval-risk{display:inline-block;padding:1px 8px;border-radius:9px;" +
+  "background:#fde2e1;color:#a3201b;font-size:12px;text-transform:uppercase;letter-spacing:.04em}" +
+  ".owl-approval pre{background:#f3f4f7;padding:8px;border-radius:6px;overflow:auto;font-size:13px}" +
+  ".owl-approval-buttons{display:flex;gap:10px;justify-content:flex-end;margin-top:14px}" +
+  ".owl-approval-buttons button{font:inherit;padding:7px 16px;border-radius:6px;cursor:pointer;" +
+  "border:1px solid #c8ccd4;background:#fff;color:#1d2230}" +
+  ".owl-approval-buttons button[data-owl-approve]{background:#1f6feb;border-color:#1f6feb;color:#fff}";
+
+function ensureDialogStyle() {
+  if (document.getElementById("owl-approval-style")) return;
+  const style = document.createElement("style");
+  style.id = "owl-approval-style";
+  style.textContent = DIALOG_STYLE;
+  document.head.appendChild(style);
+}
+
+function element(tag, properties) {
+  return Object.assign(document.createElement(tag), properties);
+}
+
+function dialogButton(label, marker) {
+  const button = element("button", { type: "button", textContent: label });
+  button.setAttribute(marker, "");
+  return button;
+}
+
+/* The dialog's content: title, message, tool and risk, arguments, buttons. */
+function buildApprovalDialog(request) {
+  const dialog = element("dialog", { className: "owl-approval", id: "owl-approval" });
+  dialog.setAttribute("aria-labelledby", "owl-approval-title");
+  dialog.dataset.callId = request.callId;
+
+  const facts = document.createElement("p");
+  facts.append(request.toolName + " ",
+    element("span", { className: "owl-approval-risk", textContent: request.risk }));
+  const decline = dialogButton("Decline", "data-owl-decline");
+  const approve = dialogButton("Approve", "data-owl-approve");
+  const buttons = element("div", { className: "owl-approval-buttons" });
+  buttons.append(decline, approve);
+
+  dialog.append(
+    element("h2", { id: "owl-approval-title", textContent: "Approve this action?" }),
+    element("p", { className: "owl-approval-message", textContent: request.message }),
+    facts,
+    element("pre", { className: "owl-approval-args", textContent: JSON.stringify(request.args, null, 2) }),
+    buttons,
+  );
+  return { dialog, approve, decline };
+}
+
+/*
+ * Show one approval as a modal <dialog>; decide(true|false) is called once.
+ * Escape counts as Decline: for a payment, the safe answer.
+ */
+export function showApprovalDialog(request, decide) {
+  ensureDialogStyle();
+  const { dialog, approve, decline } = buildApprovalDialog(request);
+  document.body.appendChild(dialog);
+
+  let decided = false;
+  const close = () => {
+    if (decided) return false;
+    decided = true;
+    dialog.close();
+    dialog.remove();
+    return true;
+  };
+  const finish = (approved) => {
+    if (close()) decide(approved);
+  };
+  approve.addEventListener("click", () => finish(true));
+  decline.addEventListener("click", () => finish(false));
+  dialog.addEventListener("cancel", (event) => {
+    event.preventDefault();
+    finish(false);
+  });
+  dialog.showModal();
+  // dismiss(): the connection that asked is gone, so the answer could reach no one.
+  return { dismiss: close };
+}
+
+// --- the client --------------------------------------------------------------------
+
+export class OwlLayerClient {
+  static SDK_VERSION = SDK_VERSION;
+  static PROTOCOL_VERSION = PROTOCOL_VERSION;
+  static validateFrame = validateFrame;
+  static closeIsPermanent = closeIsPermanent;
+  static argumentsError = argumentsError;
+  static showApprovalDialog = showApprovalDialog;
+
+  constructor(options = {}) {
+    this.apiKey = options.apiKey || "";
+    this.endpoint = options.endpoint || defaultEndpoint();
+    this.showApproval = options.showApproval || showApprovalDialog;
+    this.tools = {};
+    this.toolOrder = [];
+    this.context = {};
+    this.maxActiveTools = DEFAULT_MAX_ACTIVE_TOOLS;
+    this.listeners = {};
+    this.ws = null;
+    this.generation = 0;
+    this.sessionId = null;
+    this.attempts = 0;
+    this.retryTimer = null;
+    this.handshakeTimer = null;
+    this.acknowledged = false;
+    this.stopped = false;
+    this.errorShown = false;
+    this.contextDirty = false;
+    this.contextQueued = false;
+    this.agentText = "";
+    this.approvalQueue = [];
+    this.openApproval = null;
+    this.toolsEffective = null;
+    // Calls of this connection not yet answered, in arrival order:
+    // callId -> {name, phase: "running" | "queued" | "approval", server}.
+    // The activity is read from them, so that with several calls in one turn
+    // it stays on one still open instead of claiming "thinking" too early.
+    this.openCalls = new Map();
+    this.activityDetail = { activity: "idle" };
+    // What tests and the page can read; kept current by the client.
+    this.wire = {
+      state: "idle", activity: "idle", frames: [], sent: [], dropped: 0, droppedReasons: [],
+      connects: 0, closes: [], retryInMs: null, sessionId: null,
+    };
+    if (options.expose !== false) globalThis.__owl = this.wire;
+  }
+
+  on(event, listener) {
+    (this.listeners[event] = this.listeners[event] || []).push(listener);
+    return this;
+  }
+
+  emit(event, data) {
+    for (const listener of (this.listeners[event] || []).slice()) {
+      try {
+        listener(data);
+      } catch (err) {
+        // A broken page listener must not break the protocol; make it visible.
+        console.error("owllayer: " + event + " listener failed", err);
+      }
+    }
+  }
+
+  get state() {
+    return this.wire.state;
+  }
+
+  setState(state) {
+    if (this.wire.state === state) return;
+    this.wire.state = state;
+    this.emit("state", state);
+  }
+
+  // --- activity: what the agent is doing, apart from the connection ---
+
+  get activity() {
+    return this.wire.activity;
+  }
+
+  /* call: an open call ({name}) for "tool" and "approval"; emits on any change. */
+  setActivity(activity, callId, call) {
+    const detail = { activity };
+    if (call) {
+      detail.tool = call.name;
+      detail.callId = callId;
+    }
+    const now = this.activityDetail;
+    if (now.activity === activity && now.tool === detail.tool && now.callId === detail.callId) return;
+    this.activityDetail = detail;
+    this.wire.activity = activity;
+    this.emit("activity", Object.assign({}, detail));
+  }
+
+  /*
+   * The activity the open calls imply: a dialog on screen first (the agent
+   * waits for the user), then the newest interface call still running or
+   * waiting for its dialog; with none left, the agent is thinking again.
+   */
+  settleActivity() {
+    let shown = null;
+    let busy = null;
+    for (const [callId, call] of this.openCalls) {
+      if (call.phase === "approval") shown = [callId, call];
+      else if (!call.server) busy = [callId, call];
+    }
+    if (shown) return this.setActivity("approval", ...shown);
+    if (busy) return this.setActivity("tool", ...busy);
+    return this.setActivity("thinking");
+  }
+
+  openCall(callId, name, phase, server) {
+    this.openCalls.set(callId, { name, phase, server: Boolean(server) });
+    if (!server) this.settleActivity();
+  }
+
+  movePhase(callId, phase) {
+    const call = this.openCalls.get(callId);
+    if (!call) return;
+    call.phase = phase;
+    this.settleActivity();
+  }
+
+  closeCall(callId) {
+    // A call of an ended turn or connection: nothing to show any more.
+    if (!this.openCalls.delete(callId)) return;
+    this.settleActivity();
+  }
+
+  /*
+   * Nothing is going on: the turn or the session ended, or the connection
+   * went away. A call still open then (a late dialog, a handler the server
+   * gave up on) must not bring "thinking" back when it ends.
+   */
+  rest() {
+    this.openCalls.clear();
+    this.setActivity("idle");
+  }
+
+  // --- connection lifecycle ---
+
+  connect() {
+    this.stopped = false;
+    this.open();
+    return this;
+  }
+
+  disconnect() {
+    this.stopped = true;
+    this.clearRetry();
+    if (this.ws) this.ws.close(1000, "client closed");
+    this.setState("closed");
+  }
+
+  open() {
+    const url = this.endpoint + "?apiKey=" + encodeURIComponent(this.apiKey);
+    const generation = ++this.generation;
+    this.acknowledged = false;
+    this.errorShown = false;
+    this.agentText = "";
+    this.sessionId = null;
+    this.wire.sessionId = null;
+    this.wire.connects += 1;
+    this.setState("connecting");
+    const ws = new WebSocket(url);
+    this.ws = ws;
+    ws.onopen = () => {
+      if (generation === this.generation) this.opened(generation);
+    };
+    ws.onmessage = (event) => {
+      if (generation === this.generation) this.receive(event.data);
+    };
+    ws.onclose = (event) => {
+      if (generation === this.generation) this.closed(event.code, event.reason);
+    };
+  }
+
+  opened(generation) {
+    this.attempts = 0;
+    this.send("HANDSHAKE_INIT", {
+      apiKey: this.apiKey,
+      userAgent: navigator.userAgent,
+      viewport: innerWidth + "x" + innerHeight,
+      sdkVersion: SDK_VERSION,
+      protocolVersion: PROTOCOL_VERSION,
+    });
+    this.handshakeTimer = setTimeout(() => this.handshakeTimedOut(generation), HANDSHAKE_TIMEOUT_MS);
+  }
+
+  handshakeTimedOut(generation) {
+    if (generation !== this.generation || this.acknowledged) return;
+    this.setState("error");
+    this.showError("Handshake timeout");
+    this.ws.close(4000, "Handshake timeout");
+  }
+
+  closed(code, reason) {
+    clearTimeout(this.handshakeTimer);
+    this.wire.closes.push({ code, reason });
+    this.acknowledged = false;
+    this.dismissApprovals();
+    // The calls belonged to this connection; none of them can be answered.
+    this.rest();
+    this.emit("close", { code, reason });
+    if (this.stopped) {
+      this.setState("closed");
+      return;
+    }
+    if (closeIsPermanent(code)) {
+      // wire-compat 2: no reconnect; show the reason unless the server
+      // already explained itself with an error event.
+      this.giveUp(reason || "The connection was refused (" + code + ").");
+      return;
+    }
+    if (this.attempts >= MAX_RECONNECT_ATTEMPTS) {
+      this.giveUp("Could not reconnect to the assistant.");
+      return;
+    }
+    this.scheduleRetry();
+  }
+
+  giveUp(message) {
+    this.stopped = true;
+    this.showError(message);
+    this.setState("error");
+  }
+
+  scheduleRetry() {
+    this.attempts += 1;
+    const delay = RECONNECT_STEP_MS * this.attempts;
+    this.wire.retryInMs = delay;
+    this.setState("reconnecting");
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      this.wire.retryInMs = null;
+      this.open();
+    }, delay);
+  }
+
+  clearRetry() {
+    if (this.retryTimer !== null) clearTimeout(this.retryTimer);
+    this.retryTimer = null;
+    this.wire.retryInMs = null;
+  }
+
+  showError(message) {
+    if (this.errorShown) return;
+    this.errorShown = true;
+    this.emit("error", { message });
+  }
+
+  // --- frames out ---
+
+  send(type, payload) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
+    if (type !== "HANDSHAKE_INIT" && type !== "CONTEXT_UPDATE") {
+      // wire-compat 4: a pending context update goes first, so that after a
+      // tool navigated the page the server sees the new page's tools first.
+      this.flushContext();
+    }
+    const frame = { id: newMessageId(), type, timestamp: Date.now(), payload };
+    this.ws.send(JSON.stringify(frame));
+    this.log(this.wire.sent, frame);
+    return true;
+  }
+
+  log(list, frame) {
+    list.push(frame);
+    if (list.length > MAX_LOGGED_FRAMES) list.shift();
+  }
+
+  sendText(text) {
+    text = String(text || "").trim();
+    if (!text) return false;
+    if (text.length > MAX_INPUT_CHARS) {
+      this.emit("error", { message: "The message is too long (at most " + MAX_INPUT_CHARS + " characters)." });
+      return false;
+    }
+    if (!this.acknowledged) {
+      this.emit("error", { message: "Not connected to the assistant yet." });
+      return false;
+    }
+    this.agentText = "";
+    if (!this.send("USER_INPUT", { modality: "text", content: text })) return false;
+    this.setState("thinking");
+    this.setActivity("thinking");
+    return true;
+  }
+
+  // --- page context and tools ---
+
+  registerTool(tool, handler) {
+    if (!tool || typeof tool.name !== "string" || !tool.name) throw new Error("a tool needs a name");
+    const risk = tool.risk === undefined ? "none" : tool.risk;
+    if (!RISKS.includes(risk)) throw new Error("unknown risk for " + tool.name + ": " + risk);
+    if (typeof handler !== "function") throw new Error("tool " + tool.name + " needs a handler");
+    if (!(tool.name in this.tools)) this.toolOrder.push(tool.name);
+    this.tools[tool.name] = {
+      name: tool.name, description: tool.description || "", parameters: tool.parameters,
+      risk, handler, approvalMessage: tool.approvalMessage,
+    };
+    this.contextChanged();
+    return this;
+  }
+
+  unregisterTool(name) {
+    if (!(name in this.tools)) return this;
+    delete this.tools[name];
+    this.toolOrder = this.toolOrder.filter((n) => n !== name);
+    this.contextChanged();
+    return this;
+  }
+
+  setContext(context) {
+    this.context = isObject(context) ? context : {};
+    this.contextChanged();
+    return this;
+  }
+
+  /* Call after a client-side navigation: the url and title are read at send time. */
+  pageChanged() {
+    this.contextChanged();
+    return this;
+  }
+
+  activeTools() {
+    const names = this.toolOrder.slice(0, this.maxActiveTools);
+    if (this.toolOrder.length > names.length) {
+      console.warn("owllayer: only the first " + this.maxActiveTools + " tools are sent");
+    }
+    return names.map((name) => declarationOf(this.tools[name]));
+  }
+
+  // Changes made together (in one task) leave as one CONTEXT_UPDATE.
+  contextChanged() {
+    this.contextDirty = true;
+    if (this.contextQueued) return;
+    this.contextQueued = true;
+    queueMicrotask(() => {
+      this.contextQueued = false;
+      this.flushContext();
+    });
+  }
+
+  flushContext() {
+    if (!this.contextDirty || !this.acknowledged) return;
+    this.contextDirty = false;
+    this.send("CONTEXT_UPDATE", {
+      url: location.pathname,
+      title: document.title,
+      activeTools: this.activeTools(),
+      context: this.context,
+    });
+  }
+
+  // --- frames in ---
+
+  receive(data) {
+    const checked = validateFrame(data);
+    if (checked.error) {
+      this.wire.dropped += 1;
+      this.log(this.wire.droppedReasons, { reason: checked.error, text: String(data).slice(0, 500) });
+      return;
+    }
+    const frame = checked.frame;
+    this.log(this.wire.frames, frame);
+    this.emit("frame", frame);
+    const payload = frame.payload;
+    switch (frame.type) {
+      case "HANDSHAKE_ACK": return this.onAck(payload);
+      case "TOOL_CALL": return this.onToolCall(payload);
+      case "APPROVAL_REQUEST": return this.onServerApproval(payload);
+      case "AGENT_RESPONSE": return this.onAgentResponse(payload);
+      case "SYSTEM_EVENT": return this.onSystemEvent(payload);
+      default: return undefined; // voice frames: this client has no microphone
+    }
+  }
+
+  onAck(payload) {
+    if (this.acknowledged) return;
+    clearTimeout(this.handshakeTimer);
+    this.acknowledged = true;
+    this.errorShown = false;
+    this.sessionId = payload.sessionId;
+    this.wire.sessionId = payload.sessionId;
+    this.maxActiveTools = payload.maxActiveTools || DEFAULT_MAX_ACTIVE_TOOLS;
+    this.setState("connected");
+    this.emit("connected", { sessionId: payload.sessionId });
+    this.contextDirty = true;
+    this.flushContext();
+  }
+
+  onAgentResponse(payload) {
+    if (payload.done) {
+      // The closing frame carries the complete text; an empty one ends the
+      // turn and keeps what the deltas built.
+      if (payload.chunk) this.agentText = payload.chunk;
+      const text = this.agentText;
+      this.agentText = "";
+      this.emit("agent", { text, done: true });
+      if (this.wire.state === "thinking") this.setState("connected");
+      this.rest();
+      return;
+    }
+    if (!payload.chunk) return;
+    this.agentText += payload.chunk;
+    this.emit("agent", { text: this.agentText, done: false });
+  }
+
+  onSystemEvent(payload) {
+    const data = payload.data || {};
+    switch (payload.kind) {
+      case "error":
+        this.errorShown = true;
+        this.emit("error", { message: payload.message || "The assistant reported an error.", data });
+        return;
+      case "tools_effective":
+        this.toolsEffective = data;
+        this.emit("tools", data);
+        return;
+      case "transcript":
+        this.emit("transcript.delta", data);
+        return;
+      case "reload":
+        this.emit("system", payload);
+        location.reload();
+        return;
+      case "redirect":
+        this.emit("system", payload);
+        this.redirect(data.url);
+        return;
+      case "disconnect":
+        // The server ended the session: do not come back on our own.
+        this.stopped = true;
+        this.clearRetry();
+        this.errorShown = true;
+        this.rest();
+        this.emit("error", { message: payload.message || "The session was ended.", data });
+        return;
+      default: // waiting, approval_required: informative only
+        this.emit("system", payload);
+    }
+  }
+
+  redirect(url) {
+    if (typeof url !== "string" || !url) return;
+    let target;
+    try {
+      target = new URL(url, location.href);
+    } catch (err) {
+      console.warn("owllayer: ignored a redirect to an unreadable url");
+      return;
+    }
+    // Only web pages: a javascript: or data: url would run in this page.
+    if (target.protocol !== "http:" && target.protocol !== "https:") {
+      console.warn("owllayer: ignored a redirect to a non-http url");
+      return;
+    }
+    location.assign(target.href);
+  }
+
+  // --- tool calls and approvals ---
+
+  onToolCall({ callId, name, args }) {
+    const tool = this.tools[name];
+    const problem = tool ? argumentsError(tool.parameters, args, "args") : null;
+    if (!tool || problem) {
+      // Nothing runs and nobody is asked, hence risk "none".
+      this.emit("tool.start", { name, callId, args, risk: "none" });
+      this.openCall(callId, name, "running");
+      const error = tool ? "invalid arguments: " + problem : "unknown tool: " + name;
+      this.toolResult(callId, { error });
+      this.toolDone(name, callId, { error });
+      return;
+    }
+    this.emit("tool.start", { name, callId, args, risk: tool.risk });
+    if (APPROVAL_RISKS.includes(tool.risk)) {
+      this.openCall(callId, name, "queued");
+      this.askBeforeRunning(tool, args, callId);
+      return;
+    }
+    this.openCall(callId, name, "running");
+    this.runTool(tool, args, callId, (outcome) => this.toolResult(callId, outcome));
+  }
+
+  // wire-compat 5: suspend before the handler runs and ask; no TOOL_RESULT follows.
+  askBeforeRunning(tool, args, callId) {
+    const message = tool.approvalMessage ? tool.approvalMessage(args) : "";
+    const request = {
+      callId, toolName: tool.name, risk: tool.risk, args,
+      message: message || "Allow " + tool.name + "?",
+    };
+    this.send("APPROVAL_REQUEST", request);
+    this.askUser(request, (approved) => {
+      if (!approved) {
+        this.send("APPROVAL_RESPONSE", { callId, approved: false, error: DENIED_BY_USER });
+        this.toolDone(tool.name, callId, { error: DENIED_BY_USER, denied: true });
+        return;
+      }
+      this.movePhase(callId, "running");
+      this.runTool(tool, args, callId, (outcome) => {
+        const response = { callId, approved: true };
+        if ("error" in outcome) response.error = outcome.error;
+        else response.result = outcome.result;
+        this.send("APPROVAL_RESPONSE", response);
+      });
+    });
+  }
+
+  onServerApproval(payload) {
+    this.openCall(payload.callId, payload.toolName, "queued", true);
+    this.askUser(payload, (approved) => {
+      const response = { callId: payload.callId, approved };
+      if (!approved) response.error = DENIED_BY_USER;
+      this.send("APPROVAL_RESPONSE", response);
+      this.closeCall(payload.callId);
+    });
+  }
+
+  /* Run a handler; answer(outcome) gets {result} or {error}, on this connection only. */
+  runTool(tool, args, callId, answer) {
+    const generation = this.generation;
+    Promise.resolve()
+      .then(() => tool.handler(args, { callId }))
+      .then((result) => ({ result: result === undefined ? null : result }),
+        (err) => ({ error: errorText(err) }))
+      .then((outcome) => {
+        // The call belonged to a connection that is gone; the server already
+        // closed it as disconnected.
+        if (generation !== this.generation) return;
+        answer(outcome);
+        this.toolDone(tool.name, callId, outcome);
+      });
+  }
+
+  /* The answer has been sent: tell the page, then let the activity move on. */
+  toolDone(name, callId, outcome) {
+    this.emit("tool", { name, callId, outcome });
+    this.closeCall(callId);
+  }
+
+  toolResult(callId, outcome) {
+    if ("error" in outcome) {
+      this.send("TOOL_RESULT", { callId, status: "error", result: null, error: outcome.error });
+    } else {
+      this.send("TOOL_RESULT", { callId, status: "success", result: outcome.result });
+    }
+  }
+
+  // One dialog at a time; the others wait their turn.
+  askUser(request, decide) {
+    this.approvalQueue.push({ request, decide, generation: this.generation });
+    this.emit("approval", request);
+    this.nextApproval();
+  }
+
+  nextApproval() {
+    if (this.openApproval || !this.approvalQueue.length) return;
+    const item = this.approvalQueue.shift();
+    let decided = false;
+    // Before showing: a showApproval option may decide at once.
+    this.movePhase(item.request.callId, "approval");
+    const handle = this.showApproval(item.request, (approved) => {
+      decided = true;
+      this.openApproval = null;
+      if (item.generation === this.generation) item.decide(approved);
+      this.emit("approval.decided", { callId: item.request.callId, approved });
+      this.nextApproval();
+    });
+    // A decision taken inside showApproval already freed the slot.
+    if (!decided) this.openApproval = handle;
+  }
+
+  dismissApprovals() {
+    this.approvalQueue = [];
+    if (this.openApproval) {
+      this.openApproval.dismiss();
+      this.openApproval = null;
+    }
+  }
+}
+
+export default OwlLayerClient;
