@@ -67,8 +67,22 @@ def tool_names(session: Session) -> list[str]:
     return [tool["name"] for tool in session.tools]
 
 
+OPEN_STATUSES = {ToolCall.Status.PENDING, ToolCall.Status.SENT,
+                 ToolCall.Status.AWAITING_APPROVAL, ToolCall.Status.RUNNING}
+
+
 async def tool_calls(name: str) -> list[ToolCall]:
-    return [call async for call in ToolCall.objects.filter(name=name).order_by("created_at")]
+    """The calls of that tool, once each has its final status (the server
+    writes it right after the page's answer, which the page may show first)."""
+    calls: list[ToolCall] = []
+
+    async def all_final() -> bool:
+        nonlocal calls
+        calls = [call async for call in ToolCall.objects.filter(name=name).order_by("created_at")]
+        return bool(calls) and not any(call.status in OPEN_STATUSES for call in calls)
+
+    await eventually(all_final, what=f"every {name} call to have its final status")
+    return calls
 
 
 def offered_tools(request: dict) -> list[str]:
