@@ -81,10 +81,9 @@ def store_config(request: HttpRequest) -> dict:
     }
 
 
-def render_page(request: HttpRequest, template: str, *, title: str, kind: str,
+def render_page(request: HttpRequest, template: str, *, cart: Cart, title: str, kind: str,
                 context: dict, tools: list[str], extra: dict | None = None) -> HttpResponse:
     config = store_config(request)
-    cart = load_cart(request)
     page = {"kind": kind, "title": title, "context": context, "tools": tools}
     return render(request, template, {
         "config": config,
@@ -117,7 +116,7 @@ def home(request: HttpRequest) -> HttpResponse:
         "currency": catalog.CURRENCY,
         "cartItemCount": cart.count,
     }
-    return render_page(request, "demo/home.html", title="Owl Store", kind="catalog",
+    return render_page(request, "demo/home.html", cart=cart, title="Owl Store", kind="catalog",
                        context=context, tools=["open_product", "open_cart"],
                        extra={"products": products})
 
@@ -127,6 +126,7 @@ def product_page(request: HttpRequest, slug: str) -> HttpResponse:
     item = catalog.product(slug)
     if item is None:
         raise Http404("no such product")
+    cart = load_cart(request)
     context = {
         "page": "product_detail",
         "productId": item.slug,
@@ -134,9 +134,9 @@ def product_page(request: HttpRequest, slug: str) -> HttpResponse:
         "price": catalog.dollars(item.price_cents),
         "currency": catalog.CURRENCY,
         "description": item.description,
-        "inCart": load_cart(request).items.get(item.slug, 0),
+        "inCart": cart.items.get(item.slug, 0),
     }
-    return render_page(request, "demo/product.html", title=f"{item.name} - Owl Store",
+    return render_page(request, "demo/product.html", cart=cart, title=f"{item.name} - Owl Store",
                        kind="product", context=context,
                        tools=["add_to_cart", "open_product", "open_cart"],
                        extra={"product": item, "price": catalog.money(item.price_cents)})
@@ -151,11 +151,11 @@ def cart_page(request: HttpRequest) -> HttpResponse:
         context["lastOrder"] = {k: last_order[k] for k in ("orderId", "amount", "currency")}
     lines = [
         {**line, "url": product_url(line["productId"]),
-         "price_text": catalog.money(round(line["price"] * 100)),
-         "total_text": catalog.money(round(line["lineTotal"] * 100))}
+         "price_text": catalog.money(catalog.cents_of(line["price"])),
+         "total_text": catalog.money(catalog.cents_of(line["lineTotal"]))}
         for line in cart.lines()
     ]
-    return render_page(request, "demo/cart.html", title="Your cart - Owl Store", kind="cart",
+    return render_page(request, "demo/cart.html", cart=cart, title="Your cart - Owl Store", kind="cart",
                        context=context,
                        tools=["set_quantity", "apply_coupon", "process_payment", "open_product"],
                        extra={
@@ -166,7 +166,7 @@ def cart_page(request: HttpRequest) -> HttpResponse:
                            "total_amount": catalog.dollars(cart.total_cents),
                            "coupon": catalog.COUPONS.get(cart.coupon or ""),
                            "last_order": last_order,
-                           "last_order_amount": (catalog.money(round(last_order["amount"] * 100))
+                           "last_order_amount": (catalog.money(catalog.cents_of(last_order["amount"]))
                                                  if last_order else ""),
                        })
 

@@ -412,6 +412,12 @@ HELD_HANDLER = ("(args, {callId}) => new Promise((resolve) => {"
                 " (window.finish = window.finish || {})[callId] = resolve; })")
 
 
+async def handler_started(page, call_id: str) -> None:
+    """Wait until a HELD_HANDLER call is running (its finish function exists)."""
+    await eventually(lambda: page.evaluate(f"Boolean(window.finish && window.finish.{call_id})"),
+                     what=f"the handler of {call_id} to start")
+
+
 async def connected_client(fake_server, page, setup: str) -> FakeConnection:
     fake = await fake_server(acknowledge)
     await open_client_page(page, fake, RECORD_ACTIVITY + setup)
@@ -504,8 +510,7 @@ async def test_an_approved_critical_tool_shows_tool_while_its_handler_runs(fake_
 
     await call_tool(connection, "tc_pay", "process_payment", {"amount": 10})
     await dialog.get_by_role("button", name="Approve").click()
-    await eventually(lambda: page.evaluate("Boolean(window.finish && window.finish.tc_pay)"),
-                     what="the handler to start")
+    await handler_started(page, "tc_pay")
     assert await page.evaluate("client.activity") == "tool"
     await page.evaluate("window.finish.tc_pay({paid: true})")
     await eventually(lambda: sent(connection, "APPROVAL_RESPONSE"), what="the approval response")
@@ -565,8 +570,7 @@ async def test_a_lost_connection_resets_the_activity_to_idle(fake_server, page):
 
     await start_turn(page, connection)
     await call_tool(connection, "tc_add", "add_to_cart", {"quantity": 1})
-    await eventually(lambda: page.evaluate("Boolean(window.finish && window.finish.tc_add)"),
-                     what="the handler to start")
+    await handler_started(page, "tc_add")
     await connection.ws.close(1001, "going away")
     await eventually(lambda: page.evaluate("window.__owl.closes.length === 1"), what="the close")
 

@@ -301,41 +301,33 @@ function toolFinished(event) {
   }
 }
 
-/* The payment approval: a modal that shows the amount and the cart. */
+/* Approvals use the client's dialog; a payment's also shows the amount and the cart. */
 function showApproval(request, decide) {
-  if (request.toolName !== "process_payment") return showApprovalDialog(request, decide);
-  const dialog = document.getElementById("pay-dialog-template").content.firstElementChild.cloneNode(true);
+  const handle = showApprovalDialog(request, decide);
+  if (request.toolName === "process_payment") describePayment(document.getElementById("owl-approval"), request);
+  return handle;
+}
+
+function describePayment(dialog, request) {
+  const details = document.getElementById("pay-details-template").content.firstElementChild.cloneNode(true);
   const amount = Number(request.args.amount);
-  const total = page.kind === "cart" ? page.context.total : null;
-  dialog.querySelector("[data-amount]").textContent = money(amount);
-  dialog.querySelector("[data-message]").textContent = request.message;
-  const lines = dialog.querySelector("[data-lines]");
-  (page.kind === "cart" ? page.context.items : []).forEach((item) => {
-    const li = document.createElement("li");
-    li.textContent = item.quantity + " × " + item.name + " — " + money(item.lineTotal);
-    lines.appendChild(li);
-  });
-  const mismatch = dialog.querySelector("[data-mismatch]");
-  if (total !== null && Math.round(total * 100) !== Math.round(amount * 100)) {
-    mismatch.hidden = false;
-    mismatch.textContent = "This is not your cart total (" + money(total) + ").";
+  details.querySelector("[data-amount]").textContent = money(amount);
+  if (page.kind === "cart") {
+    const lines = details.querySelector("[data-lines]");
+    page.context.items.forEach((item) => {
+      const li = document.createElement("li");
+      li.textContent = item.quantity + " × " + item.name + " — " + money(item.lineTotal);
+      lines.appendChild(li);
+    });
+    if (Math.round(page.context.total * 100) !== Math.round(amount * 100)) {
+      const mismatch = details.querySelector("[data-mismatch]");
+      mismatch.hidden = false;
+      mismatch.textContent = "This is not your cart total (" + money(page.context.total) + ").";
+    }
   }
-  dialog.dataset.callId = request.callId;
-  document.body.appendChild(dialog);
-  let decided = false;
-  const finish = (approved) => {
-    if (decided) return;
-    decided = true;
-    dialog.close();
-    dialog.remove();
-    if (approved !== null) decide(approved);
-  };
-  dialog.querySelector("[data-owl-approve]").addEventListener("click", () => finish(true));
-  dialog.querySelector("[data-owl-decline]").addEventListener("click", () => finish(false));
-  // Escape declines: for a payment, the safe answer.
-  dialog.addEventListener("cancel", (event) => { event.preventDefault(); finish(false); });
-  dialog.showModal();
-  return { dismiss: () => finish(null) };
+  dialog.querySelector("h2").textContent = "Confirm the payment";
+  // The amount and the lines say what the raw arguments would.
+  dialog.querySelector(".owl-approval-args").replaceWith(details);
 }
 
 function connectAssistant() {
