@@ -85,6 +85,9 @@ class Session(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sessions")
     api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="sessions")
     channel_name = models.CharField(max_length=200, blank=True, default="")
+    # The server process holding the connection (ServerProcess.id): when
+    # that process is gone, the session is too, whatever its last heartbeat.
+    process = models.CharField(max_length=100, blank=True, default="", db_index=True)
     origin = models.CharField(max_length=500, blank=True, default="")
     user_agent = models.CharField(max_length=500, blank=True, default="")
     viewport = models.CharField(max_length=40, blank=True, default="")
@@ -125,6 +128,25 @@ class Session(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+class ServerProcess(models.Model):
+    """A daphne process serving sessions: registered at start, refreshed while
+    it runs, marked stopped on a clean exit. Sessions of a process that is
+    gone are closed by the sweep of any process."""
+
+    id = models.CharField(primary_key=True, max_length=100)
+    hostname = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return self.id
 
 
 class ConversationMessage(models.Model):
