@@ -135,14 +135,50 @@ try:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 except Exception as exc:  # dj_database_url raises a bare ValueError / KeyError
     raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {exc}") from None
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several coroutines write through sync_to_async threads: wait for the
+_database = DATABASES["default"]
+_database.setdefault("OPTIONS", {})
+if _database["ENGINE"] == "django.db.backends.sqlite3":
+    # Several sessions write from their own database threads: wait for the
     # lock instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    _database["OPTIONS"]["timeout"] = 20
     # Take the write lock when a transaction starts, so concurrent writers
     # wait for it instead of failing half way with "database is locked".
-    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
+    _database["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+    # Write-ahead log: readers never wait for the writer, and a commit is one
+    # append instead of a rewritten journal. synchronous=NORMAL syncs at
+    # checkpoints, not at every commit: a crash of the process loses nothing,
+    # a power cut may lose the last commits (never corrupts the file).
+    _database["OPTIONS"]["init_command"] = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"
+    # A connection costs a file open and set-up: each database thread keeps its own.
+    _database["CONN_MAX_AGE"] = None
+    _database["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
+    # One file, one writer at a time: a few threads overlap the reads and the
+    # Python around the queries; more only queue at the write lock.
+    OWLLAYER_DB_THREADS = env_int("OWLLAYER_DB_THREADS", 2, minimum=1)
+else:
+    # Threads running the database calls of this process's sessions at once
+    # (aitp/db.py); each holds a pooled connection only while it works.
+    OWLLAYER_DB_THREADS = env_int("OWLLAYER_DB_THREADS", 8, minimum=1)
+if _database["ENGINE"] == "django.db.backends.postgresql":
+    # Django's pool (psycopg_pool): a call borrows an open connection instead
+    # of opening one. The pool serves the database threads and the admin and
+    # console views. OWLLAYER_DB_POOL_MAX=0 turns it off (e.g. behind
+    # PgBouncer): one connection per call, as before.
+    OWLLAYER_DB_POOL_MIN = env_int("OWLLAYER_DB_POOL_MIN", 2)
+    OWLLAYER_DB_POOL_MAX = env_int("OWLLAYER_DB_POOL_MAX", OWLLAYER_DB_THREADS + 8)
+    OWLLAYER_DB_POOL_TIMEOUT = env_float("OWLLAYER_DB_POOL_TIMEOUT", 10.0, minimum=0.1)
+    if OWLLAYER_DB_POOL_MAX:
+        if OWLLAYER_DB_POOL_MAX < OWLLAYER_DB_POOL_MIN:
+            raise ImproperlyConfigured(
+                f"OWLLAYER_DB_POOL_MAX ({OWLLAYER_DB_POOL_MAX}) must be at least "
+                f"OWLLAYER_DB_POOL_MIN ({OWLLAYER_DB_POOL_MIN})"
+            )
+        _database["CONN_MAX_AGE"] = 0  # the pool keeps the connections
+        _database["OPTIONS"]["pool"] = {
+            "min_size": OWLLAYER_DB_POOL_MIN,
+            "max_size": OWLLAYER_DB_POOL_MAX,
+            "timeout": OWLLAYER_DB_POOL_TIMEOUT,
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer --------------------------------------------------------
@@ -150,14 +186,35 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
+    # A consumer's channel receive is a blocking read of this many seconds;
+    # the socket timeout must outlast it, or every idle receive ends in a read
+    # timeout (redis-py's default, 5 s, equals channels-redis' blocking read).
+    OWLLAYER_REDIS_BLOCKING_READ = env_int("OWLLAYER_REDIS_BLOCKING_READ", 5, minimum=1)
+    OWLLAYER_REDIS_SOCKET_TIMEOUT = env_float("OWLLAYER_REDIS_SOCKET_TIMEOUT", 15.0, minimum=1.0)
+    if OWLLAYER_REDIS_SOCKET_TIMEOUT < OWLLAYER_REDIS_BLOCKING_READ + 2:
+        raise ImproperlyConfigured(
+            "OWLLAYER_REDIS_SOCKET_TIMEOUT must be at least OWLLAYER_REDIS_BLOCKING_READ + 2 s, "
+            f"got {OWLLAYER_REDIS_SOCKET_TIMEOUT} and {OWLLAYER_REDIS_BLOCKING_READ}"
+        )
+    OWLLAYER_REDIS_CONNECT_TIMEOUT = env_float("OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0, minimum=0.1)
+    OWLLAYER_REDIS_HEALTH_CHECK_INTERVAL = env_int("OWLLAYER_REDIS_HEALTH_CHECK_INTERVAL", 30)
+    OWLLAYER_REDIS_RETRY_MAX = env_float("OWLLAYER_REDIS_RETRY_MAX", 2.0, minimum=0.1)
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels-redis that survives Redis going away and restarting empty.
+            "BACKEND": "owllayer_site.channel_layer.ResilientRedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                "hosts": [{
+                    "address": REDIS_URL,
+                    "socket_timeout": OWLLAYER_REDIS_SOCKET_TIMEOUT,
+                    "socket_connect_timeout": OWLLAYER_REDIS_CONNECT_TIMEOUT,
+                    "health_check_interval": OWLLAYER_REDIS_HEALTH_CHECK_INTERVAL,
+                }],
                 "prefix": env_str("OWLLAYER_CHANNEL_PREFIX", "owllayer"),
                 "capacity": 1000,
                 "expiry": 30,
+                "blocking_read": OWLLAYER_REDIS_BLOCKING_READ,
+                "retry_max": OWLLAYER_REDIS_RETRY_MAX,
             },
         }
     }
@@ -236,3 +293,9 @@ OWLLAYER_KEY_HASH_SECRET = os.environ.get("OWLLAYER_KEY_HASH_SECRET", "") or SEC
 # A live session refreshes its row at this interval; a row not refreshed for
 # three intervals belongs to a process that died and stops counting.
 OWLLAYER_HEARTBEAT_INTERVAL = env_float("OWLLAYER_HEARTBEAT_INTERVAL", 15.0, minimum=0.5)
+# Every serving process sweeps this often: it closes the rows of server
+# processes that are gone (see aitp.processes), whatever their age.
+OWLLAYER_SWEEP_INTERVAL = env_float("OWLLAYER_SWEEP_INTERVAL", 60.0, minimum=0.5)
+# On SIGTERM, open pages are told to reconnect elsewhere (1001) and running
+# turns are cancelled; the process exits after at most this many seconds.
+OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0)

@@ -1,0 +1,278 @@
+"""The Redis channel layer, made to outlive Redis trouble.
+
+channels-redis assumes Redis is always there: one failed command inside a
+consumer's channel receive ends Channels' dispatch loop, and daphne closes
+the page with 1011, which the deployed client never retries. Here Redis is
+treated as what it is for us, a carrier of notifications (the database holds
+the record):
+
+- the blocking receive retries with backoff while Redis is away, so open
+  sockets stay open;
+- ``group_add``, ``group_discard``, ``group_send`` and ``send`` log and carry
+  on: a notification lost while Redis is away is a hint that was not given,
+  and every receiver re-reads the database anyway;
+- each process remembers which of its channels joined which groups, and adds
+  them again when Redis answers after an outage or comes back empty (Redis
+  here keeps nothing on disk: a restart forgets every group);
+- one WARNING line when Redis becomes unreachable, one INFO line when it is
+  back, never a line per retry.
+
+Timeouts: the receive is a blocking read of ``blocking_read`` seconds; the
+socket timeout of the host entry must be longer (settings check this), or
+every idle receive ends in a read timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+from channels_redis.core import RedisChannelLayer
+from channels_redis.utils import create_pool
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+logger = logging.getLogger(__name__)
+
+# What "Redis is away" looks like from redis-py (a refused or dropped
+# connection, a read that never came back). Anything else is a bug and raises.
+REDIS_DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+# After a Redis restart every pooled connection is dead, and redis-py finds
+# out only by using it ("Connection closed by server"): a command retries on a
+# fresh connection this many times, quickly, before Redis counts as away.
+# Timeouts are not retried (a read that timed out may have run).
+STALE_CONNECTION_RETRIES = 2
+
+# The first retry waits this long; each further one doubles, up to retry_max.
+FIRST_RETRY_DELAY = 0.1
+
+
+class ResilientRedisChannelLayer(RedisChannelLayer):
+    def __init__(
+        self,
+        *args,
+        blocking_read: float = 5,
+        retry_max: float = 2.0,
+        membership_check_interval: float | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        # channels-redis reads this class attribute for BZPOPMIN's timeout.
+        self.brpop_timeout = blocking_read
+        self.retry_max = retry_max
+        # How often the receiving loop checks that Redis still holds this
+        # process's groups (a restart between two commands leaves no error).
+        self.membership_check_interval = (
+            membership_check_interval if membership_check_interval is not None else blocking_read
+        )
+        # group -> channels of this process in it: what a Redis restart forgets.
+        self.memberships: dict[str, set[str]] = {}
+        # Discards that could not reach Redis; applied when it is back.
+        self.pending_discards: dict[str, set[str]] = {}
+        self.reachable = True
+        self.unreachable_since: float | None = None
+        self.rejoin_needed = False
+        self.memberships_checked_at = 0.0
+        # Whether this process ever left its marker in Redis: a marker gone
+        # missing after that means Redis lost our groups.
+        self.marker_set = False
+
+    def create_pool(self, index):
+        host = dict(self.hosts[index])
+        host.setdefault("retry", Retry(
+            ExponentialBackoff(cap=0.5, base=0.05), STALE_CONNECTION_RETRIES,
+            supported_errors=(RedisConnectionError,),
+        ))
+        return create_pool(host)
+
+    def __str__(self) -> str:
+        # The host entries may carry a password in the address.
+        return f"{type(self).__name__}(prefix={self.prefix!r}, hosts={len(self.hosts)})"
+
+    # --- Redis up and down ------------------------------------------------------
+
+    def _unreachable(self, error: BaseException) -> None:
+        self.rejoin_needed = True
+        if not self.reachable:
+            return
+        self.reachable = False
+        self.unreachable_since = time.monotonic()
+        logger.warning(
+            "channel layer: Redis is unreachable (%s: %s); pages stay connected, "
+            "notifications between processes are lost until it is back",
+            type(error).__name__, error,
+        )
+
+    def _answered(self) -> None:
+        if self.reachable:
+            return
+        self.reachable = True
+        away = time.monotonic() - (self.unreachable_since or time.monotonic())
+        logger.info(
+            "channel layer: Redis is back after %.1f s; rejoining the %d groups of this process",
+            away, len(self.memberships),
+        )
+
+    def _answered_by_notification(self) -> None:
+        # While a consumer of this process listens, its receive loop says when
+        # Redis is back, after it has rejoined the groups.
+        if self.receive_count == 0:
+            self._answered()
+
+    def _next_delay(self, delay: float) -> float:
+        """The wait before the next attempt, with jitter so that processes do
+        not all knock at once when Redis comes back."""
+        return min(self.retry_max, delay * 2) if delay else FIRST_RETRY_DELAY
+
+    async def _pause(self, delay: float) -> None:
+        await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+
+    # --- receive: never give up ---------------------------------------------------
+
+    async def receive(self, channel):
+        delay = 0.0
+        while True:
+            try:
+                return await super().receive(channel)
+            except REDIS_DOWN_ERRORS as error:
+                self._unreachable(error)
+                delay = self._next_delay(delay)
+                await self._pause(delay)
+
+    async def _brpop_with_clean(self, index, channel, timeout):
+        # One coroutine of the process at a time gets here (channels-redis'
+        # receive lock), and it always does while any consumer listens: the
+        # place to notice Redis coming and going, and to restore the groups.
+        delay = 0.0
+        while True:
+            try:
+                await self._keep_memberships()
+                # Back for this process once its groups are back.
+                self._answered()
+                return await super()._brpop_with_clean(index, channel, timeout)
+            except REDIS_DOWN_ERRORS as error:
+                self._unreachable(error)
+                delay = self._next_delay(delay)
+                await self._pause(delay)
+
+    async def _clean_receive_backup(self, index, channel):
+        try:
+            await super()._clean_receive_backup(index, channel)
+        except REDIS_DOWN_ERRORS as error:
+            # The message stays in the backup queue and is put back in front
+            # of the channel by the next receive: delivered again, not lost.
+            self._unreachable(error)
+
+    # --- memberships: remembered here, restored in Redis -------------------------
+
+    def _marker_key(self) -> str:
+        return f"{self.prefix}:layer-alive:{self.client_prefix}"
+
+    async def _keep_memberships(self) -> None:
+        """Rejoin every group of this process when Redis was away, or when it
+        no longer knows this process (restarted empty, flushed)."""
+        now = time.monotonic()
+        if not self.rejoin_needed and now - self.memberships_checked_at < self.membership_check_interval:
+            return
+        marker = self._marker_key()
+        marker_ttl = max(60, int(self.membership_check_interval * 10))
+        forgotten = False
+        for index in range(self.ring_size):
+            # SET ... GET: refresh the marker and learn whether it was there.
+            if await self.connection(index).set(marker, b"1", ex=marker_ttl, get=True) is None:
+                forgotten = True
+        if self.rejoin_needed or forgotten:
+            count = await self._rejoin()
+            if forgotten and self.marker_set and not self.rejoin_needed and count:
+                logger.info("channel layer: Redis had forgotten this process's groups; "
+                            "%d groups rejoined", count)
+        self.memberships_checked_at = now
+        self.marker_set = True
+        self.rejoin_needed = False
+
+    async def _rejoin(self) -> int:
+        """Add every channel of this process to its groups again, and apply the
+        discards Redis missed. The number of groups rejoined."""
+        joined = {group: set(channels) for group, channels in self.memberships.items() if channels}
+        discards = self.pending_discards
+        self.pending_discards = {}
+        try:
+            now = time.time()
+            by_index: dict[int, list[tuple[str, set[str], set[str]]]] = {}
+            for group in set(joined) | set(discards):
+                channels = joined.get(group, set())
+                by_index.setdefault(self.consistent_hash(group), []).append(
+                    (group, channels, discards.get(group, set()) - channels)
+                )
+            for index, entries in by_index.items():
+                pipe = self.connection(index).pipeline(transaction=False)
+                for group, channels, gone in entries:
+                    key = self._group_key(group)
+                    if channels:
+                        pipe.zadd(key, {channel: now for channel in channels})
+                        pipe.expire(key, self.group_expiry)
+                    if gone:
+                        pipe.zrem(key, *gone)
+                await pipe.execute()
+        except BaseException:
+            for group, channels in discards.items():
+                self.pending_discards.setdefault(group, set()).update(channels)
+            raise
+        # A channel that left while the pipeline ran may have been added back.
+        for group, channels in joined.items():
+            left = channels - self.memberships.get(group, set())
+            if left:
+                await self.connection(self.consistent_hash(group)).zrem(self._group_key(group), *left)
+        logger.debug("channel layer: %d groups rejoined", len(joined))
+        return len(joined)
+
+    # --- the rest of the API: log and carry on -----------------------------------
+
+    async def group_add(self, group, channel):
+        self.memberships.setdefault(group, set()).add(channel)
+        discarded = self.pending_discards.get(group)
+        if discarded is not None:
+            discarded.discard(channel)
+        try:
+            await super().group_add(group, channel)
+        except REDIS_DOWN_ERRORS as error:
+            # Remembered above: joined for real when Redis is back.
+            self._unreachable(error)
+            return
+        self._answered_by_notification()
+
+    async def group_discard(self, group, channel):
+        channels = self.memberships.get(group)
+        if channels is not None:
+            channels.discard(channel)
+            if not channels:
+                del self.memberships[group]
+        try:
+            await super().group_discard(group, channel)
+        except REDIS_DOWN_ERRORS as error:
+            self.pending_discards.setdefault(group, set()).add(channel)
+            self._unreachable(error)
+            return
+        self._answered_by_notification()
+
+    async def group_send(self, group, message):
+        try:
+            await super().group_send(group, message)
+        except REDIS_DOWN_ERRORS as error:
+            self._unreachable(error)
+            logger.debug("channel layer: %s to group %s dropped", message.get("type"), group)
+            return
+        self._answered_by_notification()
+
+    async def send(self, channel, message):
+        try:
+            await super().send(channel, message)
+        except REDIS_DOWN_ERRORS as error:
+            self._unreachable(error)
+            logger.debug("channel layer: %s to %s dropped", message.get("type"), channel)
+            return
+        self._answered_by_notification()
