@@ -1,0 +1,406 @@
+"""What a publishable key promises its owner, each pinned by its own test.
+
+- A key with allowed origins is used only from exactly those origins: a
+  request without an Origin header, or from an origin that merely starts or
+  ends like an allowed one, is refused.
+- A key is recognised by its full secret, compared as a hash in constant
+  time: the right lookup prefix with a wrong secret is refused.
+- The concurrent-session cap admits exactly ``max_sessions`` live sessions;
+  the next is refused until one closes.
+- A session counts against the cap while its process refreshes it: a row
+  silent for just under three heartbeats still counts, just over no longer
+  does (and the sweeper ends it).
+
+The decisions are checked with explicit ``now`` values, so nothing sleeps.
+"""
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from aitp import services
+from aitp.models import ApiKey, Session
+from tests.aitp.conftest import ORIGIN
+from tests.support.people import make_session
+
+pytestmark = pytest.mark.django_db
+
+LOOKALIKES = [
+    pytest.param("https://shop.example.evil.test", id="longer-host"),
+    pytest.param("https://shop.example:8443", id="other-port"),
+    pytest.param("https://shop.exampl", id="cut-short"),
+    pytest.param("http://shop.example", id="other-scheme"),
+    pytest.param("https://shop.example/", id="trailing-slash"),
+    pytest.param("https://SHOP.EXAMPLE", id="other-case"),
+    pytest.param("https://x.shop.example", id="subdomain"),
+    pytest.param("null", id="opaque-origin"),
+]
+
+
+def handshake(origin: str = ORIGIN, session_id: str | None = None) -> services.HandshakeInfo:
+    return services.HandshakeInfo(
+        session_id=session_id or f"ses_{secrets.token_hex(6)}", origin=origin,
+        user_agent="pytest", viewport="1440x900", sdk_version="0.4.0",
+        protocol_version="1.0.0", channel_name=f"test.{secrets.token_hex(4)}",
+    )
+
+
+def refusal_code(key, origin, now=None) -> str | None:
+    refusal = services.api_key_refusal(key, origin=origin, now=now or timezone.now())
+    return None if refusal is None else refusal.code
+
+
+# --- origins -------------------------------------------------------------------------
+
+
+def test_a_key_with_allowed_origins_accepts_exactly_each_of_them(tenant):
+    key, _ = services.api_key_create(
+        tenant=tenant, allowed_origins=[ORIGIN, "https://www.shop.example"]
+    )
+    assert refusal_code(key, ORIGIN) is None
+    assert refusal_code(key, "https://www.shop.example") is None
+
+
+def test_a_key_with_allowed_origins_refuses_a_request_without_origin(tenant):
+    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    assert refusal_code(key, None) == "origin_not_allowed"
+    assert refusal_code(key, "") == "origin_not_allowed"
+
+
+@pytest.mark.parametrize("lookalike", LOOKALIKES)
+def test_a_key_with_allowed_origins_refuses_an_origin_that_only_looks_like_one(tenant, lookalike):
+    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    assert refusal_code(key, lookalike) == "origin_not_allowed"
+
+
+def test_an_origin_refusal_tells_the_page_why_in_its_own_words(tenant):
+    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    refusal = services.api_key_refusal(key, origin="https://evil.example", now=timezone.now())
+    assert refusal == services.Refusal(
+        "origin_not_allowed", "This page's origin is not allowed for this API key.",
+        "origin not allowed",
+    )
+
+
+def test_a_key_without_allowed_origins_accepts_any_origin_or_none(tenant):
+    key, _ = services.api_key_create(tenant=tenant)
+    for origin in (None, "", ORIGIN, "https://anywhere.example"):
+        assert refusal_code(key, origin) is None, origin
+
+
+def test_a_key_with_allowed_origins_opens_no_session_without_origin(tenant):
+    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    session, refusal = services.session_open(raw_key=raw, info=handshake(origin=""))
+    assert session is None and refusal.code == "origin_not_allowed"
+    assert not Session.objects.exists()
+
+
+def test_a_key_with_allowed_origins_opens_no_session_from_a_prefix_lookalike(tenant):
+    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    session, refusal = services.session_open(raw_key=raw, info=handshake(origin=ORIGIN + ".evil.test"))
+    assert session is None and refusal.code == "origin_not_allowed"
+    assert not Session.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_key_with_allowed_origins_refuses_a_handshake_without_origin(connect, api_key):
+    page = await connect(origin=None)
+    error = await page.handshake(api_key.raw)
+    assert error["payload"]["data"]["code"] == "origin_not_allowed"
+    assert (await page.recv())["code"] == 1008
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_key_with_allowed_origins_refuses_a_handshake_from_a_prefix_lookalike(connect, api_key):
+    page = await connect(origin=ORIGIN + ".evil.test")
+    error = await page.handshake(api_key.raw)
+    assert error["payload"]["data"]["code"] == "origin_not_allowed"
+    assert (await page.recv())["code"] == 1008
+
+
+# --- the other refusals, in their order --------------------------------------------------
+
+
+def test_an_unknown_key_is_refused_as_invalid():
+    assert refusal_code(None, ORIGIN) == "invalid_api_key"
+
+
+def test_a_revoked_or_disabled_key_is_refused_even_from_an_allowed_origin(tenant):
+    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    key.status = ApiKey.Status.DISABLED
+    assert refusal_code(key, ORIGIN) == "api_key_disabled"
+    key.status = ApiKey.Status.REVOKED
+    assert refusal_code(key, ORIGIN) == "api_key_revoked"
+
+
+def test_a_key_is_refused_from_the_moment_it_expires(tenant):
+    now = timezone.now()
+    key, _ = services.api_key_create(tenant=tenant, expires_at=now)
+    assert refusal_code(key, ORIGIN, now=now) == "api_key_expired"
+    assert refusal_code(key, ORIGIN, now=now - timedelta(microseconds=1)) is None
+
+
+# --- the key's secret ------------------------------------------------------------------
+
+
+def test_a_key_is_found_by_its_full_secret(tenant):
+    key, raw = services.api_key_create(tenant=tenant)
+    assert services.api_key_lookup(raw) == key
+
+
+def test_a_wrong_key_with_the_right_prefix_is_refused(tenant):
+    _, raw = services.api_key_create(tenant=tenant)
+    prefix = raw[:services.LOOKUP_PREFIX_LENGTH]
+    # Same prefix, same length, one character of the secret changed.
+    wrong = raw[:-1] + ("a" if raw[-1] != "a" else "b")
+    assert wrong[:services.LOOKUP_PREFIX_LENGTH] == prefix
+    assert services.api_key_lookup(wrong) is None
+    assert services.api_key_lookup(prefix) is None
+    assert services.api_key_lookup(raw + "x") is None
+    session, refusal = services.session_open(raw_key=wrong, info=handshake())
+    assert session is None and refusal.code == "invalid_api_key"
+
+
+def test_the_key_hash_is_compared_in_constant_time(tenant, monkeypatch):
+    key, raw = services.api_key_create(tenant=tenant)
+    compared = []
+    real = services.hmac.compare_digest
+
+    def spy(a, b):
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(services.hmac, "compare_digest", spy)
+    assert services.api_key_lookup(raw) == key
+    assert services.api_key_lookup(raw[:-1] + ("a" if raw[-1] != "a" else "b")) is None
+    assert len(compared) == 2
+    assert all(key.key_hash in pair for pair in compared)
+
+
+def test_an_unknown_prefix_is_hashed_like_a_wrong_key(tenant, monkeypatch):
+    # So the time a refusal takes does not tell whether the prefix exists.
+    hashed = []
+    real = services._key_hash
+    monkeypatch.setattr(services, "_key_hash", lambda raw: hashed.append(raw) or real(raw))
+    unknown = services.KEY_PREFIX + "z" * 32
+    assert services.api_key_lookup(unknown) is None
+    assert hashed == [unknown]
+
+
+def test_the_stored_hash_is_keyed_by_the_server_secret(tenant, settings):
+    key, raw = services.api_key_create(tenant=tenant)
+    assert raw not in key.key_hash
+    settings.OWLLAYER_KEY_HASH_SECRET = settings.OWLLAYER_KEY_HASH_SECRET + "-rotated"
+    # The same plaintext under another server secret is a different hash.
+    assert services.api_key_lookup(raw) is None
+
+
+@pytest.mark.parametrize("raw", ["", "pk_live_", "pk_live_1234567", None])
+def test_a_key_shorter_than_its_lookup_prefix_finds_nothing(tenant, raw):
+    services.api_key_create(tenant=tenant)
+    assert services.api_key_lookup(raw) is None
+
+
+def test_an_oversized_key_is_refused_without_a_lookup(tenant, django_assert_num_queries):
+    _, raw = services.api_key_create(tenant=tenant)
+    with django_assert_num_queries(0):
+        assert services.api_key_lookup(raw + "x" * 200) is None
+
+
+def test_a_key_of_the_longest_accepted_length_is_still_looked_up(tenant, django_assert_num_queries):
+    _, raw = services.api_key_create(tenant=tenant)
+    with django_assert_num_queries(1):
+        assert services.api_key_lookup(raw + "x" * (200 - len(raw))) is None
+
+
+def test_a_key_of_exactly_the_lookup_prefix_length_is_looked_up(tenant, django_assert_num_queries):
+    _, raw = services.api_key_create(tenant=tenant)
+    with django_assert_num_queries(1):
+        assert services.api_key_lookup(raw[:services.LOOKUP_PREFIX_LENGTH]) is None
+
+
+# --- the session cap ----------------------------------------------------------------------
+
+
+def test_a_key_admits_exactly_max_sessions_and_refuses_the_next(tenant):
+    _, raw = services.api_key_create(tenant=tenant, max_sessions=3)
+    opened = [services.session_open(raw_key=raw, info=handshake()) for _ in range(3)]
+    assert all(session is not None and refusal is None for session, refusal in opened)
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert session is None
+    assert refusal == services.Refusal(
+        "session_limit", "Too many concurrent sessions for this API key.", "session limit reached"
+    )
+    assert Session.objects.count() == 3
+
+
+def test_a_closed_session_frees_its_slot_for_the_next(tenant):
+    _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    first, _ = services.session_open(raw_key=raw, info=handshake())
+    assert services.session_open(raw_key=raw, info=handshake())[1].code == "session_limit"
+    services.session_close(session_id=first.id, code=1000)
+    second, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert refusal is None and second is not None
+
+
+def test_the_cap_counts_only_the_keys_own_sessions(tenant):
+    _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    _, other_raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    assert services.session_open(raw_key=other_raw, info=handshake())[1] is None
+    assert services.session_open(raw_key=raw, info=handshake())[1] is None
+
+
+def test_an_opened_session_records_its_handshake_and_the_keys_use(tenant):
+    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    info = handshake(session_id="ses_recorded")
+    session, refusal = services.session_open(raw_key=raw, info=info)
+    assert refusal is None
+    stored = Session.objects.get(id="ses_recorded")
+    assert (stored.api_key_id, stored.tenant_id, stored.origin) == (key.pk, tenant.pk, ORIGIN)
+    assert (stored.user_agent, stored.viewport, stored.sdk_version, stored.protocol_version) == (
+        "pytest", "1440x900", "0.4.0", "1.0.0")
+    assert stored.channel_name == info.channel_name and stored.ended_at is None
+    assert stored.started_at == stored.last_seen_at
+    key.refresh_from_db()
+    assert key.last_used_at == stored.started_at
+
+
+def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
+    # The key can change between the first check and the locked re-check
+    # (revoked meanwhile): the locked row decides.
+    key, raw = services.api_key_create(tenant=tenant)
+    real = services.api_key_refusal
+    calls = []
+
+    def refuse_the_second_time(loaded, **kwargs):
+        calls.append(loaded)
+        if len(calls) == 2:
+            loaded.status = ApiKey.Status.REVOKED
+        return real(loaded, **kwargs)
+
+    monkeypatch.setattr(services, "api_key_refusal", refuse_the_second_time)
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert session is None and refusal.code == "api_key_revoked"
+    assert not Session.objects.exists()
+
+
+# --- liveness: when a silent session stops counting ------------------------------------
+
+
+HEARTBEAT = 10.0
+
+
+@pytest.fixture
+def heartbeat(settings):
+    settings.OWLLAYER_HEARTBEAT_INTERVAL = HEARTBEAT
+    return HEARTBEAT
+
+
+def silent_session(tenant, now, seconds: float) -> Session:
+    return make_session(tenant, last_seen_at=now - timedelta(seconds=seconds), started_at=now)
+
+
+def live_ids(now) -> set[str]:
+    return set(Session.objects.filter(**services.live_sessions_filter(now)).values_list("id", flat=True))
+
+
+def test_a_session_silent_for_just_under_three_heartbeats_still_counts(tenant, heartbeat):
+    now = timezone.now()
+    row = silent_session(tenant, now, 3 * heartbeat - 0.001)
+    assert live_ids(now) == {row.id}
+    assert services.sessions_close_stale(now=now) == 0
+
+
+def test_a_session_silent_for_exactly_three_heartbeats_still_counts(tenant, heartbeat):
+    now = timezone.now()
+    row = silent_session(tenant, now, 3 * heartbeat)
+    assert live_ids(now) == {row.id}
+    assert services.sessions_close_stale(now=now) == 0
+
+
+def test_a_session_silent_for_just_over_three_heartbeats_stops_counting(tenant, heartbeat):
+    now = timezone.now()
+    silent_session(tenant, now, 3 * heartbeat + 0.001)
+    assert live_ids(now) == set()
+
+
+def test_the_sweeper_ends_a_session_silent_for_just_over_three_heartbeats(tenant, heartbeat):
+    now = timezone.now()
+    row = silent_session(tenant, now, 3 * heartbeat + 0.001)
+    fresh = silent_session(tenant, now, 0)
+    assert services.sessions_close_stale(now=now) == 1
+    row.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (row.ended_at, row.close_code, row.state) == (now, 1006, Session.State.ENDED)
+    assert row.close_reason == "server process lost"
+    assert fresh.ended_at is None
+
+
+def test_an_ended_session_never_counts_however_recent(tenant, heartbeat):
+    now = timezone.now()
+    row = silent_session(tenant, now, 0)
+    Session.objects.filter(pk=row.pk).update(ended_at=now)
+    assert live_ids(now) == set()
+
+
+def test_the_window_follows_the_heartbeat_setting(tenant, settings):
+    now = timezone.now()
+    row = silent_session(tenant, now, 100)
+    settings.OWLLAYER_HEARTBEAT_INTERVAL = 34.0  # window 102 s
+    assert live_ids(now) == {row.id}
+    settings.OWLLAYER_HEARTBEAT_INTERVAL = 33.0  # window 99 s
+    assert live_ids(now) == set()
+
+
+def test_a_silent_session_no_longer_holds_a_slot(tenant, heartbeat):
+    key, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    # Far past the window, whatever the clock did between these lines.
+    Session.objects.create(
+        id="ses_silent", tenant=tenant, api_key=key,
+        last_seen_at=timezone.now() - timedelta(seconds=10 * heartbeat),
+    )
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert refusal is None and session is not None
+
+
+def test_a_recently_seen_session_still_holds_its_slot(tenant, heartbeat):
+    key, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    # Well inside the window (two heartbeats of margin).
+    Session.objects.create(
+        id="ses_quiet", tenant=tenant, api_key=key,
+        last_seen_at=timezone.now() - timedelta(seconds=heartbeat),
+    )
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert session is None and refusal.code == "session_limit"
+
+
+def test_a_heartbeat_refreshes_only_an_open_session(tenant, heartbeat):
+    now = timezone.now()
+    old = now - timedelta(seconds=5 * heartbeat)
+    open_row = silent_session(tenant, now, 5 * heartbeat)
+    ended = silent_session(tenant, now, 5 * heartbeat)
+    Session.objects.filter(pk=ended.pk).update(ended_at=old)
+    services.session_heartbeat(session_id=open_row.id)
+    services.session_heartbeat(session_id=ended.id)
+    open_row.refresh_from_db()
+    ended.refresh_from_db()
+    assert open_row.last_seen_at > old
+    assert ended.last_seen_at == old
+
+
+def test_a_closed_session_records_how_it_ended(tenant):
+    _, raw = services.api_key_create(tenant=tenant)
+    session, _ = services.session_open(raw_key=raw, info=handshake())
+    services.session_close(session_id=session.id, code=4001, reason="r" * 300)
+    session.refresh_from_db()
+    assert session.close_code == 4001 and session.close_reason == "r" * 200
+    assert session.state == Session.State.ENDED and session.ended_at == session.last_seen_at
+    # Closing again changes nothing.
+    first_end = session.ended_at
+    services.session_close(session_id=session.id, code=1000)
+    session.refresh_from_db()
+    assert (session.close_code, session.ended_at) == (4001, first_end)
+

@@ -1,0 +1,270 @@
+"""What an approval promises, each pinned by its own test.
+
+- A risky server tool runs only on an explicit "approved". An approval that
+  expired, was cancelled, was closed because the page went away, or was
+  denied never runs it, by whichever road the decision reaches the turn.
+- The audit chain's hash covers who acted: changing the actor (or the kind
+  of actor, or the channel) of a stored event breaks verification there.
+
+The turn is a real Agent with the real AgentStore and approvals services on
+the test database; only the page (AgentIO) is a stand-in that records frames.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection, transaction
+
+from aitp.agent import Agent, AgentConfig, PageSnapshot
+from aitp.agent_store import AgentStore
+from aitp.llm.offline import OfflineBackend
+from aitp.models import ToolCall
+from aitp.tools import Risk, ToolSpec, ToolSurface
+from approvals import services as approvals
+from approvals.audit import append_event, compute_hash, verify_chain
+from approvals.models import Approval, AuditEvent
+from approvals.server_tools import ServerToolDef
+from tests.approvals.conftest import make_session
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+# Far longer than any of these turns: a decision always arrives first, and
+# nothing here waits for a deadline.
+APPROVAL_TIMEOUT = 120.0
+# How long a test waits for the turn to reach a state (an event, not a delay).
+PATIENCE = 60.0
+
+CANCEL_ORDER = ToolSpec(
+    name="cancel_order",
+    description="Cancel an order",
+    parameters={"type": "OBJECT", "properties": {"number": {"type": "STRING"}},
+                "required": ["number"]},
+    risk=Risk.HIGH,
+    origin="server",
+)
+COMMAND = '/tool cancel_order {"number": "A1003"}'
+
+
+class Page:
+    """The connection's side of the turn: records frames and states."""
+
+    def __init__(self, surface: ToolSurface) -> None:
+        self._surface = surface
+        self.frames = []
+        self.states = []
+        self.waiting_approval = asyncio.Event()
+
+    async def send_message(self, message) -> None:
+        self.frames.append(message)
+
+    def surface(self) -> ToolSurface:
+        return self._surface
+
+    def page(self) -> PageSnapshot:
+        return PageSnapshot(url="/orders/A1003", title="Order A1003", context={})
+
+    async def set_state(self, state: str) -> None:
+        self.states.append(state)
+        if state == "waiting_approval":
+            self.waiting_approval.set()
+
+    def frame_types(self) -> list[str]:
+        return [getattr(m.type, "value", m.type) for m in self.frames]
+
+
+class Runs:
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    async def __call__(self, args: dict, *, session_id: str, tenant_id: int, call_id: str):
+        self.calls.append(args)
+        return {"cancelled": args["number"]}
+
+
+class Turn:
+    def __init__(self, session, policy: str) -> None:
+        self.runs = Runs()
+        tool = ServerToolDef(spec=CANCEL_ORDER, policy=policy, tool_id=None, runner=self.runs)
+        self.page = Page(ToolSurface.build([CANCEL_ORDER], []))
+        self.agent = Agent(
+            session_id=session.id, tenant_id=session.tenant_id, system_prompt="You help.",
+            backend=OfflineBackend(),
+            config=AgentConfig(model="offline", approval_timeout=APPROVAL_TIMEOUT,
+                               stream_interval=0.001),
+            io=self.page,
+            store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
+            server_tools={"cancel_order": tool},
+        )
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> Approval:
+        """Run the turn up to the point where it waits for a human."""
+        self.task = asyncio.create_task(self.agent.run_turn(COMMAND))
+        waiting = asyncio.create_task(self.page.waiting_approval.wait())
+        await asyncio.wait({waiting, self.task}, timeout=PATIENCE,
+                           return_when=asyncio.FIRST_COMPLETED)
+        assert self.page.waiting_approval.is_set(), "the turn never asked for approval"
+        assert self.runs.calls == [], "the tool ran before anyone decided"
+        return await Approval.objects.select_related("tool_call").aget(tool_name="cancel_order")
+
+    async def finish(self) -> ToolCall:
+        await asyncio.wait_for(self.task, PATIENCE)
+        return await ToolCall.objects.aget(name="cancel_order")
+
+    def tool_result(self) -> dict:
+        results = [b for m in self.agent.history for b in m["content"]
+                   if b.get("type") == "tool_result"]
+        assert len(results) == 1, self.agent.history
+        return results[0]
+
+
+@pytest.fixture
+def session(acme):
+    return make_session(acme, "ses_promises")
+
+
+def decide_user(approval: Approval, approved: bool) -> None:
+    approvals.approval_decide_user(approval_id=approval.pk, session_id=approval.session_id,
+                                   approved=approved)
+
+
+ENDINGS = {
+    "expired": lambda a: approvals.approval_expire(approval_id=a.pk),
+    "cancelled": lambda a: approvals.approval_close(approval_id=a.pk, status="cancelled"),
+    "disconnected": lambda a: approvals.approval_close(approval_id=a.pk, status="disconnected"),
+    "denied": lambda a: decide_user(a, approved=False),
+}
+
+
+async def test_a_server_tool_runs_on_an_explicit_approval(session):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    call = await turn.finish()
+    assert turn.runs.calls == [{"number": "A1003"}]
+    assert call.status == "success"
+    assert "is_error" not in turn.tool_result()
+    actions = [a async for a in AuditEvent.objects.filter(approval_id=approval.pk)
+               .values_list("action", flat=True)]
+    assert actions == ["requested", "approved", "executed"]
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+async def test_a_server_tool_never_runs_unless_explicitly_approved(session, ending):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    await sync_to_async(ENDINGS[ending])(approval)
+    # The notice a decision sends to the process holding the session.
+    await turn.agent.on_approval_decided(approval.pk)
+    call = await turn.finish()
+    assert turn.runs.calls == []
+    assert call.status != "success"
+    assert turn.tool_result()["is_error"] is True
+    assert (await Approval.objects.aget(pk=approval.pk)).status == ending
+
+
+@pytest.mark.parametrize("ending", ["expired", "cancelled", "disconnected", "denied"])
+async def test_a_server_tool_never_runs_on_a_decision_other_than_approved(session, ending):
+    # However the decision reaches the waiting turn (here: straight onto the
+    # pending call, as a re-read of the row would put it).
+    turn = Turn(session, policy="user")
+    await turn.start()
+    [call] = turn.agent.ledger.open_calls()
+    call.decide(ending)
+    stored = await turn.finish()
+    assert turn.runs.calls == []
+    assert stored.status != "success"
+    assert turn.tool_result()["is_error"] is True
+
+
+async def test_a_server_tool_never_runs_on_a_user_approval_when_an_operator_denies(session, olivia):
+    turn = Turn(session, policy="user_and_operator")
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    assert turn.runs.calls == []  # still waiting for the operator
+    assert not turn.task.done()
+    await sync_to_async(approvals.approval_decide_operator)(
+        approval_id=approval.pk, user=olivia, approved=False)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+    assert turn.runs.calls == []
+
+
+async def test_a_server_tool_runs_once_both_parties_approve(session, olivia):
+    turn = Turn(session, policy="user_and_operator")
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await sync_to_async(approvals.approval_decide_operator)(
+        approval_id=approval.pk, user=olivia, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+    assert turn.runs.calls == [{"number": "A1003"}]
+
+
+# --- the audit chain covers who acted --------------------------------------------------
+
+
+def append(tenant, **fields) -> AuditEvent:
+    values = {"action": "approved", "actor_kind": "operator", "actor": "olivia",
+              "channel": "admin", **fields}
+    with transaction.atomic():
+        return append_event(tenant_id=tenant.pk, **values)
+
+
+def rewrite(event: AuditEvent, column: str, value: str) -> None:
+    # Straight to the table: the ORM refuses to change an audit event.
+    table = AuditEvent._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {column} = %s WHERE seq = %s", [value, event.seq])
+
+
+@pytest.mark.parametrize("column,value", [
+    ("actor", "mallory"),
+    ("actor_kind", "system"),
+    ("channel", "console"),
+])
+def test_changing_who_acted_on_a_stored_event_breaks_the_chain_there(acme, column, value):
+    append(acme, action="requested", actor_kind="page", actor="ses_a", channel="page")
+    decided = append(acme)
+    append(acme, action="executed", actor_kind="system", actor="system", channel="system")
+    assert verify_chain().ok
+
+    rewrite(decided, column, value)
+
+    result = verify_chain()
+    assert not result.ok
+    assert result.first_bad_seq == decided.seq
+    assert result.problem == "hash mismatch (row altered)"
+
+
+@pytest.mark.parametrize("field", ["actor", "actor_kind", "channel"])
+def test_the_audit_hash_depends_on_who_acted(field):
+    from datetime import datetime, timezone
+
+    fields = dict(seq=1, tenant_id=1, approval_id=2, session_id="ses", call_id="tc",
+                  action="approved", actor_kind="operator", actor="olivia", channel="admin",
+                  args_hash="h", data={}, created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                  prev_hash="0" * 64)
+    other = {"actor": "mallory", "actor_kind": "page", "channel": "console"}[field]
+    assert compute_hash(**fields) != compute_hash(**{**fields, field: other})
+
+
+def test_the_actor_of_a_decision_is_the_operator_who_made_it(session, olivia):
+    call = ToolCall.objects.create(
+        session=session, call_id="tc_actor", tool_use_id="toolu_actor", name="cancel_order",
+        arguments={"number": "A1"}, risk="high", origin="server", status=ToolCall.Status.PENDING,
+    )
+    approval = approvals.approval_request_server(
+        tool_call=call, tool=ServerToolDef(spec=CANCEL_ORDER, policy="operator", tool_id=None,
+                                           runner=Runs()),
+        args={"number": "A1"}, session_id=session.id, timeout=APPROVAL_TIMEOUT,
+    )
+    approvals.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True,
+                                       channel="console")
+    decided = AuditEvent.objects.get(approval_id=approval.pk, action="approved")
+    assert (decided.actor_kind, decided.actor, decided.channel) == ("operator", "olivia", "console")
+    assert verify_chain().ok
