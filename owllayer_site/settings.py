@@ -62,6 +62,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_networks(name: str) -> tuple:
+    """Comma-separated CIDRs (IPv4 or IPv6) as ipaddress networks."""
+    import ipaddress
+
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name} must be CIDRs such as 10.0.0.0/8, got {item!r}") from None
+    return tuple(networks)
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = os.environ.get(name) or default
     if value not in choices:
@@ -286,6 +299,9 @@ OWLLAYER_STREAM_INTERVAL = env_float("OWLLAYER_STREAM_INTERVAL", 0.04, minimum=0
 OWLLAYER_APPROVAL_TIMEOUT = env_float("OWLLAYER_APPROVAL_TIMEOUT", 120.0, minimum=0.1)
 OWLLAYER_WEBHOOK_TIMEOUT = env_float("OWLLAYER_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
 OWLLAYER_WEBHOOK_MAX_BYTES = env_int("OWLLAYER_WEBHOOK_MAX_BYTES", 256 * 1024, minimum=1)
+# Webhooks never reach loopback, private, link-local, multicast or reserved
+# addresses, except those in these networks (CIDRs, e.g. "10.20.0.0/16").
+OWLLAYER_WEBHOOK_ALLOWED_NETWORKS = env_networks("OWLLAYER_WEBHOOK_ALLOWED_NETWORKS")
 
 # API keys are stored as an HMAC of the key under this secret, so a leaked
 # database does not leak usable keys. Rotating it invalidates every key.

@@ -37,6 +37,15 @@ def payment_call(acme_session):
     return make_call(acme_session)
 
 
+@pytest.fixture(autouse=True)
+def webhooks_may_reach_this_machine(settings):
+    """The test receivers listen on 127.0.0.1, which webhooks may only reach
+    through the operator's allow-list (tests/approvals/test_webhook_safety.py)."""
+    import ipaddress
+
+    settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS = (ipaddress.ip_network("127.0.0.1/32"),)
+
+
 @pytest.fixture
 def receiver():
     """Base URL of a webhook endpoint checking signatures under webhook_receiver.SECRET."""

@@ -33,7 +33,8 @@ class Receiver(BaseHTTPRequestHandler):
             SECRET.encode(), timestamp.encode() + b"." + body, hashlib.sha256
         ).hexdigest()
         signed = hmac.compare_digest(expected, self.headers["X-OwlLayer-Signature"])
-        self.received.append({"path": self.path, "body": json.loads(body), "signed": signed})
+        self.received.append({"path": self.path, "body": json.loads(body), "signed": signed,
+                              "host": self.headers.get("Host")})
         if self.path == "/echo":
             if not signed:
                 return self._answer(401, b'{"error": "bad signature"}')
