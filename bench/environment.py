@@ -1,8 +1,16 @@
 """The run's database, settings environment, tenant and key.
 
-By default everything lives in a throwaway SQLite file in the run's scratch
-directory. With DATABASE_URL (and REDIS_URL) set, the run uses them as the
-product would, and removes its own tenant at the end.
+Two backends, each with a database of its own that the run creates and
+removes:
+
+- ``embedded`` (the default configuration): a throwaway SQLite file in the
+  run's scratch directory and the in-memory channel layer;
+- ``postgres``: a fresh PostgreSQL database ``owl_bench_<pid>`` on the
+  server of ``--postgres`` (dropped at the end) and the Redis of ``--redis``
+  under a channel prefix of the run's own (its keys deleted at the end).
+
+The caller's DATABASE_URL and REDIS_URL are never used: the run must not
+touch a database it did not create.
 """
 from __future__ import annotations
 
@@ -18,10 +26,26 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_MODULE = "owllayer_site.settings"
 
 
+BACKENDS = ("embedded", "postgres")
+DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
 @dataclass(frozen=True)
 class RunEnvironment:
     throwaway_database: bool
     database_dir: str = ""
+    backend: str = "embedded"
+    postgres_database: str = ""
+    postgres_server: str = ""
+    redis_url: str = ""
+    channel_prefix: str = ""
+
+    def describe_short(self) -> str:
+        if self.backend == "embedded":
+            return "throwaway sqlite, in-memory channel layer"
+        return (f"scratch PostgreSQL database {self.postgres_database}, Redis "
+                f"{self.redis_url} under {self.channel_prefix}")
 
     def describe(self) -> dict:
         """What the numbers were measured on, for the report."""
@@ -29,9 +53,10 @@ class RunEnvironment:
         from django.db import connection
 
         layer = settings.CHANNEL_LAYERS["default"]["BACKEND"].rsplit(".", 1)[-1]
+        where = self.database_dir if self.backend == "embedded" else self.postgres_database
         return {
-            "database": connection.vendor + (
-                f" (throwaway, {self.database_dir})" if self.throwaway_database else ""),
+            "backend": self.backend,
+            "database": connection.vendor + f" (throwaway, {where})",
             "channel_layer": layer,
             "debug": settings.DEBUG,
             "llm": settings.OWLLAYER_LLM,
@@ -39,12 +64,16 @@ class RunEnvironment:
         }
 
 
-def prepare(scratch: Path) -> RunEnvironment:
-    """Set this process's environment before Django reads its settings.
+def prepare(scratch: Path, backend: str = "embedded", *, postgres: str = DEFAULT_POSTGRES,
+            redis: str = DEFAULT_REDIS) -> RunEnvironment:
+    """Set this process's environment before Django reads its settings (and,
+    for ``postgres``, create the run's database).
 
     The servers are started with a copy of it, so the run, the product and
     the baseline agree on the database, the channel layer and the key secret.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}")
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     # No tokens are spent and no network is touched beyond 127.0.0.1.
     os.environ["OWLLAYER_LLM"] = "offline"
@@ -55,16 +84,69 @@ def prepare(scratch: Path) -> RunEnvironment:
         # secret instead (keys are created and checked within the run).
         os.environ.setdefault("DJANGO_DEBUG", "false")
         os.environ["OWLLAYER_INSECURE_DEV_SECRET"] = "1"
-    throwaway = not os.environ.get("DATABASE_URL")
-    if throwaway:
-        os.environ["DATABASE_URL"] = f"sqlite:///{scratch / 'bench.sqlite3'}"
+    os.environ.pop("DATABASE_URL", None)
+    os.environ.pop("REDIS_URL", None)
+    os.environ.pop("OWLLAYER_CHANNEL_PREFIX", None)
     os.environ["PYTHONUNBUFFERED"] = "1"
     # The servers must import this checkout, whatever the caller's cwd is.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
-    return RunEnvironment(throwaway_database=throwaway,
-                          database_dir=str(scratch.parent) if throwaway else "")
+    if backend == "embedded":
+        os.environ["DATABASE_URL"] = f"sqlite:///{scratch / 'bench.sqlite3'}"
+        return RunEnvironment(throwaway_database=True, database_dir=str(scratch.parent))
+    name = f"owl_bench_{os.getpid()}"
+    server = postgres.rstrip("/")
+    create_postgres_database(server, name)
+    prefix = f"owl-bench-{os.getpid()}-{secrets.token_hex(3)}"
+    os.environ["DATABASE_URL"] = f"{server}/{name}"
+    os.environ["REDIS_URL"] = redis
+    os.environ["OWLLAYER_CHANNEL_PREFIX"] = prefix
+    return RunEnvironment(throwaway_database=True, backend="postgres", postgres_database=name,
+                          postgres_server=server, redis_url=redis, channel_prefix=prefix)
+
+
+def _admin_connection(server: str):
+    import psycopg
+
+    return psycopg.connect(f"{server}/postgres", autocommit=True, connect_timeout=5)
+
+
+def create_postgres_database(server: str, name: str) -> None:
+    from psycopg import sql
+
+    with _admin_connection(server) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def remove_backend(run_env: RunEnvironment) -> None:
+    """Drop the run's PostgreSQL database and its Redis keys (postgres backend)."""
+    if run_env.backend != "postgres":
+        return
+    close_connections()
+    try:
+        from psycopg import sql
+
+        with _admin_connection(run_env.postgres_server) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(run_env.postgres_database)))
+    except Exception:  # noqa: BLE001 - cleanup must not hide the run's own outcome
+        logger.warning("could not drop the benchmark database %s; drop it by hand",
+                       run_env.postgres_database, exc_info=True)
+    try:
+        import redis
+
+        client = redis.Redis.from_url(run_env.redis_url, socket_timeout=5)
+        try:
+            for key in client.scan_iter(match=f"{run_env.channel_prefix}*", count=1000):
+                client.delete(key)
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001
+        logger.warning("could not delete the Redis keys under %s", run_env.channel_prefix,
+                       exc_info=True)
 
 
 def setup_database() -> None:

@@ -15,12 +15,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from websockets.exceptions import ConnectionClosed
 
 from aitp_client import AitpClient, AitpError, envelope, frame_problems
+from bench.baseline import REPLY_FIELD
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +48,13 @@ BENCH_TOOL = {
 
 
 # The product refuses USER_INPUT while a turn is still closing; how often a
-# turn is retried before the run gives up, and the pause between tries.
+# turn is retried before the run gives up, and the pause between tries. The
+# sample's clock runs from the first try: time refused is time the page waits.
 MAX_TURN_RETRIES = 200
 TURN_RETRY_PAUSE = 0.001
+
+# The clock of every sample (replaced by a fake in the tests).
+clock = time.perf_counter
 
 
 class BenchError(RuntimeError):
@@ -65,26 +70,50 @@ class Target:
     name: str
     url: str
     # Check received frames against the deployed client's schema. Off for
-    # the baseline: its echoes are client frames by design.
+    # the baseline: its echoes are client frames by design. The baseline is
+    # the target that does not check: it is asked to answer with the
+    # product's byte shape (bench.baseline.REPLY_FIELD).
     check_frames: bool
+
+    @property
+    def is_baseline(self) -> bool:
+        return not self.check_frames
 
 
 @dataclass
 class Observations:
     """What the run saw besides its numbers: the product's frames (checked
-    against the schema after timing) and turns refused as still in progress."""
+    against the schema after timing), turns refused as still in progress, and
+    the byte sizes of the product's answers (the shape the baseline copies)."""
 
     frames: list[tuple[str, object]] = field(default_factory=list)
     turns: int = 0
     turns_refused: int = 0
+    refusals: int = 0
+    # label of an exchange -> sizes in bytes of the frames the product answered with
+    shape: dict[str, list[int]] = field(default_factory=dict)
+    keep_frames: bool = True
 
     def notes(self) -> list[str]:
         if not self.turns_refused:
             return []
         return [
             f"{self.turns_refused} of {self.turns} product turns: USER_INPUT sent right after "
-            "the previous done:true was refused with turn_in_progress (retried, not timed)"
+            f"the previous done:true was refused with turn_in_progress ({self.refusals} "
+            "refusals in all; retried, and the time refused is part of the turn's sample)"
         ]
+
+    def record_shape(self, label: str, sizes: list[int]) -> None:
+        """The product's answer sizes for ``label``: the first one seen stays."""
+        self.shape.setdefault(label, list(sizes))
+
+    def reply_sizes(self, label: str) -> list[int]:
+        """What the baseline must answer for ``label``: the product's sizes."""
+        try:
+            return self.shape[label]
+        except KeyError:
+            raise BenchError(f"the baseline was asked for {label!r} before the product "
+                             "answered one: no byte shape to copy") from None
 
     def problems(self) -> list[str]:
         found = []
@@ -138,10 +167,11 @@ class Peer:
         self.phase = phase
 
     @classmethod
-    async def open(cls, target: Target, api_key: str, log: Observations, phase: str) -> Peer:
+    async def open(cls, target: Target, api_key: str, log: Observations, phase: str, *,
+                   timeout: float = ANSWER_TIMEOUT) -> Peer:
         client = AitpClient(target.url, api_key=api_key)
         try:
-            await client.connect(timeout=ANSWER_TIMEOUT)
+            await client.connect(timeout=timeout)
         except (AitpError, TimeoutError, OSError) as exc:
             await client.close()
             raise BenchError(f"{target.name}: handshake failed: {exc}") from None
@@ -151,17 +181,43 @@ class Peer:
         await self.client.close()
 
     async def exchange(self, frame_type: str, payload: dict,
-                       answered: Callable[[dict, dict], bool]) -> list[dict]:
-        """Send one frame and read up to its answer; the frames read, answer last."""
+                       answered: Callable[[dict, dict], bool], *, label: str | None = None,
+                       on_frame: Callable[[dict, float], None] | None = None,
+                       timeout: float = ANSWER_TIMEOUT) -> list[dict]:
+        """Send one frame and read up to its answer; the frames read, answer last.
+
+        ``label`` names the exchange for comparable bytes: the product's
+        answer sizes are recorded under it, and the baseline is asked to
+        answer with those sizes. ``on_frame(frame, received_at)`` sees each
+        frame as it arrives (the clock read right after the socket gave it).
+        """
+        if label is not None and self.target.is_baseline:
+            payload = {**payload, REPLY_FIELD: self.log.reply_sizes(label)}
+        frames = await self._send_and_read(envelope(frame_type, payload), frame_type, answered,
+                                           label, on_frame, timeout)
+        if self.target.check_frames and self.log.keep_frames:
+            self.log.frames.extend((self.phase, frame) for frame in frames)
+        return frames
+
+    async def _send_and_read(self, sent: dict, frame_type: str,
+                             answered: Callable[[dict, dict], bool], label: str | None,
+                             on_frame: Callable[[dict, float], None] | None,
+                             timeout: float) -> list[dict]:
         ws = self.client.ws
-        sent = envelope(frame_type, payload)
         frames: list[dict] = []
+        sizes: list[int] = []
         try:
-            async with asyncio.timeout(ANSWER_TIMEOUT):
+            async with asyncio.timeout(timeout):
                 await ws.send(json.dumps(sent))
                 for _ in range(MAX_FRAMES_PER_ANSWER):
-                    frame = _envelope_or_raise(self.target, await ws.recv())
+                    raw = await ws.recv()
+                    if on_frame is not None:
+                        received_at = clock()
+                    frame = _envelope_or_raise(self.target, raw)
+                    sizes.append(len(raw.encode()) if isinstance(raw, str) else len(raw))
                     frames.append(frame)
+                    if on_frame is not None:
+                        on_frame(frame, received_at)
                     if answered(frame, sent):
                         break
                     _raise_on_error(self.target, frame)
@@ -171,12 +227,12 @@ class Peer:
         except TimeoutError:
             seen = ", ".join(str(f.get("type")) for f in frames) or "nothing"
             raise BenchError(f"{self.target.name}: no answer to {frame_type} within "
-                             f"{ANSWER_TIMEOUT}s (saw {seen})") from None
+                             f"{timeout}s (saw {seen})") from None
         except ConnectionClosed as exc:
             raise BenchError(f"{self.target.name}: connection closed during {frame_type}: "
                              f"{exc}") from None
-        if self.target.check_frames:
-            self.log.frames.extend((self.phase, frame) for frame in frames)
+        if label is not None and not self.target.is_baseline:
+            self.log.record_shape(label, sizes)
         return frames
 
 
@@ -212,19 +268,28 @@ def context_payload(index: int) -> dict:
 
 # --- the phases ------------------------------------------------------------------
 
+BeforeSample = Callable[[], Awaitable[None]]
+
+
+async def _nothing() -> None:
+    return None
+
+
 
 async def handshakes(targets: Sequence[Target], api_key: str, *, count: int,
-                     warmup: int) -> dict[str, list[float]]:
+                     warmup: int, before_baseline: BeforeSample = _nothing) -> dict[str, list[float]]:
     """Seconds from opening the socket to a valid HANDSHAKE_ACK, one new
     connection per sample (closed before the next one opens)."""
     samples: dict[str, list[float]] = {target.name: [] for target in targets}
     for index in range(warmup + count):
         for target in alternating(targets, index):
+            if target.is_baseline:
+                await before_baseline()
             client = AitpClient(target.url, api_key=api_key)
             try:
-                started = time.perf_counter()
+                started = clock()
                 await client.connect(timeout=ANSWER_TIMEOUT)
-                elapsed = time.perf_counter() - started
+                elapsed = clock() - started
             except (AitpError, TimeoutError, OSError) as exc:
                 raise BenchError(f"{target.name}: handshake failed: {exc}") from None
             finally:
@@ -235,7 +300,8 @@ async def handshakes(targets: Sequence[Target], api_key: str, *, count: int,
 
 
 async def context_round_trips(targets: Sequence[Target], api_key: str, log: Observations, *,
-                              count: int, warmup: int) -> dict[str, list[float]]:
+                              count: int, warmup: int,
+                              before_baseline: BeforeSample = _nothing) -> dict[str, list[float]]:
     """Seconds from sending CONTEXT_UPDATE to tools_effective (baseline: the echo)
     on a session that stays open."""
     answered = echo_or(is_tools_effective)
@@ -244,9 +310,12 @@ async def context_round_trips(targets: Sequence[Target], api_key: str, log: Obse
     try:
         for index in range(warmup + count):
             for peer in alternating(peers, index):
-                started = time.perf_counter()
-                await peer.exchange("CONTEXT_UPDATE", context_payload(index), answered)
-                elapsed = time.perf_counter() - started
+                if peer.target.is_baseline:
+                    await before_baseline()
+                started = clock()
+                await peer.exchange("CONTEXT_UPDATE", context_payload(index), answered,
+                                    label="context")
+                elapsed = clock() - started
                 if index >= warmup:
                     samples[peer.target.name].append(elapsed)
     finally:
@@ -255,28 +324,22 @@ async def context_round_trips(targets: Sequence[Target], api_key: str, log: Obse
 
 
 async def tool_turns(targets: Sequence[Target], api_key: str, log: Observations, *,
-                     count: int, warmup: int) -> dict[str, list[float]]:
+                     count: int, warmup: int,
+                     before_baseline: BeforeSample = _nothing) -> dict[str, list[float]]:
     """Seconds from USER_INPUT "/tool bench_echo {...}" to the final
     AGENT_RESPONSE, answering the TOOL_CALL on the way. The baseline does the
     same two exchanges as plain echoes."""
-    second_leg = echo_or(is_turn_done)
     samples: dict[str, list[float]] = {target.name: [] for target in targets}
     peers = await _open_all(targets, api_key, log, "tool turn")
     try:
         for peer in peers:
-            await peer.exchange("CONTEXT_UPDATE", context_payload(0), echo_or(is_tools_effective))
+            await peer.exchange("CONTEXT_UPDATE", context_payload(0), echo_or(is_tools_effective),
+                                label="context")
         for index in range(warmup + count):
             for peer in alternating(peers, index):
-                started, frames = await _start_turn(peer, index, log)
-                call_id = frames[-1]["payload"].get("callId", "echo")
-                frames = await peer.exchange(
-                    "TOOL_RESULT",
-                    {"callId": call_id, "status": "success", "result": {"n": index}},
-                    second_leg,
-                )
-                elapsed = time.perf_counter() - started
-                if peer.target.check_frames:
-                    _require_tool_ran(peer.target, frames[-1])
+                if peer.target.is_baseline:
+                    await before_baseline()
+                elapsed = await one_turn(peer, index, log)
                 if index >= warmup:
                     samples[peer.target.name].append(elapsed)
     finally:
@@ -284,24 +347,45 @@ async def tool_turns(targets: Sequence[Target], api_key: str, log: Observations,
     return samples
 
 
+async def one_turn(peer: Peer, index: int, log: Observations) -> float:
+    """One whole turn: USER_INPUT (retried while refused, on the same clock)
+    to the TOOL_CALL, then TOOL_RESULT to the final AGENT_RESPONSE; the
+    baseline: the same two exchanges, answered with the product's bytes.
+    Seconds from the first USER_INPUT try to the last frame."""
+    started, frames = await _start_turn(peer, index, log)
+    call_id = frames[-1]["payload"].get("callId", "echo")
+    frames = await peer.exchange(
+        "TOOL_RESULT",
+        {"callId": call_id, "status": "success", "result": {"n": index}},
+        echo_or(is_turn_done), label="turn.result",
+    )
+    elapsed = clock() - started
+    if peer.target.check_frames:
+        _require_tool_ran(peer.target, frames[-1])
+    return elapsed
+
+
 async def _start_turn(peer: Peer, index: int, log: Observations) -> tuple[float, list[dict]]:
-    """Send the turn's USER_INPUT until accepted; the accepted try's start
-    time and the frames up to the TOOL_CALL (the baseline: the echo).
+    """Send the turn's USER_INPUT until accepted; the time of the FIRST try
+    and the frames up to the TOOL_CALL (the baseline: the echo).
 
     done:true ends the turn for the page (wire-compat 6), which may send its
     next message at once, as this loop does. A server that still refuses it
     with turn_in_progress has a race: the refusal is counted (the report
-    notes it), the message retried, and the sample starts at the accepted try.
+    notes it) and the message retried; the sample's clock keeps running from
+    the first try, because the page waits all that time for its answer.
     """
     command = f'/tool {BENCH_TOOL["name"]} {{"n": {index}}}'
     if peer.target.check_frames:
         log.turns += 1
+    started = clock()
     for attempt in range(MAX_TURN_RETRIES + 1):
-        started = time.perf_counter()
         try:
             frames = await peer.exchange(
-                "USER_INPUT", {"modality": "text", "content": command}, echo_or(is_tool_call))
+                "USER_INPUT", {"modality": "text", "content": command}, echo_or(is_tool_call),
+                label="turn.input")
         except TurnInProgress:
+            log.refusals += 1
             if attempt == 0:
                 log.turns_refused += 1
             await asyncio.sleep(TURN_RETRY_PAUSE)
@@ -340,16 +424,17 @@ async def concurrent_sessions(target: Target, api_key: str, log: Observations, *
 
     async def one_session(peer: Peer, offset: int) -> None:
         for index in range(updates):
-            started = time.perf_counter()
-            await peer.exchange("CONTEXT_UPDATE", context_payload(offset + index), answered)
-            latencies.append(time.perf_counter() - started)
+            started = clock()
+            await peer.exchange("CONTEXT_UPDATE", context_payload(offset + index), answered,
+                                label="context")
+            latencies.append(clock() - started)
 
     try:
-        started = time.perf_counter()
+        started = clock()
         async with asyncio.TaskGroup() as group:
             for number, peer in enumerate(peers):
                 group.create_task(one_session(peer, number * updates))
-        seconds = time.perf_counter() - started
+        seconds = clock() - started
     except* BenchError as errors:
         raise errors.exceptions[0] from None
     finally:

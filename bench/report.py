@@ -118,9 +118,66 @@ def throughput_measure(name: str, title: str, product: dict, baseline: dict) -> 
     }
 
 
+# --- the lines of many sessions (bench.lines) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """ok when product/baseline of ``stat`` is ``op`` ``limit``."""
+
+    stat: str
+    op: str  # ">=" (higher is better) or "<=" (lower is better)
+    limit: float
+
+    def describe(self) -> str:
+        return f"{self.op} {self.limit:g}x"
+
+    def verdict(self, measured: float | None) -> str:
+        if measured is None:
+            return OVER
+        return OK if (measured >= self.limit if self.op == ">=" else measured <= self.limit) \
+            else OVER
+
+
+# The issue's targets for the buyer's question (README, Performance).
+LINE_CHECKS = {
+    "turns": (Check("turns/s", ">=", 0.25), Check("p50 ms", "<=", 5.0)),
+    "opens": (Check("opens/s", ">=", 0.5),),
+    "idle_memory": (Check("KiB/session", "<=", 2.0),),
+    "streaming": (Check("p50 ms", "<=", 2.0), Check("p99 ms", "<=", 3.0)),
+}
+INFO = "-"
+
+
+def line_measure(name: str, title: str, stats: list[tuple[str, float, float]], *,
+                 checks_of: str | None = None, raw: dict | None = None) -> dict:
+    """A line of (stat, product, baseline) rows, each with its ratio and,
+    where the targets name the stat, its verdict. ``checks_of``: the
+    targets to apply (default: the line's name; none for informative lines)."""
+    checks = {check.stat: check for check in LINE_CHECKS.get(checks_of or name, ())}
+    rows = []
+    for stat, product, baseline in stats:
+        measured = ratio(product, baseline)
+        check = checks.get(stat)
+        rows.append({
+            "stat": stat, "product": product, "baseline": baseline, "ratio": measured,
+            "target": check.describe() if check else "",
+            "verdict": check.verdict(measured) if check else "",
+        })
+    verdicts = [row["verdict"] for row in rows if row["verdict"]]
+    return {
+        "name": name,
+        "title": title,
+        "kind": "line",
+        "rows": rows,
+        "raw": raw or {},
+        "verdict": (OK if all(v == OK for v in verdicts) else OVER) if verdicts else INFO,
+    }
+
+
 def build_report(*, config: dict, environment: dict, measures: list[dict],
                  wire_problems: list[str], notes: list[str], seconds: float) -> dict:
-    verdicts = [measure["verdict"] for measure in measures]
+    verdicts = [measure["verdict"] for measure in measures if measure["verdict"] != INFO]
     return {
         "version": REPORT_VERSION,
         "config": config,
@@ -141,6 +198,14 @@ COLUMNS = ("measure", "stat", "product", "baseline", "ratio", "target", "verdict
 def table_rows(report: dict) -> list[tuple[str, ...]]:
     rows = []
     for measure in report["measures"]:
+        if measure["kind"] == "line":
+            for number, row in enumerate(measure["rows"]):
+                rows.append((
+                    measure["title"] if number == 0 else "", row["stat"],
+                    _number(row["product"]), _number(row["baseline"]), _ratio(row["ratio"]),
+                    row["target"], row["verdict"],
+                ))
+            continue
         verdict = (measure["target"]["text"], measure["verdict"])
         if measure["kind"] == "latency":
             for number, pct in enumerate(PERCENTILES):
@@ -190,6 +255,7 @@ def render_table(report: dict) -> str:
     env = report["environment"]
     lines.append("")
     lines.append(
+        f"backend {env.get('backend', 'embedded')}: "
         f"database {env['database']}, channel layer {env['channel_layer']}, "
         f"llm {env['llm']}, {env['cpus']} cpus; {report['seconds']:.1f} s"
     )
@@ -199,6 +265,13 @@ def render_table(report: dict) -> str:
         lines.append(f"note: {note}")
     lines.append(f"overall: {report['verdict']}")
     return "\n".join(lines)
+
+
+def render_reports(reports: list[dict]) -> str:
+    """Several backends' tables one after the other, then the overall verdict."""
+    overall = OK if all(report["verdict"] == OK for report in reports) else OVER
+    parts = [render_table(report) for report in reports]
+    return "\n\n".join(parts) + f"\n\nall backends: {overall}"
 
 
 def _number(value: float) -> str:

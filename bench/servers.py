@@ -6,6 +6,7 @@ to a log file in the run's scratch directory (shown when one fails).
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 import socket
 import subprocess
@@ -32,6 +33,18 @@ CommandForPort = Callable[[int], list[str]]
 
 class ServerStartError(RuntimeError):
     pass
+
+
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (``ulimit -n``): thousands of
+    sockets are held at once. Called in the bench and, through preexec_fn,
+    in every server it starts."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def open_files_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def product_command(port: int) -> list[str]:
@@ -97,6 +110,7 @@ def spawn(name: str, command_for_port: CommandForPort, env: Mapping[str, str],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=raise_open_files_limit,
         )
     return Server(name, process, port, log_path)
 
@@ -129,7 +143,8 @@ class ServerSet:
         self.log_dir = log_dir
         self.started: list[Server] = []
 
-    def start(self, specs: Mapping[str, CommandForPort]) -> dict[str, Server]:
+    def start(self, specs: Mapping[str, CommandForPort],
+              env: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Server]:
         """Start ``{name: command_for_port}`` side by side, then wait for each.
 
         Both start at once: Django's set-up takes seconds and the two do not
@@ -138,7 +153,8 @@ class ServerSet:
         pending = dict(specs)
         ready: dict[str, Server] = {}
         for attempt in range(1, BIND_ATTEMPTS + 1):
-            launched = {name: self._spawn(name, command) for name, command in pending.items()}
+            launched = {name: self._spawn(name, command, (env or {}).get(name, {}))
+                        for name, command in pending.items()}
             lost_race: list[str] = []
             for name, server in launched.items():
                 try:
@@ -156,10 +172,16 @@ class ServerSet:
             logger.info("port taken before bind; retrying %s", ", ".join(lost_race))
         return ready
 
-    def _spawn(self, name: str, command: CommandForPort) -> Server:
-        server = spawn(name, command, self.env, self.log_dir)
+    def _spawn(self, name: str, command: CommandForPort, extra_env: Mapping[str, str]) -> Server:
+        server = spawn(name, command, {**self.env, **extra_env}, self.log_dir)
         self.started.append(server)
         return server
+
+    def stop(self, names: list[str]) -> None:
+        """Stop the servers of these names (a phase's own servers)."""
+        for server in self.started:
+            if server.name in names:
+                server.stop()
 
     def stop_all(self) -> None:
         for server in self.started:
