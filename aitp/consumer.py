@@ -19,12 +19,13 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from aitp import live, notify, services
+from aitp import live, notify, processes, services
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.llm import get_backend
 from aitp.session import (
+    CLOSE_GOING_AWAY,
     CLOSE_POLICY,
     CLOSE_TRY_AGAIN_LATER,
     ApprovalRequestReceived,
@@ -105,6 +106,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.timers = [
             self._own(asyncio.create_task(self._handshake_deadline()), "handshake timer"),
         ]
+        await self._join_process()
 
     # --- frames in ----------------------------------------------------------
 
@@ -164,6 +166,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
             sdk_version=init.sdkVersion or "",
             protocol_version=init.protocolVersion,
             channel_name=self.channel_name,
+            process=processes.current_id(),
         )
         session, refusal = await database_sync_to_async(services.session_open)(
             raw_key=event.api_key, info=info
@@ -346,6 +349,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
             self.machine.close_now(code, "client disconnected")
         self._start_teardown(code, "client disconnected")
         await self.teardown_task
+        processes.connection_closed(self)
 
     def _start_teardown(self, code: int, reason: str) -> None:
         if getattr(self, "teardown_task", None) is None:
@@ -379,6 +383,24 @@ class AitpConsumer(AsyncWebsocketConsumer):
             self.live.session_changed("closed", code=code)
             await self.live.aclose()
             logger.info("session %s: closed (%s)", self.session_row.id, code)
+
+    # --- process shutdown (aitp.processes drains every live connection) ------------
+
+    async def _join_process(self) -> None:
+        processes.connection_opened(self)
+        if processes.draining():
+            await self.shutdown(processes.SHUTDOWN_MESSAGE)
+
+    async def shutdown(self, message: str) -> None:
+        """The server is stopping: tell the page, close with 1001 (the client
+        reconnects, to another process), and end the turn (every call gets
+        its final status) and the row, as a disconnect does."""
+        if not self.closed:
+            self.machine.send(p.system_event("disconnect", message=message))
+            self.machine.close_now(CLOSE_GOING_AWAY, "server shutting down")
+            await self._flush()
+        if self.teardown_task is not None:
+            await asyncio.shield(self.teardown_task)
 
     def _own(self, task: asyncio.Task, what: str) -> asyncio.Task:
         def done(t: asyncio.Task) -> None:

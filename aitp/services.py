@@ -197,6 +197,8 @@ class HandshakeInfo:
     sdk_version: str
     protocol_version: str
     channel_name: str
+    # The ServerProcess holding the connection ("" when none is registered).
+    process: str = ""
 
 
 def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, Refusal | None]:
@@ -215,6 +217,8 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
             return None, refusal
         live = Session.objects.filter(api_key=key, **live_sessions_filter(now)).count()
         if live >= key.max_sessions:
+            live = _live_sessions_without_gone_processes(key, now)
+        if live >= key.max_sessions:
             return None, Refusal(
                 "session_limit",
                 "Too many concurrent sessions for this API key.",
@@ -225,6 +229,7 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
             tenant=key.tenant,
             api_key=key,
             channel_name=info.channel_name,
+            process=info.process,
             origin=info.origin[:500],
             user_agent=info.user_agent[:500],
             viewport=info.viewport[:40],
@@ -290,12 +295,72 @@ def session_close(*, session_id: str, code: int | None, reason: str = "") -> Non
 def sessions_close_stale(*, now: datetime | None = None) -> int:
     """Close the rows of sessions whose process stopped refreshing them (it
     died without closing them). They already stopped counting against their
-    key's cap; this ends their record. Returns how many."""
+    key's cap; this ends their record, and their tool calls get a final
+    status. Returns how many."""
     now = now or timezone.now()
     stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
-    return Session.objects.filter(ended_at__isnull=True, last_seen_at__lt=stale_before).update(
-        ended_at=now, close_code=1006, close_reason="server process lost", state=Session.State.ENDED,
-    )
+    stale = Session.objects.filter(ended_at__isnull=True, last_seen_at__lt=stale_before)
+    return _sessions_close(stale, now=now, code=1006, reason="server process lost")
+
+
+# The sweep (aitp.processes) closes the rows of server processes that are
+# gone, whatever their age: a key's cap is free as soon as they are known gone.
+SESSIONS_CLOSE_BATCH = 500
+LOST_CALL_ERROR = "The connection to the page ended before the tool finished."
+
+
+def sessions_close_of_processes(
+    *, process_ids, code: int, reason: str, mark_stopped: bool = False,
+    now: datetime | None = None,
+) -> int:
+    """Close every open session row held by these server processes, with
+    their unfinished tool calls ('disconnected'); with ``mark_stopped`` the
+    processes are marked stopped in the same transaction, so no row of a
+    stopped process is ever left counting. Returns how many rows closed."""
+    from aitp.models import ServerProcess
+
+    now = now or timezone.now()
+    process_ids = [pid for pid in process_ids if pid]
+    if not process_ids:
+        return 0
+    with transaction.atomic():
+        closed = _sessions_close(
+            Session.objects.filter(ended_at__isnull=True, process__in=process_ids),
+            now=now, code=code, reason=reason,
+        )
+        if mark_stopped:
+            ServerProcess.objects.filter(id__in=process_ids, stopped_at__isnull=True).update(
+                stopped_at=now
+            )
+    return closed
+
+
+def _sessions_close(open_rows, *, now: datetime, code: int, reason: str) -> int:
+    """Close these open session rows and give their unfinished tool calls
+    their final status, one transaction per batch."""
+    closed = 0
+    while True:
+        with transaction.atomic():
+            ids = list(open_rows.values_list("id", flat=True)[:SESSIONS_CLOSE_BATCH])
+            if not ids:
+                return closed
+            closed += Session.objects.filter(id__in=ids, ended_at__isnull=True).update(
+                ended_at=now, close_code=code, close_reason=reason[:200],
+                state=Session.State.ENDED, last_seen_at=now,
+            )
+            ToolCall.objects.filter(session_id__in=ids).exclude(
+                status__in=ToolCall.FINAL_STATUSES
+            ).update(status=ToolCall.Status.DISCONNECTED, error=LOST_CALL_ERROR, finished_at=now)
+
+
+def _live_sessions_without_gone_processes(key: ApiKey, now: datetime) -> int:
+    """The key's live sessions, not counting those of server processes known
+    to be gone (the sweep closes their rows; until it has, they hold no slot)."""
+    from aitp import processes
+
+    live = Session.objects.filter(api_key=key, **live_sessions_filter(now))
+    gone = processes.gone_ids(set(live.values_list("process", flat=True)), now=now)
+    return live.exclude(process__in=gone).count() if gone else live.count()
 
 
 def session_add_usage(

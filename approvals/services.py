@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from aitp import notify
-from aitp.models import OperatorAction, ToolCall
+from aitp.models import OperatorAction, Session, ToolCall
 from aitp.selectors import tenant_ids_for_user
 from aitp.tools import args_hash as compute_args_hash
 from approvals.audit import append_event, lock_chain
@@ -44,6 +44,7 @@ class ApprovalError(Exception):
         "approval_mismatch": "approval does not match the call's arguments",
         "already_decided": "approval already decided",
         "not_allowed": "not allowed to decide this approval",
+        "session_ended": "the page's session has ended; the call can no longer run",
     }
 
     def __init__(self, code: str, message: str = "") -> None:
@@ -109,6 +110,15 @@ def _close(approval: Approval, status: str, action: str, now, *, data: dict | No
 
 def _is_overdue(approval: Approval, now) -> bool:
     return now > approval.deadline
+
+
+def _session_ended(approval: Approval) -> bool:
+    """The session holding the call is gone: nothing would ever run the call."""
+    return Session.objects.filter(pk=approval.session_id, ended_at__isnull=False).exists()
+
+
+def _close_for_ended_session(approval: Approval, now) -> None:
+    _close(approval, Status.DISCONNECTED, Action.DISCONNECTED, now, data={"reason": "session ended"})
 
 
 def _as_javascript_sees_it(value):
@@ -244,8 +254,8 @@ def approval_request_server(*, tool_call: ToolCall, tool: ServerTool | ServerToo
 def approval_decide_user(*, approval_id, session_id: str, approved: bool,
                          error: str | None = None) -> Approval:
     """The page user's answer (APPROVAL_RESPONSE). Only the session holding the
-    call may answer, once, before the deadline."""
-    expired = False
+    call may answer, once, before the deadline, while its session lasts."""
+    expired = ended = False
     with transaction.atomic():
         lock_chain()
         now = timezone.now()
@@ -254,7 +264,10 @@ def approval_decide_user(*, approval_id, session_id: str, approved: bool,
             raise ApprovalError("not_allowed")
         if approval.status != Status.PENDING or approval.user_decision is not None:
             raise ApprovalError("already_decided")
-        if _is_overdue(approval, now):
+        if _session_ended(approval):
+            _close_for_ended_session(approval, now)
+            ended = True
+        elif _is_overdue(approval, now):
             _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "user"})
             expired = True
         else:
@@ -267,6 +280,8 @@ def approval_decide_user(*, approval_id, session_id: str, approved: bool,
                 data["error"] = error
             _audit(approval, Action.APPROVED if approved else Action.DENIED,
                    actor_kind=ActorKind.PAGE, actor=session_id, channel=Channel.PAGE, data=data)
+    if ended:
+        raise ApprovalError("session_ended")
     if expired:
         raise ApprovalError("already_decided", "approval expired")
     return approval
@@ -275,8 +290,9 @@ def approval_decide_user(*, approval_id, session_id: str, approved: bool,
 def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "",
                              channel: str = "admin") -> Approval:
     """An operator's decision, from the admin or the console. The process
-    holding the session is told to re-read the approval after commit."""
-    expired = False
+    holding the session is told to re-read the approval after commit. An
+    approval whose session has ended is closed instead, never approved."""
+    expired = ended = False
     with transaction.atomic():
         lock_chain()
         now = timezone.now()
@@ -288,7 +304,10 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
             raise ApprovalError("not_allowed", "this approval is for the page user")
         if approval.status != Status.PENDING or approval.operator_decision is not None:
             raise ApprovalError("already_decided")
-        if _is_overdue(approval, now):
+        if _session_ended(approval):
+            _close_for_ended_session(approval, now)
+            ended = True
+        elif _is_overdue(approval, now):
             _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "operator"})
             expired = True
         else:
@@ -317,6 +336,8 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
             lambda: notify.session_command(session_id, "approval_decided", approval_id=pk),
             robust=True,
         )
+    if ended:
+        raise ApprovalError("session_ended")
     if expired:
         raise ApprovalError("already_decided", "approval expired")
     logger.info("session %s: operator %s %s approval %s", approval.session_id,
@@ -355,6 +376,25 @@ def approval_expire_overdue() -> int:
                 _close(approval, Status.EXPIRED, Action.EXPIRED, timezone.now())
                 expired += 1
     return expired
+
+
+def approvals_close_of_ended_sessions() -> int:
+    """Close every pending approval whose session has ended (its process
+    died or stopped before the turn could close it), each with its audit
+    event. Returns how many."""
+    stranded = list(
+        Approval.objects.filter(status=Status.PENDING, session__ended_at__isnull=False)
+        .values_list("pk", flat=True)
+    )
+    closed = 0
+    for pk in stranded:
+        with transaction.atomic():
+            lock_chain()
+            approval = _locked_approval(pk)
+            if approval.status == Status.PENDING:
+                _close_for_ended_session(approval, timezone.now())
+                closed += 1
+    return closed
 
 
 def approval_close(*, approval_id, status: str) -> Approval:

@@ -28,13 +28,15 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from aitp import live, notify
+from aitp import live, notify, processes
 from aitp.selectors import tenant_ids_for_user
 from operators import selectors
 
 logger = logging.getLogger(__name__)
 
 CLOSE_FORBIDDEN = 4403
+# The server is stopping; the page may reconnect (to another process).
+CLOSE_GOING_AWAY = 1001
 # Browser messages are tiny; anything larger is not from our page.
 MAX_CLIENT_MESSAGE_CHARS = 4096
 
@@ -81,9 +83,14 @@ class OperatorWatchConsumer(AsyncWebsocketConsumer):
         # socket open, no change can slip past it.
         await self.accept()
         self.accepted = True
+        processes.connection_opened(self)
+        if processes.draining():
+            await self.shutdown(processes.SHUTDOWN_MESSAGE)
+            return
         logger.info("watch socket opened for user %s (%d groups)", user.pk, len(groups))
 
     async def disconnect(self, code: int) -> None:
+        processes.connection_closed(self)
         await self._unsubscribe()
         for group in self.watch_groups:
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -188,6 +195,10 @@ class OperatorWatchConsumer(AsyncWebsocketConsumer):
 
     async def _error(self, text: str) -> None:
         await self._send({"type": "error", "message": text})
+
+    async def shutdown(self, message: str) -> None:
+        """The server is stopping (aitp.processes): close as going away."""
+        await self.close(code=CLOSE_GOING_AWAY)
 
     async def _refuse(self) -> None:
         """Accept, then close with our own code: a refused upgrade reaches the

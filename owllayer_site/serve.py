@@ -7,12 +7,22 @@ deployed client answers 1009 by reconnecting and resending the same frame.
 So daphne's ceiling sits well above OWLLAYER_MAX_MESSAGE_BYTES: a frame over
 our limit but under the ceiling gets a readable ``too_large`` error event and
 the connection stays; only absurd frames hit the ceiling.
+
+The process registers itself (``aitp.processes``), sweeps what processes
+that are gone left open before it serves, and stops cleanly on SIGTERM or
+SIGINT: open pages get ``SYSTEM_EVENT disconnect`` and close 1001 (they
+reconnect, to another process behind the proxy), running turns are
+cancelled, rows are closed, all within OWLLAYER_SHUTDOWN_DRAIN seconds.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 import sys
+
+logger = logging.getLogger("owllayer_site.serve")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,23 +35,66 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bind", "-b", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", "-p", type=int, default=int(os.environ.get("PORT", "8000")))
     args, extra = parser.parse_known_args(argv)
-    # Rows left open by a process that died (this one's previous run, say).
     from django.core.management import call_command
+    from django.db import DatabaseError, connections
 
+    from aitp import processes
+
+    processes.register()
+    # Rows left open by processes that are gone (this one's previous run,
+    # killed, say): swept before serving, so a key's cap is free at once.
     call_command("sweep")
+    _install_graceful_shutdown()
     ceiling = str(settings.OWLLAYER_WS_FRAME_CEILING_BYTES)
     from daphne.cli import CommandLineInterface
 
-    CommandLineInterface().run(
-        [
-            "-b", args.bind,
-            "-p", str(args.port),
-            "--websocket-max-message-size", ceiling,
-            "--websocket-max-frame-size", ceiling,
-            *extra,
-            "owllayer_site.asgi:application",
-        ]
-    )
+    try:
+        CommandLineInterface().run(
+            [
+                "-b", args.bind,
+                "-p", str(args.port),
+                "--websocket-max-message-size", ceiling,
+                "--websocket-max-frame-size", ceiling,
+                *extra,
+                "owllayer_site.asgi:application",
+            ]
+        )
+    finally:
+        # The drain did this already unless daphne stopped some other way;
+        # done again it changes nothing.
+        try:
+            connections.close_all()
+            processes.mark_stopped()
+        except DatabaseError:
+            logger.exception("could not record this process's stop")
+
+
+def _install_graceful_shutdown() -> None:
+    """Drain before daphne cancels its applications.
+
+    Twisted stops the reactor on SIGTERM and SIGINT and runs the "before
+    shutdown" triggers together; daphne's cancels every application at
+    once. Ours must finish first, so it wraps daphne's: drain (the Deferred
+    keeps the reactor running until it fires), then let daphne cancel
+    whatever is left."""
+    from daphne.server import Server  # installs Twisted's asyncio reactor
+    from twisted.internet import defer, reactor
+
+    from aitp import processes
+
+    if getattr(Server, "_owllayer_drain_installed", False):
+        return
+    kill_all_applications = Server.kill_all_applications
+
+    def drain_then_kill_all_applications(self):
+        drained = defer.Deferred.fromFuture(asyncio.ensure_future(processes.drain()))
+        drained.addErrback(lambda failure: logger.error("drain failed: %s", failure.getTraceback()))
+        drained.addCallback(lambda _: kill_all_applications(self))
+        return drained
+
+    Server.kill_all_applications = drain_then_kill_all_applications
+    Server._owllayer_drain_installed = True
+    reactor.callWhenRunning(processes.start_timers)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
 from django.core.management.base import BaseCommand
 
-from aitp import services
-from approvals import services as approvals
+from aitp import processes
 
 
 class Command(BaseCommand):
     help = (
-        "Tidy up after server processes that died: close their sessions' rows and expire "
-        "approvals past their deadline. Safe to run at any time, from several processes."
+        "Tidy up after server processes that are gone (stopped, killed, or silent for three "
+        "heartbeat intervals): close their sessions' rows whatever their age, give their tool "
+        "calls a final status, close the approvals of ended sessions, and expire approvals past "
+        "their deadline. Safe to run at any time, from several processes."
     )
 
     def handle(self, *args, **options):
-        closed = services.sessions_close_stale()
-        expired = approvals.approval_expire_overdue()
-        self.stdout.write(f"closed {closed} stale sessions, expired {expired} overdue approvals")
+        result = processes.sweep()
+        self.stdout.write(
+            f"closed {result.sessions} stale sessions of {result.processes} gone processes, "
+            f"closed {result.approvals} approvals of ended sessions, "
+            f"expired {result.expired} overdue approvals"
+        )

@@ -1,0 +1,316 @@
+"""This server process: its row, its live connections, its clean stop, and
+the sweep that tidies up after processes that are gone.
+
+A process serving pages registers a ``ServerProcess`` row when it starts
+(``owllayer_site.serve``), refreshes it every heartbeat interval and marks
+it stopped when it exits cleanly. Every session row names the process
+holding it. A process is gone when
+
+- its row says it stopped; or
+- it ran on this host and its pid is not running any more, or runs a
+  process that started after the row was registered (the pid was reused); or
+- its row was not refreshed for three heartbeat intervals (another host,
+  or a process that hangs).
+
+The sweep (at start-up, before serving, and periodically in every process)
+closes the rows of gone processes whatever their age, so a key's session
+cap is free as soon as the process that held the sessions is known to be
+gone; their tool calls get a final status and their approvals are closed
+with an audit event.
+
+On SIGTERM the process drains (``drain``): every open page is told
+``SYSTEM_EVENT disconnect`` and closed with 1001, which the client answers
+by reconnecting (to another process behind the proxy); running turns are
+cancelled with every tool call given its final status; then the rows left
+are closed and the process is marked stopped.
+
+Served by something other than ``owllayer_site.serve`` (tests'
+in-process communicators, another ASGI server), no process is registered:
+sessions carry no process and only the heartbeat rule applies to them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+import weakref
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Protocol
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import DatabaseError
+from django.utils import timezone
+
+from aitp.models import ServerProcess
+
+logger = logging.getLogger(__name__)
+
+# A pid running a process that started this long after the row was
+# registered is someone else's: the clock of /proc and ours may differ by
+# a tick, and registration always comes seconds after the process started.
+START_TIME_TOLERANCE = timedelta(seconds=2)
+# Rows of processes stopped longer ago than this are deleted by the sweep.
+KEEP_STOPPED = timedelta(days=7)
+SHUTDOWN_MESSAGE = "The server is restarting; reconnecting."
+
+
+# --- this process ------------------------------------------------------------
+
+_current_id = ""
+_stopped = False
+
+
+def current_id() -> str:
+    """This process's ServerProcess id, or "" when none was registered."""
+    return _current_id
+
+
+def hostname() -> str:
+    return socket.gethostname()[:200]
+
+
+def register() -> ServerProcess:
+    """Record this process as serving; its id goes on every session it opens."""
+    global _current_id
+    pid = os.getpid()
+    process_id = f"{hostname()}:{pid}:{secrets.token_hex(4)}"[-100:]
+    now = timezone.now()
+    row = ServerProcess.objects.create(
+        id=process_id, hostname=hostname(), pid=pid, started_at=now, last_seen_at=now,
+    )
+    _current_id = row.id
+    logger.info("server process %s registered", row.id)
+    return row
+
+
+def mark_alive() -> None:
+    if _current_id:
+        ServerProcess.objects.filter(id=_current_id, stopped_at__isnull=True).update(
+            last_seen_at=timezone.now()
+        )
+
+
+def mark_stopped(*, reason: str = "server shutting down") -> int:
+    """The clean end of this process: close the session rows it still holds
+    (with their calls), mark it stopped, close the approvals of ended
+    sessions. Returns how many session rows were still open."""
+    global _stopped
+    if not _current_id or _stopped:
+        return 0
+    from aitp import services
+    from approvals import services as approvals
+
+    closed = services.sessions_close_of_processes(
+        process_ids=[_current_id], code=1001, reason=reason, mark_stopped=True,
+    )
+    approvals.approvals_close_of_ended_sessions()
+    _stopped = True
+    logger.info("server process %s stopped (%d session rows closed)", _current_id, closed)
+    return closed
+
+
+# --- liveness ------------------------------------------------------------------
+
+
+def _clock_ticks() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class PidState:
+    running: bool
+    started_at: datetime | None  # when the process now holding the pid started, if known
+
+
+def pid_state(pid: int) -> PidState:
+    """Whether ``pid`` runs a live process on this host, and since when.
+
+    A zombie (killed, not yet reaped by its parent) is not running."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            raw = stat.read()
+    except FileNotFoundError:
+        return PidState(False, None)
+    except OSError:
+        raw = None
+    if raw is None:  # no /proc: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return PidState(False, None)
+        except PermissionError:
+            pass
+        return PidState(True, None)
+    # The command name (field 2) is in parentheses and may hold spaces.
+    fields = raw[raw.rfind(")") + 2:].split()
+    state, start_ticks = fields[0], int(fields[19])
+    if state in ("Z", "X", "x"):
+        return PidState(False, None)
+    boot = _boot_time()
+    if boot is None:
+        return PidState(True, None)
+    started = datetime.fromtimestamp(boot + start_ticks / _clock_ticks(), tz=dt_timezone.utc)
+    return PidState(True, started)
+
+
+def is_gone(process: ServerProcess, *, now: datetime, this_host: str | None = None) -> bool:
+    """The liveness rules of the module docstring, for one process row."""
+    if process.stopped_at is not None:
+        return True
+    if process.last_seen_at < now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL):
+        return True
+    if process.hostname == (this_host or hostname()):
+        if process.id == _current_id:
+            return False
+        state = pid_state(process.pid)
+        if not state.running:
+            return True
+        if state.started_at is not None and state.started_at > process.started_at + START_TIME_TOLERANCE:
+            return True  # the pid now belongs to a process started after this one registered
+    return False
+
+
+def gone_ids(process_ids, *, now: datetime | None = None) -> set[str]:
+    """Of these process ids, those known to be gone (ids without a row are
+    left to the heartbeat rule)."""
+    now = now or timezone.now()
+    ids = {pid for pid in process_ids if pid}
+    if not ids:
+        return set()
+    here = hostname()
+    return {row.id for row in ServerProcess.objects.filter(id__in=ids) if is_gone(row, now=now, this_host=here)}
+
+
+# --- the sweep -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    processes: int  # processes found gone
+    sessions: int  # session rows closed
+    approvals: int  # approvals closed because their session ended
+    expired: int  # approvals past their deadline
+
+
+def sweep(*, now: datetime | None = None) -> SweepResult:
+    """Close what processes that are gone left open. Safe to run at any time,
+    from several processes at once."""
+    from aitp import services
+    from approvals import services as approvals
+
+    now = now or timezone.now()
+    here = hostname()
+    gone = [
+        row.id for row in ServerProcess.objects.filter(stopped_at__isnull=True)
+        if is_gone(row, now=now, this_host=here)
+    ]
+    closed = 0
+    if gone:
+        closed += services.sessions_close_of_processes(
+            process_ids=gone, code=1006, reason="server process lost", mark_stopped=True, now=now,
+        )
+        logger.warning("server processes gone: %s (%d session rows closed)", ", ".join(gone), closed)
+    closed += services.sessions_close_stale(now=now)
+    ServerProcess.objects.filter(stopped_at__lt=now - KEEP_STOPPED).delete()
+    closed_approvals = approvals.approvals_close_of_ended_sessions()
+    expired = approvals.approval_expire_overdue()
+    return SweepResult(len(gone), closed, closed_approvals, expired)
+
+
+# --- live connections and the drain -------------------------------------------------
+
+
+class Connection(Protocol):
+    async def shutdown(self, message: str) -> None:
+        """Tell the peer the server is going away, close with 1001, and
+        finish everything the connection owns."""
+
+
+_connections: weakref.WeakSet = weakref.WeakSet()
+_draining = False
+_timer: asyncio.Task | None = None
+
+
+def connection_opened(connection: Connection) -> None:
+    _connections.add(connection)
+
+
+def connection_closed(connection: Connection) -> None:
+    _connections.discard(connection)
+
+
+def draining() -> bool:
+    """True once this process stopped serving: a connection opened now is
+    closed at once (with 1001, so its client goes elsewhere)."""
+    return _draining
+
+
+def start_timers(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
+    """Refresh this process's row every heartbeat interval and sweep every
+    OWLLAYER_SWEEP_INTERVAL, on the serving event loop."""
+    global _timer
+    loop = loop or asyncio.get_event_loop()
+    _timer = loop.create_task(_run_timers())
+    return _timer
+
+
+async def _run_timers() -> None:
+    last_sweep = time.monotonic()
+    while True:
+        await asyncio.sleep(settings.OWLLAYER_HEARTBEAT_INTERVAL)
+        try:
+            await database_sync_to_async(mark_alive)()
+            if time.monotonic() - last_sweep >= settings.OWLLAYER_SWEEP_INTERVAL:
+                last_sweep = time.monotonic()
+                result = await database_sync_to_async(sweep)()
+                if result.sessions or result.approvals or result.expired:
+                    logger.info("sweep: %s", result)
+        except DatabaseError:
+            logger.warning("server process %s: database unavailable for the heartbeat", _current_id,
+                           exc_info=True)
+
+
+async def drain(timeout: float | None = None) -> None:
+    """Stop serving: close every live connection as a restart (1001), wait
+    for their turns to end and their rows to close, at most ``timeout``
+    seconds (OWLLAYER_SHUTDOWN_DRAIN); then close what is left and mark this
+    process stopped."""
+    global _draining
+    _draining = True
+    timeout = settings.OWLLAYER_SHUTDOWN_DRAIN if timeout is None else timeout
+    if _timer is not None:
+        _timer.cancel()
+    connections = list(_connections)
+    logger.info("shutting down: closing %d connections (drain %ss)", len(connections), timeout)
+    if connections:
+        tasks = [asyncio.ensure_future(c.shutdown(SHUTDOWN_MESSAGE)) for c in connections]
+        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("shutdown of a connection failed", exc_info=task.exception())
+        if pending:
+            logger.warning("%d connections still closing after the drain time", len(pending))
+    try:
+        await database_sync_to_async(mark_stopped)()
+    except DatabaseError:
+        logger.exception("server process %s: could not record its stop", _current_id)
