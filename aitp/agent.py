@@ -547,6 +547,8 @@ class Agent:
                 "This call is waiting for the user's decision; answer with APPROVAL_RESPONSE.",
                 callId=payload.callId,
             )
+        if call.risk.needs_approval:
+            return await self._approval_skipped(call, "tool_result")
         if payload.status == "success":
             call.resolve(Outcome(SUCCESS, result=payload.result))
         else:
@@ -599,6 +601,8 @@ class Agent:
                 return p.error_event(exc.code, exc.message, callId=call.call_id)
         elif call.origin == "server":
             return _unknown_call(payload.callId)
+        elif call.risk.needs_approval:
+            return await self._approval_skipped(call, "approval_response_without_request")
         else:
             approval = None
         if call.origin == "server":
@@ -622,6 +626,26 @@ class Agent:
             )
         return None
 
+    async def _approval_skipped(self, call: PendingCall, reason: str) -> p.Message:
+        """A high or critical page call answered with no APPROVAL_REQUEST
+        before it: the answer does not count. The call ends as refused, the
+        model is told the action was not approved, and the violation is
+        audited for the operators' review queue."""
+        from approvals.services import ApprovalError
+
+        try:
+            approval = await self.store.approval_violation(call, reason=reason)
+        except ApprovalError as exc:
+            return p.error_event(exc.code, exc.message, callId=call.call_id)
+        call.approval_id = approval.id
+        call.resolve(Outcome(DENIED, error=NOT_APPROVED_MESSAGE))
+        return p.error_event(
+            "approval_required",
+            f"The tool {call.name} needs the user's approval first (APPROVAL_REQUEST); "
+            "the answer was refused.",
+            callId=call.call_id,
+        )
+
     async def on_approval_decided(self, approval_id: int) -> None:
         """An operator decided (maybe on another process): re-read the row."""
         call = self.ledger.by_approval(approval_id)
@@ -642,6 +666,12 @@ def _has_tool_blocks(messages: list[dict]) -> bool:
         for message in messages
         for block in message["content"]
     )
+
+
+NOT_APPROVED_MESSAGE = (
+    "The action was not approved: the page answered without asking the user's approval, "
+    "so the result was refused."
+)
 
 
 def _unknown_call(call_id: str) -> p.Message:

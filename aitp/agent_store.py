@@ -76,6 +76,13 @@ class AgentStore:
             approvals, call, tool, self.session_id, timeout, message
         )
 
+    async def approval_violation(self, call: PendingCall, *, reason: str):
+        from approvals import services as approvals
+
+        return await database_sync_to_async(_approval_violation)(
+            approvals, call.call_id, call.risk.value, self.session_id, reason
+        )
+
     async def approval_decide_user(self, approval_id: int, *, approved: bool, error: str | None):
         from approvals import services as approvals
 
@@ -124,4 +131,13 @@ def _approval_request_server(approvals, call, tool, session_id, timeout, message
     return approvals.approval_request_server(
         tool_call=tool_call, tool=tool, args=call.args, session_id=session_id,
         timeout=timeout, message=message,
+    )
+
+
+def _approval_violation(approvals, call_id, risk, session_id, reason):
+    from aitp.models import ToolCall
+
+    tool_call = ToolCall.objects.get(call_id=call_id)
+    return approvals.approval_record_violation(
+        tool_call=tool_call, session_id=session_id, risk=risk, reason=reason,
     )

@@ -128,6 +128,9 @@ class Approval(models.Model):
         EXPIRED = "expired", "Expired"
         CANCELLED = "cancelled", "Cancelled"
         DISCONNECTED = "disconnected", "Client disconnected"
+        # The page answered a high or critical call without asking its user
+        # first: the answer was refused and the row waits in the review queue.
+        VIOLATION = "violation", "Approval skipped (refused)"
 
     class Origin(models.TextChoices):
         CLIENT = "client", "Interface (page)"
@@ -268,6 +271,7 @@ class AuditEvent(models.Model):
         EXECUTED = "executed", "Executed"
         FAILED = "failed", "Failed"
         REVIEWED = "reviewed", "Reviewed"
+        VIOLATION = "violation", "Approval skipped"
 
     class ActorKind(models.TextChoices):
         PAGE = "page", "Page user"

@@ -248,6 +248,44 @@ def approval_request_server(*, tool_call: ToolCall, tool: ServerTool | ServerToo
     )
 
 
+def approval_record_violation(*, tool_call: ToolCall, session_id: str, risk: str,
+                              reason: str) -> Approval:
+    """The page answered a high or critical call without asking its user
+    (a TOOL_RESULT, or an APPROVAL_RESPONSE with no APPROVAL_REQUEST before
+    it). The answer does not count: the call gets an approval row closed as
+    a violation, audited, so it reaches the operators' review queue."""
+    with transaction.atomic():
+        lock_chain()
+        now = timezone.now()
+        call = ToolCall.objects.select_for_update().filter(pk=tool_call.pk).first()
+        if call is None or call.session_id != session_id or call.origin != Approval.Origin.CLIENT:
+            raise ApprovalError("unknown_call")
+        if Approval.objects.filter(tool_call=call).exists():
+            # The call has an approval: the page did ask, so this is no violation.
+            raise ApprovalError("already_decided")
+        approval = Approval.objects.create(
+            tenant_id=call.session.tenant_id,
+            session_id=session_id,
+            tool_call=call,
+            tool_name=call.name,
+            arguments=call.arguments,
+            args_hash=compute_args_hash(call.name, call.arguments),
+            risk=higher_risk(risk, call.risk),
+            origin=Approval.Origin.CLIENT,
+            policy=Policy.USER,
+            message="",
+            status=Status.VIOLATION,
+            deadline=now,
+            created_at=now,
+            decided_at=now,
+        )
+        _audit(approval, Action.VIOLATION, actor_kind=ActorKind.PAGE, actor=session_id,
+               channel=Channel.PAGE, data={"reason": reason, "risk": approval.risk})
+    logger.warning("session %s: call %s answered without approval (%s)", session_id,
+                   call.call_id, reason)
+    return approval
+
+
 # --- decisions ----------------------------------------------------------------
 
 
