@@ -22,16 +22,51 @@ from aitp.models import (
 from aitp.selectors import scope_to_user, tenant_ids_for_user
 
 
+def owned_tenant_ids(user) -> set[int] | None:
+    """Tenants the user may change rows of: None means all (superuser).
+    Viewers change nothing, whatever model permissions they were given."""
+    if tenant_ids_for_user(user) is None:
+        return None
+    return set(
+        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
+        .values_list("tenant_id", flat=True)
+    )
+
+
+def _tenant_id_of(obj, tenant_field: str):
+    for part in tenant_field.split("__")[:-1]:
+        obj = getattr(obj, part)
+    return getattr(obj, tenant_field.split("__")[-1] + "_id")
+
+
 class TenantScopedAdmin(admin.ModelAdmin):
-    """Querysets and foreign-key choices limited to the user's tenants."""
+    """Querysets and foreign-key choices limited to the user's tenants; changes
+    limited to the tenants they own."""
 
     tenant_field = "tenant"
 
     def get_queryset(self, request):
         return scope_to_user(super().get_queryset(request), request.user, self.tenant_field)
 
+    def _owns(self, request, obj=None) -> bool:
+        owned = owned_tenant_ids(request.user)
+        if owned is None:
+            return True
+        return bool(owned) if obj is None else _tenant_id_of(obj, self.tenant_field) in owned
+
+    def has_add_permission(self, request, *args) -> bool:
+        return super().has_add_permission(request, *args) and self._owns(request)
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return super().has_change_permission(request, obj) and self._owns(request, obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return super().has_delete_permission(request, obj) and self._owns(request, obj)
+
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        tenant_ids = tenant_ids_for_user(request.user)
+        tenant_ids = owned_tenant_ids(request.user) if db_field.name == "tenant" else (
+            tenant_ids_for_user(request.user)
+        )
         if tenant_ids is not None:
             if db_field.name == "tenant":
                 kwargs["queryset"] = Tenant.objects.filter(pk__in=tenant_ids)
@@ -45,6 +80,13 @@ class MembershipInline(admin.TabularInline):
     extra = 0
     autocomplete_fields = ["user"]
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        # Only a superuser puts staff (operator) accounts into a tenant.
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if db_field.name == "user" and not request.user.is_superuser:
+            field.queryset = field.queryset.filter(is_staff=False, is_superuser=False)
+        return field
+
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
@@ -56,6 +98,15 @@ class TenantAdmin(admin.ModelAdmin):
         tenant_ids = tenant_ids_for_user(request.user)
         queryset = super().get_queryset(request)
         return queryset if tenant_ids is None else queryset.filter(pk__in=tenant_ids)
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        owned = owned_tenant_ids(request.user)
+        allowed = owned is None or (bool(owned) if obj is None else obj.pk in owned)
+        return super().has_change_permission(request, obj) and allowed
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        owned = owned_tenant_ids(request.user)
+        return super().has_delete_permission(request, obj) and (owned is None)
 
 
 @admin.register(ApiKey)
@@ -103,14 +154,20 @@ class ApiKeyAdmin(TenantScopedAdmin):
             messages.WARNING,
         )
 
-    @admin.action(description="Revoke selected keys (closes their live sessions)")
+    def _owned(self, request, queryset):
+        owned = owned_tenant_ids(request.user)
+        return queryset if owned is None else queryset.filter(tenant_id__in=owned)
+
+    @admin.action(description="Revoke selected keys (closes their live sessions)",
+                  permissions=["change"])
     def revoke_keys(self, request, queryset):
-        for key in queryset:
+        for key in self._owned(request, queryset):
             services.api_key_revoke(key=key, user=request.user)
 
-    @admin.action(description="Disable selected keys (closes their live sessions)")
+    @admin.action(description="Disable selected keys (closes their live sessions)",
+                  permissions=["change"])
     def disable_keys(self, request, queryset):
-        for key in queryset.exclude(status=ApiKey.Status.REVOKED):
+        for key in self._owned(request, queryset).exclude(status=ApiKey.Status.REVOKED):
             services.api_key_set_status(key=key, status=ApiKey.Status.DISABLED, user=request.user)
 
 

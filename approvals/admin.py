@@ -11,14 +11,14 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
 from aitp import admin as aitp_admin
-from aitp.models import TenantMembership
-from aitp.selectors import session_conversation, tenant_ids_for_user
+from aitp.selectors import session_conversation
 from aitp.transcript import conversation_rows, pretty_json
 from approvals import services
 from approvals.models import (
@@ -31,7 +31,7 @@ from approvals.models import (
     ServerTool,
 )
 from approvals.forms import DecisionForm, ReviewForm, decide_from_post
-from approvals.selectors import awaiting_operator, is_operator
+from approvals.selectors import awaiting_operator, changeable_tenant_ids, is_operator, may_change_tenant
 from approvals.server_tools import python_tool_names
 
 
@@ -122,10 +122,12 @@ class ApprovalAdmin(TenantScopedAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         approval = self._get_visible(request, object_id)
         info = self.opts.app_label, self.opts.model_name
-        can_decide = (
+        # Viewers read; only owners of the tenant (and superusers) act.
+        may_act = may_change_tenant(request.user, approval.tenant_id)
+        can_decide = may_act and (
             approval.is_pending and approval.needs_operator and approval.operator_decision is None
         )
-        can_review = not approval.is_pending and approval.risk in RISKS_NEEDING_APPROVAL
+        can_review = may_act and not approval.is_pending and approval.risk in RISKS_NEEDING_APPROVAL
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -144,17 +146,23 @@ class ApprovalAdmin(TenantScopedAdmin):
         }
         return TemplateResponse(request, self.detail_template, context)
 
+    def _changeable(self, request, object_id) -> Approval:
+        approval = self._get_visible(request, object_id)
+        if not may_change_tenant(request.user, approval.tenant_id):
+            raise PermissionDenied("viewers change nothing")
+        return approval
+
     def decide_view(self, request, object_id):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        approval = self._get_visible(request, object_id)
+        approval = self._changeable(request, object_id)
         decide_from_post(request, approval)
         return HttpResponseRedirect(self._detail_url(approval))
 
     def review_view(self, request, object_id):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        approval = self._get_visible(request, object_id)
+        approval = self._changeable(request, object_id)
         form = ReviewForm(request.POST)
         if not form.is_valid():
             messages.error(request, "choose a verdict")
@@ -265,12 +273,7 @@ class AuditEventAdmin(TenantScopedAdmin):
 
 def _owner_tenant_ids(user) -> set[int] | None:
     """Tenants whose tools the user may change: None means all (superuser)."""
-    if tenant_ids_for_user(user) is None:
-        return None
-    return set(
-        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
-        .values_list("tenant_id", flat=True)
-    )
+    return changeable_tenant_ids(user)
 
 
 class ServerToolForm(forms.ModelForm):

@@ -24,6 +24,25 @@ def is_operator(user) -> bool:
     return tenant_ids is None or bool(tenant_ids)
 
 
+def changeable_tenant_ids(user) -> set[int] | None:
+    """Tenants whose rows the user may change (decide, review, end a session,
+    edit a key): None means all (superuser). Viewers change nothing."""
+    from aitp.models import TenantMembership
+
+    tenant_ids = tenant_ids_for_user(user)
+    if tenant_ids is None:
+        return None
+    return set(
+        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
+        .values_list("tenant_id", flat=True)
+    )
+
+
+def may_change_tenant(user, tenant_id: int) -> bool:
+    tenant_ids = changeable_tenant_ids(user)
+    return tenant_ids is None or tenant_id in tenant_ids
+
+
 def awaiting_operator(queryset: QuerySet[Approval]) -> QuerySet[Approval]:
     """Approvals an operator can still decide.
 

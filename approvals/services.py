@@ -19,10 +19,10 @@ from django.utils import timezone
 
 from aitp import notify
 from aitp.models import OperatorAction, Session, ToolCall
-from aitp.selectors import tenant_ids_for_user
 from aitp.tools import args_hash as compute_args_hash
 from approvals.audit import append_event, lock_chain
 from approvals.models import Approval, AuditEvent, Policy, ServerTool, higher_risk, policy_parties
+from approvals.selectors import may_change_tenant
 
 if TYPE_CHECKING:
     from approvals.server_tools import ServerToolDef
@@ -335,8 +335,8 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
         lock_chain()
         now = timezone.now()
         approval = _locked_approval(approval_id)
-        tenant_ids = tenant_ids_for_user(user)
-        if tenant_ids is not None and approval.tenant_id not in tenant_ids:
+        # Owners of the tenant (or superusers): a viewer decides nothing.
+        if not may_change_tenant(user, approval.tenant_id):
             raise ApprovalError("not_allowed")
         if not approval.needs_operator:
             raise ApprovalError("not_allowed", "this approval is for the page user")
@@ -470,8 +470,7 @@ def approval_review(*, approval_id, user, verdict: str, note: str = "",
     with transaction.atomic():
         lock_chain()
         approval = _locked_approval(approval_id)
-        tenant_ids = tenant_ids_for_user(user)
-        if tenant_ids is not None and approval.tenant_id not in tenant_ids:
+        if not may_change_tenant(user, approval.tenant_id):
             raise ApprovalError("not_allowed")
         if approval.status == Status.PENDING:
             raise ApprovalError("not_allowed", "a pending approval cannot be reviewed")

@@ -87,7 +87,9 @@ class MemberAddForm(forms.Form):
 
     def clean_user(self):
         identifier = self.cleaned_data["user"].strip()
-        users = get_user_model().objects.filter(is_active=True)
+        # Staff and superusers are the operators' accounts: a tenant owner
+        # cannot pull them into a tenant (or learn that they exist).
+        users = get_user_model().objects.filter(is_active=True, is_staff=False, is_superuser=False)
         user = users.filter(username=identifier).first()
         if user is None and "@" in identifier:
             matches = list(users.filter(email__iexact=identifier)[:2])

@@ -63,6 +63,8 @@ def _audit(membership: TenantMembership, by, action: str, **data) -> None:
 
 
 def membership_add(*, tenant: Tenant, user, role: str, by) -> TenantMembership:
+    if user.is_staff or user.is_superuser:
+        raise ValueError("operator accounts are not added from the console")
     with transaction.atomic():
         membership = TenantMembership.objects.create(tenant=tenant, user=user, role=role)
         _audit(membership, by, "member_added", role=role)

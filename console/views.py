@@ -27,8 +27,6 @@ from console.usage import bar_chart, daily_usage
 
 logger = logging.getLogger(__name__)
 
-# The plaintext of a key just created waits here for its one display.
-NEW_KEY_SESSION_FIELD = "console_new_key"
 RECENT_SESSIONS = 50
 
 
@@ -125,6 +123,7 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
     return render_page(request, access, "console/keys.html", title="Keys", section="keys", keys=rows)
 
 
+@never_cache
 @tenant_view(owner_only=True)
 def key_create(request: HttpRequest, access: Access) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST or None)
@@ -137,14 +136,14 @@ def key_create(request: HttpRequest, access: Access) -> HttpResponse:
             max_sessions=form.cleaned_data["max_sessions"],
             expires_at=form.cleaned_data["expires_at"],
         )
-        # The plaintext exists only here: keep it for one display on the
-        # next page, never in a URL (it would end up in logs and history).
-        request.session[NEW_KEY_SESSION_FIELD] = {
-            "key_id": key.pk, "tenant_id": access.tenant.pk, "raw": raw_key,
-        }
         logger.info("key created tenant=%s prefix=%s user=%s",
                     access.tenant.slug, key.prefix, request.user.pk)
-        return redirect("console:key_created", slug=access.tenant.slug, key_id=key.pk)
+        # The plaintext exists only in this response (never cached): not in
+        # the session store, a cookie, a message or a URL. Reloading asks the
+        # browser to post again, which would make another key, never show
+        # this one again.
+        return render_page(request, access, "console/key_created.html", title=f"Key {key.prefix}",
+                           section="keys", key=key, raw_key=raw_key)
     return render_page(request, access, "console/key_form.html", title="New key", section="keys",
                        form=form, creating=True)
 
@@ -152,14 +151,11 @@ def key_create(request: HttpRequest, access: Access) -> HttpResponse:
 @never_cache
 @tenant_view(owner_only=True)
 def key_created(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
+    # The plaintext was shown in the answer to the form that made the key;
+    # this page only says it cannot be shown again.
     key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
-    # Popped whatever it holds: a plaintext not shown now is never shown.
-    pending = request.session.pop(NEW_KEY_SESSION_FIELD, None)
-    raw_key = None
-    if pending and pending.get("key_id") == key.pk and pending.get("tenant_id") == access.tenant.pk:
-        raw_key = pending.get("raw")
     return render_page(request, access, "console/key_created.html", title=f"Key {key.prefix}",
-                       section="keys", key=key, raw_key=raw_key)
+                       section="keys", key=key, raw_key=None)
 
 
 @tenant_view(owner_only=True)

@@ -12,6 +12,7 @@ import logging
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.response import TemplateResponse
@@ -21,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from aitp import services
 from aitp.models import Session
 from approvals.models import Approval
+from approvals.selectors import may_change_tenant
 from operators import selectors
 from approvals.forms import decide_from_post
 from operators.forms import SessionCommandForm
@@ -33,6 +35,14 @@ def _visible_session(request: HttpRequest, session_id: str) -> Session:
     session = selectors.visible_sessions(request.user).filter(pk=session_id).first()
     if session is None:
         raise Http404("no such session")
+    return session
+
+
+def _changeable_session(request: HttpRequest, session_id: str) -> Session:
+    """A visible session the user may act on: viewers of its tenant get 403."""
+    session = _visible_session(request, session_id)
+    if not may_change_tenant(request.user, session.tenant_id):
+        raise PermissionDenied("viewers change nothing")
     return session
 
 
@@ -61,17 +71,22 @@ def live_list(request: HttpRequest) -> HttpResponse:
     return TemplateResponse(request, "operators/live_list.html", context)
 
 
-def _session_context(session: Session) -> dict:
+def _session_context(session: Session, user) -> dict:
+    record = selectors.session_record(session)
+    may_act = may_change_tenant(user, session.tenant_id)
+    if not may_act:
+        record["pending_approvals"] = []
     return {
-        **selectors.session_record(session),
+        **record,
         "row": selectors.session_row(session),
+        "may_act": may_act,
     }
 
 
 @require_GET
 def live_session(request: HttpRequest, session_id: str) -> HttpResponse:
     session = _visible_session(request, session_id)
-    record = _session_context(session)
+    record = _session_context(session, request.user)
     context = {
         **admin.site.each_context(request),
         **record,
@@ -90,12 +105,12 @@ def live_session_panel(request: HttpRequest, session_id: str) -> HttpResponse:
     """The session page's record, alone: the page fetches it again each time
     the watch socket says the session changed."""
     session = _visible_session(request, session_id)
-    return render(request, "operators/_session_panel.html", _session_context(session))
+    return render(request, "operators/_session_panel.html", _session_context(session, request.user))
 
 
 @require_POST
 def live_session_command(request: HttpRequest, session_id: str) -> HttpResponse:
-    session = _visible_session(request, session_id)
+    session = _changeable_session(request, session_id)
     form = SessionCommandForm(request.POST)
     if not form.is_valid():
         errors = "; ".join(e for field_errors in form.errors.values() for e in field_errors)
@@ -116,7 +131,7 @@ def live_session_command(request: HttpRequest, session_id: str) -> HttpResponse:
 
 @require_POST
 def live_approval_decide(request: HttpRequest, session_id: str, approval_id: int) -> HttpResponse:
-    session = _visible_session(request, session_id)
+    session = _changeable_session(request, session_id)
     approval = Approval.objects.filter(pk=approval_id, session=session).first()
     if approval is None:
         raise Http404("no such approval")
