@@ -5,8 +5,9 @@ never shows a full key (only its lookup prefix exists after creation).
 """
 from __future__ import annotations
 
-from django.contrib import admin, messages
-from django.utils.html import format_html
+from django.contrib import admin
+from django.template.response import TemplateResponse
+from django.utils.cache import add_never_cache_headers
 
 from aitp import services
 from aitp.models import (
@@ -148,11 +149,24 @@ class ApiKeyAdmin(TenantScopedAdmin):
         )
         obj.pk = key.pk
         obj.prefix = key.prefix
-        self.message_user(
-            request,
-            format_html("New key (shown once, copy it now): <code>{}</code>", raw),
-            messages.WARNING,
-        )
+        # Kept on this request only: response_add shows it in its answer, so
+        # the plaintext never goes through the message store (a cookie or the
+        # session).
+        obj.raw_key_once = raw
+
+    def response_add(self, request, obj, post_url_continue=None):
+        raw = getattr(obj, "raw_key_once", None)
+        if raw is None:
+            return super().response_add(request, obj, post_url_continue)
+        response = TemplateResponse(request, "admin/aitp/apikey/created.html", {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Key {obj.prefix}… created",
+            "key": obj,
+            "raw_key": raw,
+        })
+        add_never_cache_headers(response)
+        return response
 
     def _owned(self, request, queryset):
         owned = owned_tenant_ids(request.user)

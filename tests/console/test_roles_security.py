@@ -200,3 +200,26 @@ def test_the_membership_service_refuses_an_operator_account(olivia, acme, django
     with pytest.raises(ValueError):
         console_services.membership_add(tenant=acme, user=staff, role=OWNER, by=olivia)
     assert not TenantMembership.objects.filter(user=staff).exists()
+
+
+def test_a_key_made_in_the_admin_is_shown_once_and_never_stored_in_clear(django_user_model, acme):
+    from aitp import services
+
+    root = django_user_model.objects.create_superuser(username="root", password="x")
+    client = Client()
+    client.force_login(root)
+
+    response = client.post(reverse("admin:aitp_apikey_add"), {
+        "tenant": acme.pk, "name": "admin-made", "status": "active", "allowed_origins": "[]",
+        "max_sessions": 3,
+    })
+
+    assert response.status_code == 200, response.content[:500]
+    raw = response.context["raw_key"]
+    key = ApiKey.objects.get(name="admin-made")
+    assert services.api_key_lookup(raw) == key
+    assert "no-store" in response["Cache-Control"]
+    session = client.session
+    assert all(raw not in str(session[name]) for name in session.keys())
+    assert all(raw not in cookie.value for cookie in client.cookies.values())
+    assert raw.encode() not in client.get(reverse("admin:aitp_apikey_changelist")).content
