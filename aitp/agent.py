@@ -98,6 +98,10 @@ class AgentIO(Protocol):
     async def set_state(self, state: str) -> None: ...
 
 
+class ApprovalLimits(Protocol):
+    async def check_approval_request(self, call_id: str) -> p.Message | None: ...
+
+
 class ServerToolRunner(Protocol):
     async def run(self, args: dict, *, session_id: str, tenant_id: int, call_id: str) -> Any: ...
 
@@ -198,6 +202,7 @@ class Agent:
         io: AgentIO,
         store: AgentStore,
         server_tools: dict[str, ServerToolRunner] | None = None,
+        limits: ApprovalLimits | None = None,
     ) -> None:
         self.session_id = session_id
         self.tenant_id = tenant_id
@@ -207,6 +212,7 @@ class Agent:
         self.io = io
         self.store = store
         self.server_tools = server_tools or {}
+        self.limits = limits
         self.ledger = Ledger()
         self.history: list[dict] = []
         self.turn = 0
@@ -559,6 +565,13 @@ class Agent:
         call = self.ledger.get(payload.callId)
         if call is None or call.origin == "server":
             return _unknown_call(payload.callId)
+        if self.limits is not None:
+            refused = await self.limits.check_approval_request(call.call_id)
+            if refused is not None:
+                return refused
+        if call.approval_id is not None and (payload.toolName, payload.args) == (call.name, call.args):
+            # Asked already: a repeat changes nothing, and writes no audit row.
+            return None
         return await self._approval_opened(call, payload.toolName, payload.args, payload.message)
 
     async def _approval_opened(

@@ -23,6 +23,7 @@ from aitp import live, notify, processes, services
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
+from aitp.limits import connection_limits
 from aitp.llm import get_backend
 from aitp.session import (
     CLOSE_GOING_AWAY,
@@ -100,6 +101,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
         self.groups_joined: list[str] = []
         self.closed = False
         self.state = "idle"
+        self.rate_limits = connection_limits()
         # Accept first: every refusal is an AITP error frame + 1008, never an
         # HTTP 403 the browser would retry forever (wire-compat.md section 2).
         await self.accept()
@@ -111,6 +113,9 @@ class AitpConsumer(AsyncWebsocketConsumer):
     # --- frames in ----------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if not await self.rate_limits.allow_frame(self.machine):
+            await self._flush()  # dropped, not parsed
+            return
         data = text_data if text_data is not None else bytes_data
         for event in self.machine.receive_text(data or ""):
             try:
@@ -143,7 +148,9 @@ class AitpConsumer(AsyncWebsocketConsumer):
         elif isinstance(event, ContextChanged):
             self._context_changed(event)
         elif isinstance(event, UserTextReceived):
-            self._start_turn(event.text)
+            tenant_id = self.session_row.tenant_id
+            if await self.rate_limits.allow_user_input(self.machine, tenant_id=tenant_id):
+                self._start_turn(event.text)
         elif isinstance(event, ToolResultReceived):
             await self._answer(self.agent.on_tool_result(event.result))
         elif isinstance(event, ApprovalRequestReceived):
@@ -157,6 +164,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
             self.machine.send(reply)
 
     async def _open_session(self, event: HandshakeRequested) -> None:
+        if not await self.rate_limits.allow_session_open(self.machine, event.api_key):
+            return
         init = event.init
         info = services.HandshakeInfo(
             session_id=new_session_id(),
@@ -190,6 +199,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
             io=self,
             store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
             server_tools={tool.spec.name: tool for tool in server_tools},
+            limits=self.rate_limits,
         )
         self.machine.accept_handshake(session.id)
         self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))

@@ -14,6 +14,12 @@ class Tenant(models.Model):
         default="You are a helpful assistant embedded in this web site. Be concise.",
         help_text="Sent to the model at the start of every turn, before the page context.",
     )
+    monthly_token_quota = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Model tokens (input + output) this tenant may use per calendar month; "
+        "empty or 0 means unlimited. Once used up, new sessions and turns are refused.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from aitp import notify
+from aitp import limits, notify
 from aitp.models import (
     ApiKey,
     ConversationMessage,
@@ -210,6 +210,9 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
     refusal = api_key_refusal(key, origin=info.origin, now=now)
     if refusal is not None:
         return None, refusal
+    if limits.token_quota_used_up(key.tenant, now=now):
+        return None, Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
+                             limits.USAGE_LIMIT_REASON)
     with transaction.atomic():
         key = ApiKey.objects.select_for_update().select_related("tenant").get(pk=key.pk)
         refusal = api_key_refusal(key, origin=info.origin, now=now)

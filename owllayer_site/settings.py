@@ -276,6 +276,19 @@ OWLLAYER_MAX_INVALID_FRAMES = env_int("OWLLAYER_MAX_INVALID_FRAMES", 20, minimum
 OWLLAYER_DEFAULT_SESSION_CAP = env_int("OWLLAYER_DEFAULT_SESSION_CAP", 10, minimum=1)
 OWLLAYER_SERVER_VERSION = "0.4.0"
 
+# --- Rate limits (aitp/limits.py; 0 turns a limit off) ------------------------
+# Inbound frames per connection per second, every type (audio included).
+OWLLAYER_FRAMES_PER_SECOND = env_int("OWLLAYER_FRAMES_PER_SECOND", 30)
+# Frames dropped in one minute before the connection is closed as a flood (1008).
+OWLLAYER_FLOOD_CLOSE_DROPS = env_int("OWLLAYER_FLOOD_CLOSE_DROPS", 600)
+OWLLAYER_USER_INPUTS_PER_MINUTE = env_int("OWLLAYER_USER_INPUTS_PER_MINUTE", 20)
+OWLLAYER_APPROVAL_REQUESTS_PER_CALL = env_int("OWLLAYER_APPROVAL_REQUESTS_PER_CALL", 5)
+# Shared by every process through Redis when REDIS_URL is set.
+OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE = env_int("OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE", 600)
+OWLLAYER_LIMITS_PREFIX = env_str(
+    "OWLLAYER_LIMITS_PREFIX", env_str("OWLLAYER_CHANNEL_PREFIX", "owllayer") + "-limits"
+)
+
 # --- The agent turn -------------------------------------------------------
 ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
 ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")

@@ -1,0 +1,315 @@
+"""Rate limits and the monthly token quota: how much one connection, session,
+call, key and tenant may ask of the server.
+
+Counting is the `limits` package's. The counters of one connection (frames,
+user inputs, approval requests per call) live in that connection's memory: a
+connection is held by one process, and a frame should not cost a network
+round trip. Session opens per key are shared by every process through Redis
+when REDIS_URL is set (this process's memory otherwise). Redis being away
+lets the open through with a log line: a rate limit never refuses or closes a
+session because its counter store is down.
+
+Every refusal is an error event with ``data.code`` (wire-compat.md section 2
+decides the close code, where there is one):
+
+- frames over the per-second limit are dropped; the first of each second is
+  answered ``rate_limited``; a connection that goes on flooding is refused
+  with ``too_many_frames`` and 1008, the code for session-level abuse (a
+  retrying code would bring the same script straight back);
+- user inputs over the per-minute limit: ``rate_limited``, and the turn the
+  page started ends at once (``AGENT_RESPONSE {chunk:"", done:true}``);
+- a call's APPROVAL_REQUESTs past the limit: ``rate_limited`` with the callId;
+- session opens over the per-key limit: ``rate_limited``, then 1013, which
+  the client retries later, when the window has moved on;
+- a tenant's used-up token quota: the spec's own ``"API key usage limit
+  exceeded."`` with ``usage_limit_exceeded``, then 1008 at the handshake
+  (wire-compat lists it as permanent), or ending the turn on a USER_INPUT.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from limits import RateLimitItem, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
+from limits.aio.storage import MemoryStorage, RedisStorage, Storage
+from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+
+from aitp import protocol as p
+from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
+
+logger = logging.getLogger(__name__)
+
+RATE_LIMITED = "rate_limited"
+TOO_MANY_FRAMES = "too_many_frames"
+# aitp-spec.md, SYSTEM_EVENT: the spec's own words for a used-up quota.
+USAGE_LIMIT_CODE = "usage_limit_exceeded"
+USAGE_LIMIT_MESSAGE = "API key usage limit exceeded."
+USAGE_LIMIT_REASON = "usage limit exceeded"
+
+# At most one rate_limited answer a second, however many frames are dropped:
+# answering each would double the flood on the way out.
+_NOTICE = RateLimitItemPerSecond(1)
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """The limits, read from settings in one place (``from_django``); 0 = off."""
+
+    frames_per_second: int = 30
+    flood_close_drops: int = 600
+    user_inputs_per_minute: int = 20
+    approval_requests_per_call: int = 5
+    session_opens_per_key_per_minute: int = 600
+    redis_url: str = ""
+    prefix: str = "owllayer-limits"
+    redis_timeout: float = 3.0
+
+    @classmethod
+    def from_django(cls) -> LimitSettings:
+        from django.conf import settings
+
+        return cls(
+            frames_per_second=settings.OWLLAYER_FRAMES_PER_SECOND,
+            flood_close_drops=settings.OWLLAYER_FLOOD_CLOSE_DROPS,
+            user_inputs_per_minute=settings.OWLLAYER_USER_INPUTS_PER_MINUTE,
+            approval_requests_per_call=settings.OWLLAYER_APPROVAL_REQUESTS_PER_CALL,
+            session_opens_per_key_per_minute=settings.OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE,
+            redis_url=settings.REDIS_URL,
+            prefix=settings.OWLLAYER_LIMITS_PREFIX,
+            redis_timeout=getattr(settings, "OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0),
+        )
+
+
+def _item(kind: type[RateLimitItem], amount: int) -> RateLimitItem | None:
+    return kind(amount) if amount > 0 else None
+
+
+def _retry_after_ms(reset_at: float) -> int:
+    return max(0, int((reset_at - time.time()) * 1000))
+
+
+# --- shared across processes ------------------------------------------------
+
+
+def _storage_uri(redis_url: str) -> str:
+    """limits' async Redis URIs: redis:// -> async+redis://, unix:// -> async+redis+unix://."""
+    if redis_url.startswith("unix://"):
+        return "async+redis+" + redis_url
+    return "async+" + redis_url
+
+
+class SharedLimits:
+    """Counters every process sees: Redis when configured, else this process."""
+
+    def __init__(self, config: LimitSettings) -> None:
+        self.config = config
+        storage: Storage
+        if config.redis_url:
+            storage = RedisStorage(
+                _storage_uri(config.redis_url), implementation="redispy",
+                key_prefix=config.prefix, wrap_exceptions=True,
+                socket_timeout=config.redis_timeout, socket_connect_timeout=config.redis_timeout,
+            )
+        else:
+            storage = MemoryStorage()
+        self.storage = storage
+        self.limiter = MovingWindowRateLimiter(storage)
+        self.opens = _item(RateLimitItemPerMinute, config.session_opens_per_key_per_minute)
+
+    async def session_open_retry_after(self, raw_key: str) -> float | None:
+        """None when this key may open one more session now; else the
+        seconds until it may. The key is counted by a digest, never stored."""
+        if self.opens is None:
+            return None
+        digest = hashlib.sha256(raw_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        try:
+            if await asyncio.wait_for(self.limiter.hit(self.opens, "opens", digest),
+                                      self.config.redis_timeout):
+                return None
+            stats = await asyncio.wait_for(self.limiter.get_window_stats(self.opens, "opens", digest),
+                                           self.config.redis_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Fail open: a missing counter store must not refuse pages.
+            logger.warning("session opens per key not counted (counter store unavailable: %s)",
+                           type(exc).__name__)
+            return None
+        return max(1.0, stats.reset_time - time.time())
+
+
+_shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shared_limits(config: LimitSettings) -> SharedLimits:
+    """One SharedLimits per event loop (an async Redis client belongs to the loop it started on)."""
+    loop = asyncio.get_running_loop()
+    shared = _shared.get(loop)
+    if shared is None or shared.config != config:
+        shared = _shared[loop] = SharedLimits(config)
+    return shared
+
+
+# --- one connection ---------------------------------------------------------
+
+
+class ConnectionLimits:
+    """What the consumer asks before acting on a frame. Each ``allow_*``
+    queues its own answer on the session machine and returns False when the
+    frame must not be acted on."""
+
+    def __init__(self, config: LimitSettings, shared: SharedLimits | None = None) -> None:
+        self.config = config
+        self.shared = shared
+        # This connection's own counters: a small store it alone uses.
+        self._local = FixedWindowRateLimiter(MemoryStorage())
+        self._frames = _item(RateLimitItemPerSecond, config.frames_per_second)
+        self._drops = _item(RateLimitItemPerMinute, config.flood_close_drops)
+        self._inputs = _item(RateLimitItemPerMinute, config.user_inputs_per_minute)
+        # "Per call": a call lives for minutes at most, so an hour's window is its lifetime.
+        self._approvals = _item(RateLimitItemPerHour, config.approval_requests_per_call)
+
+    async def allow_frame(self, machine: SessionMachine) -> bool:
+        """Every inbound frame, before it is parsed."""
+        if self._frames is None or await self._local.hit(self._frames, "frames"):
+            return True
+        if self._drops is not None and not await self._local.hit(self._drops, "dropped"):
+            logger.warning("session %s: closed for flooding (over %d frames a second)",
+                           machine.session_id, self.config.frames_per_second)
+            machine.refuse(
+                TOO_MANY_FRAMES,
+                f"Too many messages (more than {self.config.frames_per_second} a second, "
+                "again and again); the connection is closed.",
+                "too many messages",
+            )
+        elif await self._local.hit(_NOTICE, "notice"):
+            stats = await self._local.get_window_stats(self._frames, "frames")
+            machine.error(
+                RATE_LIMITED,
+                f"Too many messages: at most {self.config.frames_per_second} a second; "
+                "messages over the limit are dropped.",
+                limit="frames_per_second", retryAfterMs=_retry_after_ms(stats.reset_time),
+            )
+        return False
+
+    async def allow_user_input(self, machine: SessionMachine, *, tenant_id: int) -> bool:
+        """A USER_INPUT the machine accepted as a new turn. A refusal ends
+        that turn at once: error, then an empty done (wire-compat section 6)."""
+        refusal = None
+        if self._inputs is not None and not await self._local.hit(self._inputs, "inputs"):
+            stats = await self._local.get_window_stats(self._inputs, "inputs")
+            refusal = p.error_event(
+                RATE_LIMITED,
+                f"Too many messages: at most {self.config.user_inputs_per_minute} a minute. "
+                "Please wait a moment.",
+                limit="user_inputs_per_minute", retryAfterMs=_retry_after_ms(stats.reset_time),
+            )
+        elif await _quota_used_up(tenant_id):
+            refusal = p.error_event(USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE)
+        if refusal is None:
+            return True
+        machine.end_turn()
+        machine.send(refusal)
+        machine.send(p.agent_response("", True))
+        return False
+
+    async def check_approval_request(self, call_id: str) -> p.Message | None:
+        """An APPROVAL_REQUEST for a call this session holds: None while the
+        call is under its limit, else the error to answer with."""
+        if self._approvals is None or await self._local.hit(self._approvals, "approvals", call_id):
+            return None
+        return p.error_event(
+            RATE_LIMITED,
+            f"Too many approval requests for this call: at most "
+            f"{self.config.approval_requests_per_call}.",
+            limit="approval_requests_per_call", callId=call_id,
+        )
+
+    async def allow_session_open(self, machine: SessionMachine, raw_key: str) -> bool:
+        """A HANDSHAKE_INIT about to be looked up. Over the key's limit: an
+        error, then 1013 (the client retries later, when it can succeed)."""
+        if self.shared is None:
+            return True
+        retry_after = await self.shared.session_open_retry_after(raw_key)
+        if retry_after is None:
+            return True
+        logger.info("handshake refused: over %d session opens per key a minute",
+                    self.config.session_opens_per_key_per_minute)
+        machine.send(p.error_event(
+            RATE_LIMITED,
+            "Too many new sessions for this API key; try again in a minute.",
+            limit="session_opens_per_key_per_minute", retryAfterMs=int(retry_after * 1000),
+        ))
+        machine.close_now(CLOSE_TRY_AGAIN_LATER, "too many sessions opened, retry later")
+        return False
+
+
+def connection_limits() -> ConnectionLimits:
+    """The consumer's limits for one new connection (call inside the event loop)."""
+    config = LimitSettings.from_django()
+    return ConnectionLimits(config, shared_limits(config))
+
+
+# --- the monthly token quota --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    quota: int  # 0: unlimited
+    used: int
+    month: date
+
+    @property
+    def unlimited(self) -> bool:
+        return not self.quota
+
+    @property
+    def used_up(self) -> bool:
+        return bool(self.quota) and self.used >= self.quota
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.unlimited else max(0, self.quota - self.used)
+
+    @property
+    def percent(self) -> int | None:
+        return None if self.unlimited else min(100, self.used * 100 // self.quota)
+
+
+def tenant_quota_status(tenant, *, now: datetime | None = None) -> QuotaStatus:
+    """The tenant's quota and the tokens (input + output) counted this
+    calendar month, in the project's time zone (DailyUsage's days)."""
+    from django.db.models import F, Sum
+    from django.utils import timezone
+
+    from aitp.models import DailyUsage
+
+    month = timezone.localdate(now or timezone.now()).replace(day=1)
+    used = DailyUsage.objects.filter(tenant_id=tenant.pk, date__gte=month).aggregate(
+        tokens=Sum(F("input_tokens") + F("output_tokens"))
+    )["tokens"] or 0
+    return QuotaStatus(quota=tenant.monthly_token_quota or 0, used=int(used), month=month)
+
+
+def token_quota_used_up(tenant, *, now: datetime | None = None) -> bool:
+    """True when the tenant has a quota and this month's tokens reached it."""
+    if not tenant.monthly_token_quota:
+        return False
+    return tenant_quota_status(tenant, now=now).used_up
+
+
+async def _quota_used_up(tenant_id: int) -> bool:
+    from channels.db import database_sync_to_async
+
+    from aitp.models import Tenant
+
+    def check() -> bool:
+        tenant = Tenant.objects.filter(pk=tenant_id).only("monthly_token_quota").first()
+        return tenant is not None and token_quota_used_up(tenant)
+
+    return await database_sync_to_async(check)()
