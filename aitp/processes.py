@@ -35,7 +35,6 @@ import logging
 import os
 import secrets
 import socket
-import time
 import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -45,9 +44,10 @@ from typing import Protocol
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError
+from django.db.models import Q
 from django.utils import timezone
 
-from aitp.models import ServerProcess
+from aitp.models import ServerProcess, Session
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +101,20 @@ def mark_stopped(*, reason: str = "server shutting down") -> int:
     (with their calls), mark it stopped, close the approvals of ended
     sessions. Returns how many session rows were still open."""
     global _stopped
-    if not _current_id or _stopped:
+    if not _current_id:
         return 0
     from aitp import services
     from approvals import services as approvals
 
+    # Done again at exit: a handshake that was being written while the
+    # connections drained may have opened a row since.
     closed = services.sessions_close_of_processes(
         process_ids=[_current_id], code=1001, reason=reason, mark_stopped=True,
     )
     approvals.approvals_close_of_ended_sessions()
+    if not _stopped or closed:
+        logger.info("server process %s stopped (%d session rows closed)", _current_id, closed)
     _stopped = True
-    logger.info("server process %s stopped (%d session rows closed)", _current_id, closed)
     return closed
 
 
@@ -220,10 +223,10 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
 
     now = now or timezone.now()
     here = hostname()
-    gone = [
-        row.id for row in ServerProcess.objects.filter(stopped_at__isnull=True)
-        if is_gone(row, now=now, this_host=here)
-    ]
+    # Processes not known to be stopped, and any process still holding an open row.
+    holding = Session.objects.filter(ended_at__isnull=True).values("process")
+    candidates = ServerProcess.objects.filter(Q(stopped_at__isnull=True) | Q(id__in=holding))
+    gone = [row.id for row in candidates if is_gone(row, now=now, this_host=here)]
     closed = 0
     if gone:
         closed += services.sessions_close_of_processes(
@@ -248,7 +251,7 @@ class Connection(Protocol):
 
 _connections: weakref.WeakSet = weakref.WeakSet()
 _draining = False
-_timer: asyncio.Task | None = None
+_timers: list[asyncio.Task] = []
 
 
 def connection_opened(connection: Connection) -> None:
@@ -265,29 +268,34 @@ def draining() -> bool:
     return _draining
 
 
-def start_timers(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
-    """Refresh this process's row every heartbeat interval and sweep every
-    OWLLAYER_SWEEP_INTERVAL, on the serving event loop."""
-    global _timer
+def start_timers(loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Refresh this process's row every OWLLAYER_HEARTBEAT_INTERVAL and sweep
+    every OWLLAYER_SWEEP_INTERVAL, on the serving event loop."""
     loop = loop or asyncio.get_event_loop()
-    _timer = loop.create_task(_run_timers())
-    return _timer
+    _timers.append(loop.create_task(_every(settings.OWLLAYER_HEARTBEAT_INTERVAL, _heartbeat)))
+    _timers.append(loop.create_task(_every(settings.OWLLAYER_SWEEP_INTERVAL, _sweep)))
 
 
-async def _run_timers() -> None:
-    last_sweep = time.monotonic()
+async def _every(interval: float, job) -> None:
     while True:
-        await asyncio.sleep(settings.OWLLAYER_HEARTBEAT_INTERVAL)
+        await asyncio.sleep(interval)
         try:
-            await database_sync_to_async(mark_alive)()
-            if time.monotonic() - last_sweep >= settings.OWLLAYER_SWEEP_INTERVAL:
-                last_sweep = time.monotonic()
-                result = await database_sync_to_async(sweep)()
-                if result.sessions or result.approvals or result.expired:
-                    logger.info("sweep: %s", result)
+            await job()
         except DatabaseError:
-            logger.warning("server process %s: database unavailable for the heartbeat", _current_id,
-                           exc_info=True)
+            logger.warning("server process %s: database unavailable for %s", _current_id,
+                           job.__name__.strip("_"), exc_info=True)
+        except Exception:
+            logger.exception("server process %s: %s failed", _current_id, job.__name__.strip("_"))
+
+
+async def _heartbeat() -> None:
+    await database_sync_to_async(mark_alive)()
+
+
+async def _sweep() -> None:
+    result = await database_sync_to_async(sweep)()
+    if result.sessions or result.approvals or result.expired:
+        logger.info("sweep: %s", result)
 
 
 async def drain(timeout: float | None = None) -> None:
@@ -298,8 +306,8 @@ async def drain(timeout: float | None = None) -> None:
     global _draining
     _draining = True
     timeout = settings.OWLLAYER_SHUTDOWN_DRAIN if timeout is None else timeout
-    if _timer is not None:
-        _timer.cancel()
+    for timer in _timers:
+        timer.cancel()
     connections = list(_connections)
     logger.info("shutting down: closing %d connections (drain %ss)", len(connections), timeout)
     if connections:

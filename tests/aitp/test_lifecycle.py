@@ -247,6 +247,37 @@ async def test_a_full_key_is_still_refused_while_its_sessions_live(daphne_factor
         await page.close()
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_a_running_process_sweeps_the_fresh_rows_a_dead_process_left(
+    daphne_factory, shop, reaped_pid
+):
+    key, _raw = shop
+    # A heartbeat so slow that the heartbeat rule cannot close anything here.
+    server = daphne_factory(OWLLAYER_HEARTBEAT_INTERVAL=600, OWLLAYER_SWEEP_INTERVAL=1)
+
+    def left_behind():
+        dead = process_row(pid=reaped_pid)
+        return Session.objects.create(id="ses_left", tenant=key.tenant, api_key=key,
+                                      process=dead.id)
+
+    row = await database_sync_to_async(left_behind)()
+    await eventually(lambda: Session.objects.filter(pk=row.pk, ended_at__isnull=False).exists(),
+                     what="the periodic sweep")
+    assert "server processes gone" in server.logs()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_running_process_refreshes_its_row_every_heartbeat(daphne_factory):
+    heartbeat = 1.0
+    server = daphne_factory(OWLLAYER_HEARTBEAT_INTERVAL=heartbeat)
+    own = await ServerProcess.objects.aget(pid=server.process.pid)
+    assert own.stopped_at is None
+    await eventually(
+        lambda: ServerProcess.objects.filter(pk=own.pk, last_seen_at__gt=own.last_seen_at).exists(),
+        timeout=SOON + heartbeat, what="the process heartbeat",
+    )
+
+
 # --- the liveness rules -----------------------------------------------------------------
 
 
@@ -360,6 +391,17 @@ def test_the_sweep_closes_a_gone_process_rows_whatever_their_age_and_keeps_the_r
     gone.refresh_from_db()
     alive.refresh_from_db()
     assert gone.stopped_at is not None and alive.stopped_at is None
+
+
+@pytest.mark.django_db
+def test_the_sweep_closes_a_row_left_open_by_a_process_marked_stopped():
+    tenant = services.tenant_create(slug="late", name="Late")
+    stopped = process_row(stopped_at=timezone.now())
+    late_row = make_session(tenant, process=stopped.id, last_seen_at=timezone.now())
+
+    assert processes.sweep().sessions == 1
+    late_row.refresh_from_db()
+    assert late_row.ended_at is not None
 
 
 @pytest.mark.django_db
