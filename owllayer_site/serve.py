@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     ceiling = str(settings.OWLLAYER_WS_FRAME_CEILING_BYTES)
     from daphne.cli import CommandLineInterface
 
+    from owllayer_site import access_log
+    access_log.install()  # no ?apiKey= value in daphne's access log
+
     try:
         CommandLineInterface().run(
             [
