@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,6 +22,14 @@ PROTOCOL_VERSION = "1.0.0"
 
 # wire-compat section 8: "one frame: 1 MiB (daphne's default limit)".
 DEFAULT_MAX_BYTES = 1024 * 1024
+# Objects and lists inside one frame, the envelope counting as 1. A page's
+# context is a few levels deep; thousands of levels only break the layers
+# after us (recursive encoders, the admin's pages).
+DEFAULT_MAX_DEPTH = 32
+# Integers must fit in 64 bits: the database columns, the JSON parsers of
+# PostgreSQL drivers and SDKs, and Python's own int/str conversion limit
+# (4,300 digits) all refuse or mangle bigger ones. Floats must be finite.
+MAX_INTEGER = 2**63 - 1
 
 
 class MessageType(str, enum.Enum):
@@ -229,7 +238,8 @@ class ProtocolError(Exception):
     """The peer broke the protocol.
 
     code is stable and machine-readable (invalid_json, invalid_message,
-    unknown_type, wrong_direction, too_large); message is a short sentence
+    invalid_text, invalid_number, too_deep, unknown_type, wrong_direction,
+    too_large); message is a short sentence
     safe to show to the peer. message_id and type are those of the offending
     frame when they could be read.
     """
@@ -246,18 +256,28 @@ class ProtocolError(Exception):
         return f"ProtocolError({self.code!r}, {self.message!r})"
 
 
-def parse_client_frame(text: str | bytes, *, max_bytes: int) -> Message:
-    """Parse one frame received from a client; raise ProtocolError."""
-    return _parse_frame(text, max_bytes=max_bytes, allowed=CLIENT_TYPES)
+def parse_client_frame(text: str | bytes, *, max_bytes: int,
+                       max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
+    """Parse one frame received from a client; raise ProtocolError.
+
+    Every value of a frame that parses can go everywhere a value goes next
+    (UTF-8, SQLite JSON, PostgreSQL jsonb, the model request): text with a
+    lone surrogate or U+0000 is refused (invalid_text), so are integers
+    beyond 64 bits and non-finite numbers (invalid_number) and nesting deeper
+    than max_depth (too_deep).
+    """
+    return _parse_frame(text, max_bytes=max_bytes, allowed=CLIENT_TYPES, max_depth=max_depth,
+                        strict_values=True)
 
 
 def parse_server_frame(text: str | bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
     """Parse one frame received from a server (our own Python client, tests)."""
-    return _parse_frame(text, max_bytes=max_bytes, allowed=SERVER_TYPES)
+    return _parse_frame(text, max_bytes=max_bytes, allowed=SERVER_TYPES,
+                        max_depth=None, strict_values=False)
 
 
-def _parse_frame(text: str | bytes, *, max_bytes: int,
-                 allowed: frozenset[MessageType]) -> Message:
+def _parse_frame(text: str | bytes, *, max_bytes: int, allowed: frozenset[MessageType],
+                 max_depth: int | None, strict_values: bool) -> Message:
     if isinstance(text, (bytes, bytearray, memoryview)):
         raw = bytes(text)
         if len(raw) > max_bytes:
@@ -270,17 +290,36 @@ def _parse_frame(text: str | bytes, *, max_bytes: int,
         raise _too_large(max_bytes)
 
     try:
-        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        if strict_values:
+            # Out-of-range numbers are kept as markers so that the refusal
+            # below can name the field and the frame's id.
+            data = json.loads(text, parse_constant=_reject_constant, parse_float=float,
+                              parse_int=_bounded_int)
+        else:
+            data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
-        raise ProtocolError("invalid_json", "frame is nested too deeply") from None
+        raise ProtocolError("too_deep", "frame is nested too deeply") from None
     except ValueError:
-        # JSONDecodeError, non-finite numbers, integers too long to convert.
+        # JSONDecodeError, NaN/Infinity, integers too long to convert.
         raise ProtocolError("invalid_json", "frame is not valid json") from None
 
     if not isinstance(data, dict):
         raise ProtocolError("invalid_message", "frame must be a json object")
 
     message_id = data.get("id")
+    if strict_values:
+        problem = find_unstorable(data, max_depth=max_depth)
+        if problem is not None:
+            code, path, fact = problem
+            if path == "id":
+                message_id = None
+            raw_type = data.get("type")
+            raise ProtocolError(
+                code, f"field '{path}' {fact}" if path else f"frame {fact}",
+                message_id=message_id if isinstance(message_id, str) and message_id else None,
+                type=raw_type[:64] if isinstance(raw_type, str) and not _BAD_TEXT.search(raw_type)
+                else None,
+            )
     if not isinstance(message_id, str) or not message_id:
         raise ProtocolError("invalid_message", "field 'id' must be a non-empty string")
 
@@ -346,6 +385,97 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):  # 1e400 parses to inf
         raise ValueError("number out of range")
     return value
+
+
+class _OutOfRange:
+    """An integer literal too long to convert, kept until it is reported."""
+
+    __slots__ = ()
+
+
+def _bounded_int(text: str) -> int | _OutOfRange:
+    # Decide on the length first: int() of 5,000 digits is itself refused.
+    if len(text) - (text[0] == "-") > 20:
+        return _OutOfRange()
+    return int(text)
+
+
+# U+0000 (PostgreSQL text and jsonb refuse it) and lone surrogates (no UTF-8
+# encoding exists for them; JSON.stringify emits one after a .slice() through
+# an emoji). Every other character, control characters included, is stored
+# and sent on unchanged.
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why this string cannot be stored faithfully, or None."""
+    found = _BAD_TEXT.search(text)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "contains a NUL character (U+0000)"
+    return f"contains a lone surrogate (U+{ord(found.group()):04X}); text must be valid Unicode"
+
+
+def find_unstorable(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
+                    ) -> tuple[str, str, str] | None:
+    """The first value in a parsed JSON tree no later layer could hold.
+
+    Returns (code, path, fact) -- e.g. ("invalid_text", "payload.context.name",
+    "contains a NUL character (U+0000)") -- or None when every value can be
+    stored. Iterative, so any depth is walked without recursion; the path is
+    only spelled out for the value refused.
+    """
+    # A node: (value, parent node, key or index in the parent, depth).
+    stack: list[tuple] = [(value, None, None, 1)]
+    while stack:
+        node = stack.pop()
+        item, _, _, depth = node
+        if isinstance(item, str):
+            fact = text_problem(item)
+            if fact is not None:
+                return "invalid_text", _path_of(node), fact
+        elif isinstance(item, float):
+            if not math.isfinite(item):  # 1e400 parses to inf
+                return "invalid_number", _path_of(node), "is out of range (not a finite number)"
+        elif isinstance(item, _OutOfRange) or (isinstance(item, int) and not isinstance(item, bool)):
+            if isinstance(item, _OutOfRange) or abs(item) > MAX_INTEGER:
+                return ("invalid_number", _path_of(node),
+                        f"is out of range (at most {MAX_INTEGER} in magnitude)")
+        elif isinstance(item, (dict, list)):
+            if max_depth is not None and depth > max_depth:
+                return "too_deep", _path_of(node), f"is nested more than {max_depth} levels deep"
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if isinstance(key, str) and text_problem(key) is not None:
+                        return ("invalid_text", _path_of((None, node, key, depth + 1)),
+                                f"has a name that {text_problem(key)}")
+                    stack.append((child, node, key, depth + 1))
+            else:
+                stack.extend((child, node, index, depth + 1) for index, child in enumerate(item))
+    return None
+
+
+def _path_of(node: tuple) -> str:
+    parts: list[Any] = []
+    while node is not None and node[1] is not None:
+        parts.append(node[2])
+        node = node[1]
+    path = ""
+    for part in reversed(parts):
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            shown = _shown_key(part)
+            path = f"{path}.{shown}" if path else shown
+    # What is echoed to the peer stays short, however deep the value was.
+    return path if len(path) <= 120 else "..." + path[-100:]
+
+
+def _shown_key(key: Any) -> str:
+    text = str(key)
+    text = _BAD_TEXT.sub("?", text)
+    return text if len(text) <= 32 else text[:32] + "..."
 
 
 _ERROR_TEXT = {

@@ -43,6 +43,7 @@ class Limits:
     max_context_bytes: int = 64 * 1024
     max_invalid_frames: int = 20
     max_input_chars: int = 8000
+    max_json_depth: int = p.DEFAULT_MAX_DEPTH
 
 
 # --- events the consumer acts on ---------------------------------------------
@@ -132,7 +133,8 @@ class SessionMachine:
         if self.state is State.CLOSED:
             return []
         try:
-            message = p.parse_client_frame(data, max_bytes=self.limits.max_message_bytes)
+            message = p.parse_client_frame(data, max_bytes=self.limits.max_message_bytes,
+                                           max_depth=self.limits.max_json_depth)
         except p.ProtocolError as exc:
             self._invalid(exc.code, exc.message, message_id=exc.message_id)
             return []
@@ -292,8 +294,13 @@ class SessionMachine:
         self.close = Close(code, _short_reason(reason))
 
     def handshake_timed_out(self) -> None:
-        if self.state is State.AWAITING_HANDSHAKE and not self.handshake_pending:
-            self.refuse("handshake_timeout", "no HANDSHAKE_INIT received in time", "handshake timeout")
+        """The handshake deadline passed. A handshake still being looked up
+        times out too: a handshake always completes or times out, so a
+        lookup that failed or hangs can never leave the socket open without
+        a key. The consumer checks the state after its lookup."""
+        if self.state is State.AWAITING_HANDSHAKE:
+            self.handshake_pending = False
+            self.refuse("handshake_timeout", "the handshake did not complete in time", "handshake timeout")
 
     def set_server_tools(self, tools: tuple[ToolSpec, ...]) -> None:
         self.server_tools = tuple(tools)
