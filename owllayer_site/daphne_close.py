@@ -1,4 +1,5 @@
-"""Close frames as the AITP wire contract needs them, under daphne.
+"""Close frames and per-connection memory as the AITP wire contract needs
+them, under daphne.
 
 The deployed client reads the close code to decide whether to reconnect
 (wire-compat.md section 2): 1008 means "permanent, show the reason". daphne
@@ -7,12 +8,61 @@ code but 1000 and 3000-4999 (the close then turns into a 1011), and daphne
 drops the ASGI ``reason``. This sends the close frame with the code and the
 reason the application asked for, for every code RFC 6455 lets an endpoint
 send.
+
+It also bounds what one connection can make the process hold:
+
+- a frame over daphne's ceiling (``--websocket-max-message-size``) is closed
+  with 1009, the code wire-compat documents, where autobahn's server default
+  drops the TCP connection (the client sees 1006);
+- frames the client sent but the consumer has not handled yet: past
+  ``OWLLAYER_MAX_INBOUND_BYTES`` daphne stops reading the socket until the
+  consumer catches up, so a flood waits in the client's own TCP buffers;
+- frames sent to a client that does not read them: past
+  ``OWLLAYER_MAX_OUTBOUND_BYTES`` waiting in the socket's write buffer, the
+  connection is closed with 1013 (try again later: the client reconnects,
+  wire-compat section 2) and dropped, which frees the buffer and makes
+  daphne tell the consumer, whose teardown ends the session.
 """
 from __future__ import annotations
 
 import logging
 
 logger = logging.getLogger(__name__)
+
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN_LATER = 1013
+# How often a connection whose reading is paused looks again (seconds).
+RESUME_CHECK_INTERVAL = 0.01
+# Frames waiting for the consumer that pause reading whatever their size: a
+# flood of tiny frames costs per-frame overhead, not only bytes.
+MAX_INBOUND_FRAMES = 256
+
+
+def outbound_backlog(transport) -> int:
+    """Bytes written to a Twisted TCP transport and not yet taken by the kernel."""
+    if transport is None:
+        return 0
+    buffered = len(getattr(transport, "dataBuffer", b"")) - getattr(transport, "offset", 0)
+    return buffered + getattr(transport, "_tempDataLen", 0)
+
+
+def inbound_backlog(queue) -> tuple[int, int]:
+    """(frames, bytes) received and not yet taken by the application."""
+    items = getattr(queue, "_queue", None)
+    if not items:
+        return 0, 0
+    size = 0
+    for message in list(items)[:MAX_INBOUND_FRAMES]:
+        if isinstance(message, dict):
+            size += len(message.get("text") or message.get("bytes") or "")
+    return len(items), size
+
+
+def _limits() -> tuple[int, int]:
+    from django.conf import settings
+
+    return (getattr(settings, "OWLLAYER_MAX_INBOUND_BYTES", 4 * 1024 * 1024),
+            getattr(settings, "OWLLAYER_MAX_OUTBOUND_BYTES", 4 * 1024 * 1024))
 
 # RFC 6455 section 7.4: 1004, 1005, 1006 and 1015 must never be sent.
 SENDABLE_CODES = frozenset({1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014})
@@ -46,4 +96,74 @@ def install() -> None:
         return original(self, message)
 
     WebSocketProtocol.handle_reply = handle_reply
+    _install_frame_ceiling(WebSocketProtocol)
+    _install_backpressure(WebSocketProtocol)
     WebSocketProtocol._aitp_close_installed = True
+
+
+def _install_frame_ceiling(protocol_class) -> None:
+    original = protocol_class._max_message_size_exceeded
+
+    def _max_message_size_exceeded(self, msg_size, max_msg_size, reason):
+        # autobahn's servers fail by dropping TCP: the client would see 1006.
+        # Send the close frame instead; the rest of the frame is discarded
+        # as it arrives, and the closing handshake (bounded by autobahn's
+        # close timeout) ends the connection.
+        self.failByDrop = False
+        logger.info("closing a connection with 1009: %s", reason)
+        return original(self, msg_size, max_msg_size, reason)
+
+    protocol_class._max_message_size_exceeded = _max_message_size_exceeded
+
+
+def _install_backpressure(protocol_class) -> None:
+    inbound_limit, outbound_limit = _limits()
+    original_on_message = protocol_class.onMessage
+    original_send = protocol_class.serverSend
+
+    def onMessage(self, payload, isBinary):
+        original_on_message(self, payload, isBinary)
+        queue = getattr(self, "application_queue", None)
+        if queue is None or getattr(self, "_aitp_reading_paused", False):
+            return
+        frames, size = inbound_backlog(queue)
+        if frames >= MAX_INBOUND_FRAMES or size >= inbound_limit:
+            self._aitp_reading_paused = True
+            self.transport.pauseProducing()
+            _resume_when_drained(self, inbound_limit)
+
+    def serverSend(self, content, binary=False):
+        if self.state in (self.STATE_CLOSING, self.STATE_CLOSED):
+            return  # closing: nothing more is worth buffering
+        original_send(self, content, binary)
+        backlog = outbound_backlog(self.transport)
+        if backlog > outbound_limit:
+            logger.warning(
+                "closing a connection with 1013: %d bytes waiting for a client that does not "
+                "read (limit OWLLAYER_MAX_OUTBOUND_BYTES=%d)", backlog, outbound_limit,
+            )
+            # The close frame joins the backlog, and a client that reads
+            # again gets it; one that does not is dropped by autobahn's
+            # close-handshake timeout. Dropping now would be as good but
+            # would lose the code for a client that is only slow.
+            self.sendCloseFrame(code=CLOSE_TRY_AGAIN_LATER, reasonUtf8=b"client not reading",
+                                isReply=False)
+
+    protocol_class.onMessage = onMessage
+    protocol_class.serverSend = serverSend
+
+
+def _resume_when_drained(protocol, inbound_limit: int) -> None:
+    from twisted.internet import reactor
+
+    def check():
+        if protocol.state == protocol.STATE_CLOSED or protocol.transport is None:
+            return
+        frames, size = inbound_backlog(protocol.application_queue)
+        if frames < MAX_INBOUND_FRAMES // 2 and size < inbound_limit // 2:
+            protocol._aitp_reading_paused = False
+            protocol.transport.resumeProducing()
+            return
+        reactor.callLater(RESUME_CHECK_INTERVAL, check)
+
+    reactor.callLater(RESUME_CHECK_INTERVAL, check)
