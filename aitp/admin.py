@@ -10,6 +10,7 @@ from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
 
 from aitp import services
+from aitp.limits import tenant_quota_status
 from aitp.models import (
     ApiKey,
     ConversationMessage,
@@ -91,9 +92,29 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "quota_display", "tokens_this_month", "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        # The quota bounds what a tenant costs: only the service's operators
+        # (superusers) set it, never a tenant's own staff.
+        readonly = [*super().get_readonly_fields(request, obj), "tokens_this_month"]
+        if not request.user.is_superuser:
+            readonly.append("monthly_token_quota")
+        return readonly
+
+    @admin.display(description="Monthly token quota")
+    def quota_display(self, obj: Tenant) -> str:
+        return f"{obj.monthly_token_quota:,}" if obj.monthly_token_quota else "unlimited"
+
+    @admin.display(description="Tokens this month")
+    def tokens_this_month(self, obj: Tenant) -> str:
+        if obj.pk is None:
+            return "-"
+        status = tenant_quota_status(obj)
+        used = f"{status.used:,}"
+        return used if status.unlimited else f"{used} ({status.percent}% of the quota)"
 
     def get_queryset(self, request):
         tenant_ids = tenant_ids_for_user(request.user)

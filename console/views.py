@@ -18,6 +18,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from aitp import selectors, services
+from aitp.limits import tenant_quota_status
 from aitp.models import ApiKey, OperatorAction, Session, TenantMembership, ToolCall
 from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
@@ -79,6 +80,7 @@ def usage(request: HttpRequest, access: Access) -> HttpResponse:
         },
         recent_sessions=recent,
         recent_limit=RECENT_SESSIONS,
+        quota=tenant_quota_status(access.tenant),
     )
 
 
