@@ -7,8 +7,9 @@ it stopped when it exits cleanly. Every session row names the process
 holding it. A process is gone when
 
 - its row says it stopped; or
-- it ran on this host and its pid is not running any more, or runs a
-  process that started after the row was registered (the pid was reused); or
+- it ran on this host (same host name and pid namespace) and its pid is
+  not running any more, or runs a process that started after the row was
+  registered (the pid was reused); or
 - its row was not refreshed for three heartbeat intervals (another host,
   or a process that hangs).
 
@@ -72,14 +73,22 @@ def current_id() -> str:
 
 
 def hostname() -> str:
-    return socket.gethostname()[:200]
+    """This host as the liveness rules see it: the host name and the pid
+    namespace, so containers sharing a host name (host networking) never
+    judge each other's pids."""
+    name = socket.gethostname()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return name[:200]
+    return f"{name} {namespace}"[:200]
 
 
 def register() -> ServerProcess:
     """Record this process as serving; its id goes on every session it opens."""
     global _current_id
     pid = os.getpid()
-    process_id = f"{hostname()}:{pid}:{secrets.token_hex(4)}"[-100:]
+    process_id = f"{socket.gethostname()[:80]}:{pid}:{secrets.token_hex(4)}"
     now = timezone.now()
     row = ServerProcess.objects.create(
         id=process_id, hostname=hostname(), pid=pid, started_at=now, last_seen_at=now,

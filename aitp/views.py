@@ -8,13 +8,18 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from aitp import processes
+
 logger = logging.getLogger(__name__)
 
 
 @never_cache
 @require_GET
 def healthz(request):
-    """200 when this process can reach its database, 503 when it cannot."""
+    """200 when this process can reach its database, 503 when it cannot or
+    when it is stopping (the proxy then sends new pages elsewhere)."""
+    if processes.draining():
+        return JsonResponse({"status": "stopping"}, status=503)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
