@@ -19,14 +19,18 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider --timeout=120
 PYTEST_ARGS ?=
 # Options of `python -m bench`, e.g. make bench BENCH_ARGS="--quick --json bench.json"
 BENCH_ARGS ?=
+# `make bench` measures both backends; the PostgreSQL server where it creates
+# (and drops) a scratch database, and the Redis it uses under a prefix of its own.
+BENCH_POSTGRES ?= postgres://postgres@127.0.0.1:5432
+BENCH_REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: help setup chromium run test bench lint clean distclean
+.PHONY: help setup chromium nginx run test bench lint clean distclean
 
 help:
 	@echo "make setup   create .venv, install requirements-dev.txt and Chromium"
 	@echo "make run     migrate, ensure the demo key, serve on 127.0.0.1:\$${PORT:-8000}"
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
-	@echo "make bench   run the benchmarks"
+	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
 	@echo "make lint    compile every module (syntax check)"
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3 and .demo-key"
@@ -94,12 +98,22 @@ test: setup
 	fi; \
 	exit $$status
 
-bench: setup
-	@if [ -f bench/__main__.py ]; then \
-		$(PY) -m bench $(BENCH_ARGS); \
+# The benchmark's two-process line puts Debian's nginx in front (run by the
+# benchmark itself, on 127.0.0.1, from its scratch directory; never as a service).
+nginx:
+	@if command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian nginx"; \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; \
 	else \
-		echo "no benchmarks yet"; \
+		echo "note: nginx is missing and we are not root;" \
+			"the two-process line will fail (as root: apt-get install nginx)"; \
 	fi
+
+bench: setup nginx
+	$(PY) -m bench --backend both --postgres "$(BENCH_POSTGRES)" --redis "$(BENCH_REDIS)" $(BENCH_ARGS)
 
 lint: setup
 	$(PY) -m compileall -q aitp aitp_client approvals bench console demo operators owllayer_site tests

@@ -32,6 +32,10 @@ TURN_RETRY_PAUSE = 0.001
 MAX_TURN_RETRIES = 200
 # The first session of a freshly started server (lazy imports, first queries).
 WARMUP_TIMEOUT = 120.0
+# One answer under a line's load. Far above the deployed client's own waits
+# (5 s for the ACK): a slow answer is a slow sample, reported as such; only
+# one this late stops the run as a hang.
+LOAD_TIMEOUT = 60.0
 
 
 def page_tools() -> list[dict]:
@@ -128,10 +132,10 @@ async def open_pages(target: Target, api_key: str, log: Observations, count: int
 
     async def one(index: int) -> Peer:
         async with gate:
-            peer = await Peer.open(target, api_key, log, phase)
+            peer = await Peer.open(target, api_key, log, phase, timeout=LOAD_TIMEOUT)
             try:
                 await peer.exchange("CONTEXT_UPDATE", page_context(index), answered,
-                                    label="context10")
+                                    label="context10", timeout=LOAD_TIMEOUT)
             except BaseException:
                 await peer.close()
                 raise
@@ -184,7 +188,8 @@ async def turns(side: Side, api_key: str, log: Observations, *, sessions: int,
 
     async def work(peer: Peer, number: int) -> None:
         for turn in range(per_session):
-            latencies.append(await one_turn(peer, number * per_session + turn, log))
+            latencies.append(await one_turn(peer, number * per_session + turn, log,
+                                            timeout=LOAD_TIMEOUT))
 
     try:
         seconds = await _each(peers, work)
@@ -208,10 +213,10 @@ async def opens(side: Side, api_key: str, log: Observations, *, count: int,
     async def worker() -> None:
         for index in indexes:
             started = measure.clock()
-            peer = await Peer.open(side.target, api_key, log, "opens")
+            peer = await Peer.open(side.target, api_key, log, "opens", timeout=LOAD_TIMEOUT)
             try:
                 await peer.exchange("CONTEXT_UPDATE", page_context(index), answered,
-                                    label="context10")
+                                    label="context10", timeout=LOAD_TIMEOUT)
                 latencies.append(measure.clock() - started)
             finally:
                 await peer.close()
@@ -295,7 +300,7 @@ async def streamed_deltas(side: Side, api_key: str, log: Observations, *, sessio
     async def work(peer: Peer, number: int) -> None:
         for _ in range(per_session):
             await _send_until_accepted(peer, {"modality": "text", "content": STREAM_PROMPT},
-                                       is_turn_done_frame, log, on_frame)
+                                       is_turn_done_frame, log, on_frame, LOAD_TIMEOUT)
 
     try:
         seconds = await _each(peers, work)
@@ -322,7 +327,8 @@ async def paced_echoes(side: Side, api_key: str, log: Observations, *, sessions:
         for index in range(per_session):
             started = measure.clock()
             await peer.exchange("USER_INPUT", {"modality": "text", "content": STREAM_PROMPT},
-                                echo_or(lambda frame: False), label="stream.delta")
+                                echo_or(lambda frame: False), label="stream.delta",
+                                timeout=LOAD_TIMEOUT)
             latencies.append(measure.clock() - started)
             await asyncio.sleep(pause)
 

@@ -347,17 +347,18 @@ async def tool_turns(targets: Sequence[Target], api_key: str, log: Observations,
     return samples
 
 
-async def one_turn(peer: Peer, index: int, log: Observations) -> float:
+async def one_turn(peer: Peer, index: int, log: Observations, *,
+                   timeout: float = ANSWER_TIMEOUT) -> float:
     """One whole turn: USER_INPUT (retried while refused, on the same clock)
     to the TOOL_CALL, then TOOL_RESULT to the final AGENT_RESPONSE; the
     baseline: the same two exchanges, answered with the product's bytes.
     Seconds from the first USER_INPUT try to the last frame."""
-    started, frames = await _start_turn(peer, index, log)
+    started, frames = await _start_turn(peer, index, log, timeout=timeout)
     call_id = frames[-1]["payload"].get("callId", "echo")
     frames = await peer.exchange(
         "TOOL_RESULT",
         {"callId": call_id, "status": "success", "result": {"n": index}},
-        echo_or(is_turn_done), label="turn.result",
+        echo_or(is_turn_done), label="turn.result", timeout=timeout,
     )
     elapsed = clock() - started
     if peer.target.check_frames:
@@ -365,7 +366,8 @@ async def one_turn(peer: Peer, index: int, log: Observations) -> float:
     return elapsed
 
 
-async def _start_turn(peer: Peer, index: int, log: Observations) -> tuple[float, list[dict]]:
+async def _start_turn(peer: Peer, index: int, log: Observations, *,
+                      timeout: float = ANSWER_TIMEOUT) -> tuple[float, list[dict]]:
     """Send the turn's USER_INPUT until accepted; the time of the FIRST try
     and the frames up to the TOOL_CALL (the baseline: the echo).
 
@@ -383,7 +385,7 @@ async def _start_turn(peer: Peer, index: int, log: Observations) -> tuple[float,
         try:
             frames = await peer.exchange(
                 "USER_INPUT", {"modality": "text", "content": command}, echo_or(is_tool_call),
-                label="turn.input")
+                label="turn.input", timeout=timeout)
         except TurnInProgress:
             log.refusals += 1
             if attempt == 0:

@@ -103,6 +103,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, BenchConfig]
     parser.add_argument("--only", metavar="PHASES", type=_phases, default=PHASES,
                         help="run only these phases, comma separated, of: "
                              + ", ".join(PHASES))
+    parser.add_argument("--stream-default", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure streaming at the default OWLLAYER_STREAM_INTERVAL "
+                             "(a third product process; default: yes)")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the report here")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 when any verdict is 'over'")
@@ -275,26 +278,23 @@ class Run:
 
     async def streaming(self) -> None:
         config = self.config
-        fake = self.server_set.start({"fake-llm": fake_llm_command(config)})["fake-llm"]
-        llm_env = {"OWLLAYER_LLM": "anthropic", "ANTHROPIC_API_KEY": "dummy",
-                   "ANTHROPIC_BASE_URL": f"http://{servers.HOST}:{fake.port}"}
-        started = self.server_set.start(
-            {"stream-0": servers.product_command, "stream-default": servers.product_command},
-            env={"stream-0": {**llm_env, "OWLLAYER_STREAM_INTERVAL": "0"},
-                 "stream-default": llm_env})
+        started = {server.name: server for server in self.server_set.started}
         path = settings.OWLLAYER_WS_PATH
+        variants = (("stream-0", "streaming, OWLLAYER_STREAM_INTERVAL=0", "streaming"),
+                    ("stream-default", "streaming, default interval", None))
+        variants = tuple(variant for variant in variants if variant[0] in started)
+        sides = {name: Side(Target(name, started[name].ws_url(path), check_frames=True),
+                            [started[name].process.pid]) for name, _title, _checks in variants}
         try:
-            for name, title, checks in (("stream-0", "streaming, OWLLAYER_STREAM_INTERVAL=0",
-                                         "streaming"),
-                                        ("stream-default", "streaming, default interval",
-                                         None)):
-                server = started[name]
-                side = Side(Target(name, server.ws_url(path), check_frames=True),
-                            [server.process.pid])
+            # One untimed streamed turn on each (their first turn loads the model
+            # client); the size of a text delta frame, which the baseline echoes.
+            sizes = await asyncio.gather(*(
+                lines.delta_frame_size(side, self.api_key, self.log) for side in sides.values()))
+            for (name, title, checks), size in zip(variants, sizes):
+                side = sides[name]
                 _progress(f"{title}: {config.stream_sessions} sessions x "
                           f"{config.stream_turns} turns x {config.stream_deltas} deltas")
-                await self.drainer.drain(self.product.pids + self.baseline.pids)
-                size = await lines.delta_frame_size(side, self.api_key, self.log)
+                await self.drainer.drain([pid for other in sides.values() for pid in other.pids])
                 self.log.shape["stream.delta"] = [size]
                 per_session = config.stream_turns * config.stream_deltas
 
@@ -441,7 +441,8 @@ def session_cap(config: BenchConfig) -> int:
 
 def run(config: BenchConfig, *, backend: str = "embedded",
         postgres: str = environment.DEFAULT_POSTGRES, redis: str = environment.DEFAULT_REDIS,
-        proxy_line: bool = True, phases: tuple[str, ...] = PHASES) -> dict:
+        proxy_line: bool = True, phases: tuple[str, ...] = PHASES,
+        stream_default: bool = True) -> dict:
     """Set up, measure and tear down one backend; its report."""
     started = time.perf_counter()
     servers.raise_open_files_limit()
@@ -459,8 +460,20 @@ def run(config: BenchConfig, *, backend: str = "embedded",
 
         _progress(f"[{backend}] starting the product and the baseline (daphne on 127.0.0.1)")
         server_set = servers.ServerSet(os.environ, scratch)
-        started_servers = server_set.start(
-            {"product": servers.product_command, "baseline": servers.baseline_command})
+        specs = {"product": servers.product_command, "baseline": servers.baseline_command}
+        extra_env: dict[str, dict[str, str]] = {}
+        if "streaming" in phases:
+            # The streaming line's products talk to the stamping fake model;
+            # all start side by side with the others (start-up is the slow part).
+            fake = server_set.start({"fake-llm": fake_llm_command(config)})["fake-llm"]
+            llm_env = {"OWLLAYER_LLM": "anthropic", "ANTHROPIC_API_KEY": "dummy",
+                       "ANTHROPIC_BASE_URL": f"http://{servers.HOST}:{fake.port}"}
+            specs["stream-0"] = servers.product_command
+            if stream_default:
+                specs["stream-default"] = servers.product_command
+            extra_env = {"stream-0": {**llm_env, "OWLLAYER_STREAM_INTERVAL": "0"},
+                         "stream-default": llm_env}
+        started_servers = server_set.start(specs, env=extra_env)
         path = settings.OWLLAYER_WS_PATH
         product_server, baseline_server = started_servers["product"], started_servers["baseline"]
         tenant_id = tenant.id
@@ -575,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             reports = [run(config, backend=args.backend, postgres=args.postgres,
                            redis=args.redis, proxy_line=not args.no_proxy,
-                           phases=args.only)]
+                           phases=args.only, stream_default=args.stream_default)]
     except KeyboardInterrupt:
         _progress("interrupted; servers stopped")
         return 130

@@ -3,10 +3,27 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from channels.testing import WebsocketCommunicator
 
 from aitp_client import check_frame, envelope
-from bench.baseline import BaselineConsumer
+from bench.baseline import REPLY_FIELD, BaselineConsumer
+
+
+@pytest.fixture(autouse=True)
+def no_database_between_frames(monkeypatch):
+    """Channels closes stale database connections around every frame it
+    dispatches. The baseline has no database; but a test that ran earlier
+    (the browser tests do) may have left a connection open in the thread
+    that does this, and closing it there is database access, which
+    pytest-django refuses outside a database test. These tests are about
+    frames only, so they run the same in any order."""
+
+    async def nothing() -> None:
+        return None
+
+    monkeypatch.setattr("channels.consumer.aclose_old_connections", nothing)
+    monkeypatch.setattr("channels.generic.websocket.aclose_old_connections", nothing)
 
 
 async def connected() -> WebsocketCommunicator:
@@ -40,4 +57,18 @@ async def test_the_baseline_echoes_any_other_frame_unchanged():
 
     assert echoed == text
     assert echoed_garbage == "not json"
+    await communicator.disconnect()
+
+
+async def test_the_baseline_answers_with_the_frame_sizes_it_is_asked_for():
+    communicator = await connected()
+    frame = envelope("USER_INPUT", {"modality": "text", "content": "hi",
+                                    REPLY_FIELD: [120, 400]})
+
+    await communicator.send_to(text_data=json.dumps(frame))
+    first = await communicator.receive_from()
+    last = await communicator.receive_from()
+
+    assert [len(first.encode()), len(last.encode())] == [120, 400]
+    assert json.loads(last)["id"] == frame["id"]
     await communicator.disconnect()

@@ -19,7 +19,13 @@ pytestmark = pytest.mark.e2e
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--handshakes", "2", "--round-trips", "2", "--turns", "2", "--sessions", "2",
-        "--updates", "2", "--repeats", "1", "--warmup", "1"]
+        "--updates", "2", "--repeats", "1", "--warmup", "1", "--turn-sessions", "3",
+        "--turn-sessions-large", "4", "--turns-per-session", "2", "--opens", "6",
+        "--open-concurrency", "3", "--idle-sessions", "10", "--stream-sessions", "2",
+        "--stream-turns", "1", "--stream-deltas", "3", "--line-repeats", "1",
+        "--no-stream-default"]
+LINES = ["idle_memory", "handshake", "context_round_trip", "tool_turn", "concurrency", "opens",
+         "turns", "turns", "streaming"]
 # Set-up (migrate, two daphne start-ups) dominates; well under pytest's own timeout.
 RUN_TIMEOUT = 100
 
@@ -70,15 +76,33 @@ def test_a_tiny_run_reports_every_line_with_both_sides_and_a_ratio(tmp_path):
     assert report["version"] == 1
     assert report["config"]["handshakes"] == 2
     assert report["environment"]["llm"] == "offline"
+    assert report["environment"]["backend"] == "embedded"
     assert report["environment"]["database"].startswith("sqlite (throwaway")
-    names = [measure["name"] for measure in report["measures"]]
-    assert names == ["handshake", "context_round_trip", "tool_turn", "concurrency"]
-    for measure in report["measures"][:3]:
+    assert report["environment"]["open_files_limit"] > 0
+    measures = {measure["name"]: measure for measure in report["measures"]}
+    assert [measure["name"] for measure in report["measures"]] == LINES
+    for name in ("handshake", "context_round_trip", "tool_turn"):
+        measure = measures[name]
         assert measure["product"]["n"] == measure["baseline"]["n"] == 2
         assert measure["product"]["p50"] <= measure["product"]["p95"] <= measure["product"]["p99"]
         assert all(value > 0 for value in measure["ratios"].values())
         assert measure["verdict"] in ("ok", "over")
-    throughput = report["measures"][3]
+    turns_small, turns_large = [m for m in report["measures"] if m["name"] == "turns"]
+    assert turns_small["raw"]["product"]["count"] == 3 * 2
+    assert turns_large["raw"]["baseline"]["count"] == 4 * 2
+    assert [row["stat"] for row in turns_small["rows"]] == ["turns/s", "p50 ms", "p99 ms"]
+    assert [row["target"] for row in turns_small["rows"]] == [">= 0.25x", "<= 5x", ""]
+    assert measures["opens"]["raw"]["product"]["count"] == 6
+    idle = measures["idle_memory"]["raw"]
+    assert idle["product"]["sessions"] == idle["baseline"]["sessions"] == 10
+    # Every stamped delta of every streamed answer reached the page.
+    assert measures["streaming"]["raw"]["product"]["count"] == 2 * 1 * 3
+    assert measures["streaming"]["verdict"] in ("ok", "over")
+    for measure in report["measures"]:
+        if measure["kind"] == "line":
+            assert all(row["ratio"] > 0 for row in measure["rows"]), measure["name"]
+    assert any("drained" in note for note in report["notes"])
+    throughput = measures["concurrency"]
     assert throughput["product"]["frames"] == throughput["baseline"]["frames"] == 2 * 2 * 2
     assert throughput["ratios"]["frames_per_s"] > 0
     # Every frame the product sent passed the deployed client's schema.
@@ -91,7 +115,8 @@ def test_a_tiny_run_reports_every_line_with_both_sides_and_a_ratio(tmp_path):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find children")
 def test_an_interrupted_run_stops_both_servers_and_exits_130():
     # Far more handshakes than the test waits for: the signal lands mid-phase.
-    command = [sys.executable, "-m", "bench", *TINY, "--handshakes", "100000"]
+    command = [sys.executable, "-m", "bench", *TINY, "--handshakes", "100000", "--only",
+               "samples"]
     run = subprocess.Popen(command, cwd=PROJECT_ROOT, env=bench_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
