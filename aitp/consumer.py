@@ -14,6 +14,7 @@ import secrets
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
@@ -27,6 +28,7 @@ from aitp.limits import connection_limits
 from aitp.llm import get_backend
 from aitp.session import (
     CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
     CLOSE_POLICY,
     CLOSE_TRY_AGAIN_LATER,
     ApprovalRequestReceived,
@@ -56,6 +58,7 @@ def limits_from_settings() -> Limits:
         max_context_bytes=settings.OWLLAYER_MAX_CONTEXT_BYTES,
         max_invalid_frames=settings.OWLLAYER_MAX_INVALID_FRAMES,
         max_input_chars=settings.OWLLAYER_MAX_INPUT_CHARS,
+        max_json_depth=settings.OWLLAYER_MAX_JSON_DEPTH,
     )
 
 
@@ -76,6 +79,43 @@ def new_session_id() -> str:
 
 
 class AitpConsumer(AsyncWebsocketConsumer):
+    async def dispatch(self, message) -> None:
+        """Every handler runs through here: connect, receive, disconnect and
+        the channel-layer events. Whatever one raises, the connection is
+        closed (1011: our bug, not the page's) and torn down -- its turn and
+        timers stopped, its row ended -- never left half alive with its row
+        counted against the key."""
+        try:
+            await super().dispatch(message)
+        except StopConsumer:
+            raise
+        except Exception:
+            logger.exception("session %s: %s handler failed; closing the connection",
+                             getattr(getattr(self, "machine", None), "session_id", None),
+                             message.get("type"))
+            await self._fail()
+            if message.get("type") == "websocket.disconnect":
+                raise StopConsumer() from None
+
+    async def _fail(self) -> None:
+        machine = getattr(self, "machine", None)
+        if machine is None:  # connect() failed before anything was set up
+            with contextlib.suppress(Exception):
+                await self.close(code=CLOSE_INTERNAL_ERROR)
+            return
+        machine.refuse("internal_error", "Something went wrong on the server.", "internal error",
+                       close_code=CLOSE_INTERNAL_ERROR)
+        try:
+            await self._flush()
+        except Exception:
+            logger.exception("session %s: could not send the close", machine.session_id)
+            if not self.closed:
+                self.closed = True
+                with contextlib.suppress(Exception):
+                    await self.close(code=CLOSE_INTERNAL_ERROR)
+        code = machine.close.code if machine.close is not None else CLOSE_INTERNAL_ERROR
+        self._start_teardown(code, "internal error")
+
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         headers = dict(self.scope.get("headers") or [])
@@ -124,10 +164,16 @@ class AitpConsumer(AsyncWebsocketConsumer):
                 logger.exception("session %s: database error", self.machine.session_id)
                 self._database_unavailable()
             except Exception:
-                # Our bug, not the page's: log it, tell the page, keep the connection.
+                # Our bug, not the page's: log it, tell the page, keep the
+                # connection -- unless the handshake failed: it completes or
+                # is refused, never stays pending without a key.
                 logger.exception("session %s: failed to handle %s", self.machine.session_id,
                                  type(event).__name__)
-                self.machine.error("internal_error", "Something went wrong on the server.")
+                if self.machine.state is State.AWAITING_HANDSHAKE:
+                    self.machine.refuse("internal_error", "Something went wrong on the server.",
+                                        "internal error", close_code=CLOSE_INTERNAL_ERROR)
+                else:
+                    self.machine.error("internal_error", "Something went wrong on the server.")
         await self._flush()
 
     def _database_unavailable(self) -> None:
@@ -184,12 +230,17 @@ class AitpConsumer(AsyncWebsocketConsumer):
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
             self.machine.refuse(refusal.code, refusal.message, refusal.reason)
             return
+        # Held from now on, so that whatever happens next the teardown ends it.
         self.session_row = session
+        if await self._handshake_abandoned():
+            return
         server_tools = await _load_server_tools(session.tenant_id)
         self.machine.set_server_tools(tuple(tool.spec for tool in server_tools))
         for group in (notify.session_group(session.id), notify.key_group(session.api_key_id)):
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
+        if await self._handshake_abandoned():
+            return
         self.agent = Agent(
             session_id=session.id,
             tenant_id=session.tenant_id,
@@ -206,6 +257,16 @@ class AitpConsumer(AsyncWebsocketConsumer):
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
         self.live = live.LivePublisher(session)
         self.live.session_changed("opened")
+
+    async def _handshake_abandoned(self) -> bool:
+        """True when the handshake deadline passed (or the page left) while
+        the key was looked up: the connection is ending and its teardown
+        ends the row -- or, when that teardown already finished, this does."""
+        if self.machine.state is State.AWAITING_HANDSHAKE:
+            return False
+        if self.teardown_task is not None and self.teardown_task.done():
+            await self._end_row_and_groups(CLOSE_POLICY, "handshake timeout")
+        return True
 
     # --- the session row, written behind the connection ------------------------
 
@@ -368,30 +429,38 @@ class AitpConsumer(AsyncWebsocketConsumer):
     async def _end(self, code: int, reason: str) -> None:
         """Stop everything this connection owns: the turn (its pending calls
         become 'disconnected'), the timers, the groups, the row."""
-        if self.turn_task is not None and not self.turn_task.done():
-            self.agent.cancel_status = "disconnected"
-            self.turn_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.turn_task
-        for timer in self.timers:
+        # Each step runs whatever the one before raised: the row must end.
+        with _teardown_step(self, "turn"):
+            if self.turn_task is not None and not self.turn_task.done():
+                self.agent.cancel_status = "disconnected"
+                self.turn_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.turn_task
+        timers = getattr(self, "timers", [])
+        for timer in timers:
             timer.cancel()
-        for timer in self.timers:
-            with contextlib.suppress(asyncio.CancelledError):
+        for timer in timers:
+            with _teardown_step(self, "timer"), contextlib.suppress(asyncio.CancelledError):
                 await timer
         if self.row_writer is not None:
             # Let the last snapshot and state land, now, before the session is closed.
             self.row_flush.set()
             with contextlib.suppress(Exception):
                 await self.row_writer
+        await self._end_row_and_groups(code, reason)
+
+    async def _end_row_and_groups(self, code: int, reason: str) -> None:
         for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+            with _teardown_step(self, "group"):
+                await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []
         if self.session_row is not None:
             await database_sync_to_async(services.session_close)(
                 session_id=self.session_row.id, code=code, reason=reason
             )
-            self.live.session_changed("closed", code=code)
-            await self.live.aclose()
+            if self.live is not None:
+                self.live.session_changed("closed", code=code)
+                await self.live.aclose()
             logger.info("session %s: closed (%s)", self.session_row.id, code)
 
     # --- process shutdown (aitp.processes drains every live connection) ------------
@@ -419,6 +488,16 @@ class AitpConsumer(AsyncWebsocketConsumer):
 
         task.add_done_callback(done)
         return task
+
+
+@contextlib.contextmanager
+def _teardown_step(consumer, what: str):
+    """One step of a teardown: logged when it fails, never stopping the rest."""
+    try:
+        yield
+    except Exception:
+        logger.exception("session %s: teardown step %r failed",
+                         getattr(consumer.machine, "session_id", None), what)
 
 
 def _describe_inbound(event) -> str:
