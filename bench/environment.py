@@ -88,6 +88,11 @@ def prepare(scratch: Path, backend: str = "embedded", *, postgres: str = DEFAULT
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("OWLLAYER_CHANNEL_PREFIX", None)
     os.environ["PYTHONUNBUFFERED"] = "1"
+    # The run sends frames, turns and opens back to back on purpose: it
+    # measures capacity, not the rate limits a page meets (a caller may still set them).
+    for limit in ("OWLLAYER_FRAMES_PER_SECOND", "OWLLAYER_USER_INPUTS_PER_MINUTE",
+                  "OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE"):
+        os.environ.setdefault(limit, "0")
     # The servers must import this checkout, whatever the caller's cwd is.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
