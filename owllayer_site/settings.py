@@ -107,6 +107,7 @@ INSTALLED_APPS = [
     "console",
     "demo",
     "operators",
+    "axes",  # login throttling: see "Security" in the README
 ]
 
 MIDDLEWARE = [
@@ -120,7 +121,65 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its answer.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Security: HTTPS, CSP, login throttling ----------------------------------
+# Behind TLS (directly or at a proxy), OWLLAYER_HTTPS=true turns on what
+# `manage.py check --deploy` asks for: HTTPS redirect, HSTS, Secure cookies.
+OWLLAYER_HTTPS = env_bool("OWLLAYER_HTTPS", False)
+if OWLLAYER_HTTPS:
+    SECURE_SSL_REDIRECT = env_bool("OWLLAYER_SSL_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("OWLLAYER_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("OWLLAYER_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("OWLLAYER_HSTS_PRELOAD", True)
+    # Set only behind a proxy that terminates TLS and always sets the header.
+    if env_bool("OWLLAYER_TRUST_X_FORWARDED_PROTO", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+
+# Content-Security-Policy (django-csp): scripts only from this site (inline
+# ones carry the response's nonce), the WebSocket only to this host.
+from csp.constants import NONCE, SELF  # noqa: E402
+
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        # The admin and the templates use style attributes.
+        "style-src": [SELF, "'unsafe-inline'"],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": ["'none'"],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
+# django-axes: after OWLLAYER_LOGIN_FAILURE_LIMIT failed logins, the admin and
+# console logins refuse that username (or address), even with the right
+# password, for OWLLAYER_LOGIN_COOLOFF_MINUTES. Attempts live in the database,
+# shared by every process.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+from datetime import timedelta  # noqa: E402
+
+AXES_FAILURE_LIMIT = env_int("OWLLAYER_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("OWLLAYER_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1))
+# Either one locks: a username after too many failures from anywhere, an
+# address after too many failures over any usernames (behind a proxy, run
+# daphne with --proxy-headers so the address is the client's).
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLED = env_bool("OWLLAYER_LOGIN_THROTTLING", True)
 
 ROOT_URLCONF = "owllayer_site.urls"
 ASGI_APPLICATION = "owllayer_site.asgi.application"
