@@ -5,9 +5,14 @@ never shows a full key (only its lookup prefix exists after creation).
 """
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
 
 from aitp import services
 from aitp.limits import tenant_quota_status
@@ -22,6 +27,31 @@ from aitp.models import (
     ToolCall,
 )
 from aitp.selectors import scope_to_user, tenant_ids_for_user
+from aitp.transcript import pretty_json
+
+
+def json_shown(value) -> str:
+    """A stored JSON value for a read-only admin field, depth-bounded."""
+    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+                       pretty_json(value)) if value not in (None, "", [], {}) else "-"
+
+
+SHOWN_RAW_CHARS = 2000
+
+
+def json_text_shown(text: str | None) -> str:
+    """JSON stored as text, parsed here: what no decoder can read is shown
+    as the start of its text instead of breaking the page."""
+    if text is None:
+        return "-"
+    try:
+        value = json.loads(text)
+    except (RecursionError, ValueError):
+        return format_html(
+            '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+            f"(nested too deeply to show; {len(text)} characters of JSON)\n{text[:SHOWN_RAW_CHARS]}",
+        )
+    return json_shown(value)
 
 
 def owned_tenant_ids(user) -> set[int] | None:
@@ -210,8 +240,17 @@ class ToolCallInline(admin.TabularInline):
     model = ToolCall
     extra = 0
     can_delete = False
-    fields = ["created_at", "name", "risk", "origin", "status", "arguments", "result", "error", "duration_ms"]
+    fields = ["created_at", "name", "risk", "origin", "status", "arguments_shown", "result_shown",
+              "error", "duration_ms"]
     readonly_fields = fields
+
+    @admin.display(description="arguments")
+    def arguments_shown(self, obj: ToolCall) -> str:
+        return json_shown(obj.arguments)
+
+    @admin.display(description="result")
+    def result_shown(self, obj: ToolCall) -> str:
+        return json_shown(obj.result)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -226,8 +265,34 @@ class SessionAdmin(TenantScopedAdmin):
     list_filter = ["state", "tenant", ("ended_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "origin", "current_url", "title"]
     date_hierarchy = "started_at"
-    readonly_fields = [f.name for f in Session._meta.fields]
+    # The page's JSON is shown depth-bounded: Django's own display of a
+    # JSONField breaks on a context nested a few hundred levels deep.
+    exclude = ["context", "tools", "page_history"]
+    readonly_fields = [
+        *(f.name for f in Session._meta.fields if f.name not in ("context", "tools", "page_history")),
+        "context_shown", "tools_shown", "page_history_shown",
+    ]
     inlines = [ToolCallInline]
+
+    def get_queryset(self, request):
+        # Read as text and parsed here: a row stored before the depth limit
+        # may be too deep for the JSON decoder, which must not break the page.
+        return super().get_queryset(request).defer(*self.exclude).annotate(
+            context_text=Cast("context", TextField()), tools_text=Cast("tools", TextField()),
+            page_history_text=Cast("page_history", TextField()),
+        )
+
+    @admin.display(description="context")
+    def context_shown(self, obj: Session) -> str:
+        return json_text_shown(obj.context_text)
+
+    @admin.display(description="tools")
+    def tools_shown(self, obj: Session) -> str:
+        return json_text_shown(obj.tools_text)
+
+    @admin.display(description="page history")
+    def page_history_shown(self, obj: Session) -> str:
+        return json_text_shown(obj.page_history_text)
 
     def has_add_permission(self, request):
         return False
@@ -239,7 +304,13 @@ class ToolCallAdmin(TenantScopedAdmin):
     list_display = ["call_id", "session", "name", "risk", "origin", "status", "created_at", "duration_ms"]
     list_filter = ["status", "risk", "origin"]
     search_fields = ["call_id", "tool_use_id", "name", "session__id"]
-    readonly_fields = [f.name for f in ToolCall._meta.fields]
+    exclude = ["arguments", "result"]
+    readonly_fields = [
+        *(f.name for f in ToolCall._meta.fields if f.name not in ("arguments", "result")),
+        "arguments_shown", "result_shown",
+    ]
+    arguments_shown = ToolCallInline.arguments_shown
+    result_shown = ToolCallInline.result_shown
 
     def has_add_permission(self, request):
         return False
@@ -251,7 +322,14 @@ class ConversationMessageAdmin(TenantScopedAdmin):
     list_display = ["session", "seq", "turn", "role", "created_at"]
     list_filter = ["role"]
     search_fields = ["session__id"]
-    readonly_fields = [f.name for f in ConversationMessage._meta.fields]
+    exclude = ["content"]
+    readonly_fields = [
+        *(f.name for f in ConversationMessage._meta.fields if f.name != "content"), "content_shown",
+    ]
+
+    @admin.display(description="content")
+    def content_shown(self, obj: ConversationMessage) -> str:
+        return json_shown(obj.content)
 
     def has_add_permission(self, request):
         return False

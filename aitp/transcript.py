@@ -34,11 +34,58 @@ class Block:
         return self.name if self.kind == "other" else ""
 
 
-def pretty_json(value: Any) -> str:
-    """Indented JSON for arguments and results; nothing for None."""
+# Levels of objects and lists shown; deeper ones are summarised. Indented
+# JSON is written by Python's recursive encoder: a context a few hundred
+# levels deep (rows stored before the depth limit, or under a larger
+# OWLLAYER_MAX_JSON_DEPTH) must not turn a page into a RecursionError.
+MAX_SHOWN_DEPTH = 20
+
+
+def pretty_json(value: Any, *, max_depth: int = MAX_SHOWN_DEPTH) -> str:
+    """Indented JSON for arguments and results; nothing for None. Values
+    nested deeper than max_depth are shown as "... N more levels"."""
     if value is None:
         return ""
-    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+    return json.dumps(bounded(value, max_depth), ensure_ascii=False, indent=2, sort_keys=True,
+                      default=str)
+
+
+def bounded(value: Any, max_depth: int = MAX_SHOWN_DEPTH) -> Any:
+    """A copy of a JSON value cut at max_depth levels of objects and lists
+    (iterative: any depth is read without recursion)."""
+    if not isinstance(value, (dict, list)):
+        return value
+    root: list = [None]
+    # (source, the container to put its copy in, the key there, its depth)
+    stack: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 1)]
+    while stack:
+        source, parent, key, depth = stack.pop()
+        if not isinstance(source, (dict, list)):
+            parent[key] = source
+        elif depth > max_depth:
+            parent[key] = f"... {_depth_below(source)} more levels"
+        elif isinstance(source, dict):
+            copy: Any = dict.fromkeys(source)  # keeps the keys' order
+            parent[key] = copy
+            for child_key, child in source.items():
+                stack.append((child, copy, child_key, depth + 1))
+        else:
+            copy = [None] * len(source)
+            parent[key] = copy
+            for index, child in enumerate(source):
+                stack.append((child, copy, index, depth + 1))
+    return root[0]
+
+
+def _depth_below(value: Any) -> int:
+    """Levels of objects and lists in value, itself included (iterative)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def result_text(content: Any) -> str:

@@ -6,11 +6,15 @@ built on the SDK would).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 CURRENCY = "USD"
 MAX_QUANTITY = 99
+# Far above any cart this store can hold (99 of each product), far below
+# where Decimal's 28 digits run out.
+MAX_AMOUNT_DOLLARS = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -93,18 +97,25 @@ def cents_of(amount: object) -> int:
     """
     if isinstance(amount, bool) or not isinstance(amount, (int, float)):
         raise CartError("The amount must be a number.")
+    if isinstance(amount, float) and not math.isfinite(amount):
+        raise CartError("The amount must be a finite number.")
+    # Checked before any Decimal arithmetic: 1e300 would overflow its context.
+    if abs(amount) > MAX_AMOUNT_DOLLARS:
+        raise CartError(f"The amount must be at most {MAX_AMOUNT_DOLLARS:,} dollars.")
     try:
         exact = Decimal(str(amount))
+        if not exact.is_finite() or exact != exact.quantize(Decimal("0.01")):
+            raise CartError("The amount must be in dollars and cents.")
     except InvalidOperation as exc:
-        raise CartError("The amount must be a number.") from exc
-    if not exact.is_finite() or exact != exact.quantize(Decimal("0.01")):
-        raise CartError("The amount must be in dollars and cents.")
+        raise CartError("The amount must be in dollars and cents.") from exc
     return int(exact * 100)
 
 
 def whole_quantity(value: object, *, minimum: int) -> int:
-    # JSON has one number type: 2.0 is a fine 2, 2.5 is not.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    # JSON has one number type: 2.0 is a fine 2, 2.5 is not. NaN and the
+    # infinities are no whole number (and int() of them raises).
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not math.isfinite(value)) or value != int(value)):
         raise CartError("The quantity must be a whole number.")
     quantity = int(value)
     if not minimum <= quantity <= MAX_QUANTITY:

@@ -202,6 +202,10 @@ def _pay(request: HttpRequest, cart: Cart, body: dict) -> dict:
 CART_ACTIONS = {"add": _add, "quantity": _quantity, "coupon": _coupon, "pay": _pay}
 
 
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 @require_POST
 def cart_api(request: HttpRequest, action: str) -> JsonResponse:
     """POST a JSON object; 200 {..., "cart": summary} or 400 {"error": sentence}."""
@@ -211,8 +215,10 @@ def cart_api(request: HttpRequest, action: str) -> JsonResponse:
     if len(request.body) > MAX_API_BODY_BYTES:
         return JsonResponse({"error": "The request is too large."}, status=400)
     try:
-        body = json.loads(request.body or b"{}")
-    except ValueError:
+        # NaN and Infinity are not JSON (and no cart number); nesting too
+        # deep for the decoder is no request either.
+        body = json.loads(request.body or b"{}", parse_constant=_not_json)
+    except (ValueError, RecursionError):
         return JsonResponse({"error": "The request is not valid JSON."}, status=400)
     if not isinstance(body, dict):
         return JsonResponse({"error": "The request must be a JSON object."}, status=400)

@@ -469,3 +469,22 @@ async def test_a_fuzz_run_of_thousands_of_hostile_frames_leaves_no_traceback_and
     assert "Traceback" not in logs
     assert 1011 not in close_codes
     assert all(code in (1000, 1008) for code in close_codes), close_codes
+
+
+# --- pages that show what a page sent ------------------------------------------------
+
+
+def test_a_deeply_nested_context_does_not_break_its_admin_page(admin_client, api_key):
+    from tests.aitp.hostile import deep
+
+    # Stored as a client could before the depth limit: far deeper than any page shows.
+    session = Session.objects.create(
+        id="ses_deep", tenant=api_key.tenant, api_key=api_key, context=deep(900, "bottom"),
+        tools=[deep(40)], page_history=[{"url": "/", "context": deep(300, as_dict=True)}],
+    )
+    response = admin_client.get(f"/admin/aitp/session/{session.pk}/change/")
+    assert response.status_code == 200
+    assert b"more levels" in response.content or b"nested too deeply to show" in response.content
+    from aitp.transcript import pretty_json
+
+    assert "more levels" in pretty_json(deep(5000, "x", as_dict=True))
