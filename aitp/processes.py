@@ -32,6 +32,7 @@ sessions carry no process and only the heartbeat rule applies to them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -317,6 +318,9 @@ async def drain(timeout: float | None = None) -> None:
     timeout = settings.OWLLAYER_SHUTDOWN_DRAIN if timeout is None else timeout
     for timer in _timers:
         timer.cancel()
+    for timer in _timers:
+        with contextlib.suppress(asyncio.CancelledError):
+            await timer
     connections = list(_connections)
     logger.info("shutting down: closing %d connections (drain %ss)", len(connections), timeout)
     if connections:
@@ -326,7 +330,10 @@ async def drain(timeout: float | None = None) -> None:
             if not task.cancelled() and task.exception() is not None:
                 logger.error("shutdown of a connection failed", exc_info=task.exception())
         if pending:
+            # Their rows are closed below; daphne then cancels what is left.
             logger.warning("%d connections still closing after the drain time", len(pending))
+            for task in pending:
+                task.cancel()
     try:
         await database_sync_to_async(mark_stopped)()
     except DatabaseError:
