@@ -31,6 +31,13 @@ DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
+RAISED_LIMITS = {
+    "OWLLAYER_FRAMES_PER_SECOND": "1000000",
+    "OWLLAYER_USER_INPUTS_PER_MINUTE": "1000000",
+    "OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE": "100000000",
+}
+
+
 @dataclass(frozen=True)
 class RunEnvironment:
     throwaway_database: bool
@@ -84,15 +91,16 @@ def prepare(scratch: Path, backend: str = "embedded", *, postgres: str = DEFAULT
         # secret instead (keys are created and checked within the run).
         os.environ.setdefault("DJANGO_DEBUG", "false")
         os.environ["OWLLAYER_INSECURE_DEV_SECRET"] = "1"
+    # The run sends frames, turns and opens back to back on purpose: it
+    # measures capacity, not the rate limits a page meets. The limits are
+    # raised far above what it sends rather than turned off, so the product
+    # still pays for its checks (a caller may still set them).
+    for limit, value in RAISED_LIMITS.items():
+        os.environ.setdefault(limit, value)
     os.environ.pop("DATABASE_URL", None)
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("OWLLAYER_CHANNEL_PREFIX", None)
     os.environ["PYTHONUNBUFFERED"] = "1"
-    # The run sends frames, turns and opens back to back on purpose: it
-    # measures capacity, not the rate limits a page meets (a caller may still set them).
-    for limit in ("OWLLAYER_FRAMES_PER_SECOND", "OWLLAYER_USER_INPUTS_PER_MINUTE",
-                  "OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE"):
-        os.environ.setdefault(limit, "0")
     # The servers must import this checkout, whatever the caller's cwd is.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 # released by its teardown, which may still be running when the next opens.
 SESSION_CAP_HEADROOM = 64
 # No phase of even the full run needs this long; a phase that does has hung.
-PHASE_TIMEOUT = 900.0
+PHASE_TIMEOUT = 1800.0
 # The fake model's pace between two text deltas (the streaming line).
 STREAM_EVENT_DELAY = 0.02
 
@@ -78,7 +78,7 @@ FULL = BenchConfig(handshakes=200, round_trips=500, turns=50, sessions=32, updat
                    stream_turns=4, stream_deltas=20, line_repeats=2)
 QUICK = BenchConfig(handshakes=40, round_trips=100, turns=10, sessions=8, updates=20, repeats=1,
                     warmup=3, turn_sessions=50, turn_sessions_large=200, turns_per_session=2,
-                    opens=200, open_concurrency=50, idle_sessions=500, stream_sessions=50,
+                    opens=150, open_concurrency=50, idle_sessions=300, stream_sessions=50,
                     stream_turns=2, stream_deltas=20, line_repeats=1)
 
 
