@@ -393,9 +393,3 @@ OWLLAYER_SWEEP_INTERVAL = env_float("OWLLAYER_SWEEP_INTERVAL", 60.0, minimum=0.5
 # On SIGTERM, open pages are told to reconnect elsewhere (1001) and running
 # turns are cancelled; the process exits after at most this many seconds.
 OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0)
-# Every serving process sweeps this often: it closes the rows of server
-# processes that are gone (see aitp.processes), whatever their age.
-OWLLAYER_SWEEP_INTERVAL = env_float("OWLLAYER_SWEEP_INTERVAL", 60.0, minimum=0.5)
-# On SIGTERM, open pages are told to reconnect elsewhere (1001) and running
-# turns are cancelled; the process exits after at most this many seconds.
-OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0)
