@@ -209,7 +209,7 @@ class ConnectionLimits:
                 "Please wait a moment.",
                 limit="user_inputs_per_minute", retryAfterMs=_retry_after_ms(stats.reset_time),
             )
-        elif await _quota_used_up(tenant_id):
+        elif await _quota_checked_used_up(tenant_id, machine.session_id):
             refusal = p.error_event(USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE)
         if refusal is None:
             return True
@@ -301,6 +301,19 @@ def token_quota_used_up(tenant, *, now: datetime | None = None) -> bool:
     if not tenant.monthly_token_quota:
         return False
     return tenant_quota_status(tenant, now=now).used_up
+
+
+async def _quota_checked_used_up(tenant_id: int, session_id: str | None) -> bool:
+    """The quota check of a new turn. A database that cannot answer lets the
+    turn start: its own first write fails it properly (error, then done),
+    where a failure here would leave the page's message unanswered."""
+    from django.db import DatabaseError
+
+    try:
+        return await _quota_used_up(tenant_id)
+    except DatabaseError as exc:
+        logger.warning("session %s: token quota not checked (%s)", session_id, type(exc).__name__)
+        return False
 
 
 async def _quota_used_up(tenant_id: int) -> bool:

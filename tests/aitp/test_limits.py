@@ -178,6 +178,20 @@ async def test_a_counter_store_that_is_down_lets_sessions_open_with_a_log_line(l
     assert any("counter store unavailable" in line for line in limits_log)
 
 
+async def test_a_quota_the_database_cannot_check_lets_the_turn_start(monkeypatch, limits_log):
+    from django.db import OperationalError
+
+    async def database_down(tenant_id: int) -> bool:
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(limits, "_quota_used_up", database_down)
+    limiter, m = ConnectionLimits(quiet()), machine()
+
+    assert await limiter.allow_user_input(m, tenant_id=1) is True
+    assert sent(m) == []
+    assert any("token quota not checked" in line for line in limits_log)
+
+
 def test_the_quota_counts_this_months_input_and_output_tokens_only(db):
     tenant = services.tenant_create(slug="quota", name="Quota")
     now = timezone.now()
