@@ -57,8 +57,11 @@ def json_text_shown(text: str | None) -> str:
 def owned_tenant_ids(user) -> set[int] | None:
     """Tenants the user may change rows of: None means all (superuser).
     Viewers change nothing, whatever model permissions they were given."""
-    if tenant_ids_for_user(user) is None:
+    tenant_ids = tenant_ids_for_user(user)
+    if tenant_ids is None:
         return None
+    if not tenant_ids:  # signed out, inactive, or a member of nothing
+        return set()
     return set(
         TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
         .values_list("tenant_id", flat=True)

@@ -32,6 +32,8 @@ def changeable_tenant_ids(user) -> set[int] | None:
     tenant_ids = tenant_ids_for_user(user)
     if tenant_ids is None:
         return None
+    if not tenant_ids:  # signed out, inactive, or a member of nothing
+        return set()
     return set(
         TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
         .values_list("tenant_id", flat=True)
