@@ -125,13 +125,22 @@ def _admin_connection(server: str):
     return psycopg.connect(f"{server}/postgres", autocommit=True, connect_timeout=5)
 
 
+class BackendUnavailable(RuntimeError):
+    """The postgres backend's server does not answer (or refuses the database)."""
+
+
 def create_postgres_database(server: str, name: str) -> None:
+    import psycopg
     from psycopg import sql
 
-    with _admin_connection(server) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        with _admin_connection(server) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.Error as exc:
+        raise BackendUnavailable(f"cannot create the scratch database {name} on {server}: "
+                                 f"{str(exc).strip() or type(exc).__name__}") from None
 
 
 def remove_backend(run_env: RunEnvironment) -> None:

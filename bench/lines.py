@@ -36,6 +36,9 @@ WARMUP_TIMEOUT = 120.0
 # (5 s for the ACK): a slow answer is a slow sample, reported as such; only
 # one this late stops the run as a hang.
 LOAD_TIMEOUT = 60.0
+# When a process holding many idle sessions counts as settled (bench.drain).
+IDLE_WINDOW = 0.25
+IDLE_SHARE = 0.5
 
 
 def page_tools() -> list[dict]:
@@ -256,7 +259,10 @@ async def idle_memory(side: Side, api_key: str, log: Observations, *, sessions: 
     before = rss(pid)
     peers = await open_pages(side.target, api_key, log, sessions, "idle sessions")
     try:
-        await drainer.drain(side.pids, open_sessions=sessions)
+        # Settled: every row written, and the process back to the background
+        # work of that many idle sessions (heartbeats), measured over 0.25 s.
+        await drainer.drain(side.pids, open_sessions=sessions, window=IDLE_WINDOW,
+                            share=IDLE_SHARE)
         after = rss(pid)
     finally:
         await _close_all(peers)

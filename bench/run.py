@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         _progress("interrupted; servers stopped")
         return 130
     except (BenchError, NotDrained, proxy.ProxyError, servers.ServerStartError, DatabaseError,
-            ImproperlyConfigured, OSError) as exc:
+            ImproperlyConfigured, environment.BackendUnavailable, OSError) as exc:
         _progress(f"failed: {exc}")
         return 2
     if len(reports) == 1:
