@@ -7,6 +7,11 @@ import pytest
 
 ORIGIN = "https://shop.example"
 
+# How long a real consumer may take to accept, or to tear down after the page
+# leaves (rows written, turn ended), on a loaded machine with PostgreSQL.
+# Both return as soon as the consumer is done; the bound only stops a hang.
+CONSUMER_PATIENCE = 30
+
 # The page tool most tests declare.
 ADD_TO_CART = {
     "name": "add_to_cart",
@@ -91,7 +96,7 @@ class Page:
         return await self.recv()
 
     async def close(self) -> None:
-        await self.ws.disconnect()
+        await self.ws.disconnect(timeout=CONSUMER_PATIENCE)
 
 
 @pytest.fixture
@@ -105,7 +110,7 @@ def connect():
         headers = [(b"origin", origin.encode())] if origin else []
         path = "/owllayer" + (f"?{query}" if query else "")
         communicator = WebsocketCommunicator(application(), path, headers=headers)
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=CONSUMER_PATIENCE)
         assert connected
         page = Page(communicator)
         pages.append(page)

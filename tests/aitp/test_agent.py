@@ -888,13 +888,16 @@ def approval_request(call: dict, **overrides) -> dict:
             "args": payload["args"], "message": "Pay 42 USD with the saved card?", **overrides}
 
 
-TOOL_TIMEOUT = 0.5
+# The page asks for approval as soon as the call arrives; the tool timeout
+# leaves that round trip (a database write on PostgreSQL, on a loaded
+# machine) a wide margin, and the waits below are multiples of it.
+TOOL_TIMEOUT = 2.0
 
 
 async def start_payment(llm, connect, api_key, settings,
                         approval_timeout: float = 10.0) -> tuple[Page, dict]:
     """A turn waiting on the page's critical ``pay`` call; the tool timeout is
-    small, though far above the time the page takes to ask for approval."""
+    short, though far above the time the page takes to ask for approval."""
     settings.OWLLAYER_TOOL_TIMEOUT = TOOL_TIMEOUT
     settings.OWLLAYER_APPROVAL_TIMEOUT = approval_timeout
     llm.enqueue(tool_use_response([("toolu_pay", "pay", {"amount": 42})]),
@@ -973,7 +976,8 @@ async def test_a_pending_approval_result_extends_the_deadline_like_an_approval_r
 
 
 async def test_an_approval_nobody_decides_in_time_expires(llm, connect, api_key, settings):
-    page, call = await start_payment(llm, connect, api_key, settings, approval_timeout=1.0)
+    page, call = await start_payment(llm, connect, api_key, settings,
+                                     approval_timeout=TOOL_TIMEOUT / 2)
     await page.send("APPROVAL_REQUEST", approval_request(call))
     frames = await until_done(page, timeout=20)
 

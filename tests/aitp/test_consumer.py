@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from aitp import services
 from aitp.models import ApiKey, Session, ToolCall
-from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db, open_page
+from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, ORIGIN, in_db, open_page
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -256,7 +256,12 @@ async def test_closing_records_the_end_of_the_session(connect, api_key):
     page = await connect()
     ack = await page.handshake(api_key.raw)
     await page.close()
-    await asyncio.sleep(0.1)
+    # The row is written by the consumer's teardown: wait for it, not for a time.
+    deadline = asyncio.get_running_loop().time() + CONSUMER_PATIENCE
+    while not await Session.objects.filter(id=ack["payload"]["sessionId"],
+                                           ended_at__isnull=False).aexists():
+        assert asyncio.get_running_loop().time() < deadline, "the session row was never closed"
+        await asyncio.sleep(0.05)
     session = await Session.objects.aget(id=ack["payload"]["sessionId"])
     assert session.ended_at is not None and session.state == Session.State.ENDED
 

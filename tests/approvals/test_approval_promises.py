@@ -23,8 +23,8 @@ from aitp.llm.offline import OfflineBackend
 from aitp.models import ToolCall
 from aitp.tools import Risk, ToolSpec, ToolSurface
 from approvals import services as approvals
-from approvals.audit import append_event, compute_hash, verify_chain
-from approvals.models import Approval, AuditEvent
+from approvals.audit import VerifyResult, append_event, compute_hash, verify_chain
+from approvals.models import Approval, AuditChainHead, AuditEvent
 from approvals.server_tools import ServerToolDef
 from tests.approvals.conftest import make_session
 
@@ -268,3 +268,85 @@ def test_the_actor_of_a_decision_is_the_operator_who_made_it(session, olivia):
     decided = AuditEvent.objects.get(approval_id=approval.pk, action="approved")
     assert (decided.actor_kind, decided.actor, decided.channel) == ("operator", "olivia", "console")
     assert verify_chain().ok
+
+
+# --- verification names the first broken link, and says what broke ---------------------
+
+
+def chain_of_three(tenant) -> list[AuditEvent]:
+    return [append(tenant, action=action)
+            for action in ("requested", "approved", "executed")]
+
+
+def table_sql(sql: str, params=()) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(table=AuditEvent._meta.db_table), params)
+
+
+def test_an_intact_chain_reports_every_event_checked(acme):
+    chain_of_three(acme)
+    assert verify_chain() == VerifyResult(True, 3, None, "")
+
+
+def test_an_empty_chain_without_its_head_row_verifies_as_empty(db):
+    AuditChainHead.objects.all().delete()
+    assert verify_chain() == VerifyResult(True, 0, None, "")
+
+
+def test_an_altered_row_is_reported_as_altered_after_the_events_before_it(acme):
+    chain_of_three(acme)
+    table_sql("UPDATE {table} SET action = 'denied' WHERE seq = 2")
+    assert verify_chain() == VerifyResult(False, 1, 2, "hash mismatch (row altered)")
+
+
+def test_a_removed_row_is_reported_as_missing_by_its_number(acme):
+    chain_of_three(acme)
+    table_sql("DELETE FROM {table} WHERE seq = 2")
+    assert verify_chain() == VerifyResult(False, 1, 3, "event #2 is missing")
+
+
+def test_a_row_numbered_before_the_chain_start_is_reported_as_out_of_sequence(acme):
+    chain_of_three(acme)
+    table_sql("UPDATE {table} SET seq = 0 WHERE seq = 1")
+    assert verify_chain() == VerifyResult(
+        False, 0, 0, "duplicate or reordered sequence number 0")
+
+
+def test_a_first_event_that_does_not_start_the_chain_is_reported(acme):
+    chain_of_three(acme)
+    table_sql("UPDATE {table} SET prev_hash = %s WHERE seq = 1", ["f" * 64])
+    assert verify_chain() == VerifyResult(False, 0, 1, "first event does not start the chain")
+
+
+def test_a_broken_link_names_the_event_it_should_follow(acme):
+    chain_of_three(acme)
+    table_sql("UPDATE {table} SET prev_hash = %s WHERE seq = 3", ["f" * 64])
+    assert verify_chain() == VerifyResult(
+        False, 2, 3, "does not link to event #2 (removed or reordered)")
+
+
+def test_a_removed_last_event_is_reported_with_what_the_head_records(acme):
+    chain_of_three(acme)
+    table_sql("DELETE FROM {table} WHERE seq = 3")
+    assert verify_chain() == VerifyResult(
+        False, 2, 3, "event #3 is missing (chain head records 3 events)")
+
+
+def test_a_head_that_disagrees_with_the_last_event_is_reported(acme):
+    chain_of_three(acme)
+    AuditChainHead.objects.filter(pk=AuditChainHead.SINGLETON_PK).update(last_hash="e" * 64)
+    assert verify_chain() == VerifyResult(
+        False, 3, 3, "chain head does not match the last event")
+
+
+def test_events_without_a_head_row_are_reported(acme):
+    chain_of_three(acme)
+    AuditChainHead.objects.all().delete()
+    assert verify_chain() == VerifyResult(False, 0, None, "chain head row is missing")
+
+
+def test_an_event_beyond_the_head_is_reported_by_its_number(acme):
+    chain_of_three(acme)
+    AuditChainHead.objects.filter(pk=AuditChainHead.SINGLETON_PK).update(
+        last_seq=2, last_hash=AuditEvent.objects.get(seq=2).hash)
+    assert verify_chain() == VerifyResult(False, 2, 3, "event lies beyond the chain head")

@@ -15,6 +15,9 @@ from tests.support.people import acme, globex, mallory, olivia, root  # noqa: F4
 from tests.support.people import make_session, make_tool_call, make_user
 
 ORIGIN = "https://shop.example"
+# How long a real consumer may take to accept or to tear down on a loaded
+# machine; both return as soon as it is done.
+CONSUMER_PATIENCE = 30
 
 
 def make_call(session, name="refund", args=None, risk="high", origin="server", **fields):
@@ -81,7 +84,7 @@ class Watcher:
                 return message
 
     async def close(self) -> None:
-        await self.ws.disconnect()
+        await self.ws.disconnect(timeout=CONSUMER_PATIENCE)
 
 
 async def session_cookie(user) -> bytes:
@@ -111,7 +114,7 @@ def watch():
         if user is not None:
             headers.append((b"cookie", await session_cookie(user)))
         communicator = WebsocketCommunicator(application, "/ws/operators/", headers=headers)
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=CONSUMER_PATIENCE)
         assert connected
         return Watcher(communicator)
 

@@ -17,7 +17,7 @@ from django.urls import reverse
 from aitp import live, services
 from aitp.models import Session, TenantMembership
 from tests.aitp.conftest import Page
-from tests.operators.conftest import ORIGIN, make_session
+from tests.operators.conftest import CONSUMER_PATIENCE, ORIGIN, make_session
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -178,7 +178,7 @@ async def open_page(raw_key: str) -> Page:
     from owllayer_site.asgi import application
 
     communicator = WebsocketCommunicator(application, "/owllayer", headers=[(b"origin", ORIGIN.encode())])
-    connected, _ = await communicator.connect()
+    connected, _ = await communicator.connect(timeout=CONSUMER_PATIENCE)
     assert connected
     page = Page(communicator)
     ack = await page.handshake(raw_key)
