@@ -51,6 +51,16 @@ STALE_CONNECTION_RETRIES = 2
 FIRST_RETRY_DELAY = 0.1
 
 
+def _raise_if_cancelled() -> None:
+    """Never go round again for a consumer that is being stopped: a
+    cancellation that lands between channels-redis' receive lock and its
+    read can be lost on the way (the task stays "cancelling" and would read
+    on for ever, holding up the event loop's shutdown)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
 class ResilientRedisChannelLayer(RedisChannelLayer):
     def __init__(
         self,
@@ -76,6 +86,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         self.reachable = True
         self.unreachable_since: float | None = None
         self.rejoin_needed = False
+        self.failures = 0
         self.memberships_checked_at = 0.0
         # Whether this process ever left its marker in Redis: a marker gone
         # missing after that means Redis lost our groups.
@@ -96,6 +107,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
     # --- Redis up and down ------------------------------------------------------
 
     def _unreachable(self, error: BaseException) -> None:
+        self.failures += 1
         self.rejoin_needed = True
         if not self.reachable:
             return
@@ -113,7 +125,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         self.reachable = True
         away = time.monotonic() - (self.unreachable_since or time.monotonic())
         logger.info(
-            "channel layer: Redis is back after %.1f s; rejoining the %d groups of this process",
+            "channel layer: Redis is back after %.1f s; the %d groups of this process are rejoined",
             away, len(self.memberships),
         )
 
@@ -139,6 +151,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             try:
                 return await super().receive(channel)
             except REDIS_DOWN_ERRORS as error:
+                _raise_if_cancelled()
                 self._unreachable(error)
                 delay = self._next_delay(delay)
                 await self._pause(delay)
@@ -149,12 +162,17 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         # place to notice Redis coming and going, and to restore the groups.
         delay = 0.0
         while True:
+            _raise_if_cancelled()
             try:
                 await self._keep_memberships()
+                if self.rejoin_needed:
+                    # Something else failed meanwhile: rejoin again first.
+                    continue
                 # Back for this process once its groups are back.
                 self._answered()
                 return await super()._brpop_with_clean(index, channel, timeout)
             except REDIS_DOWN_ERRORS as error:
+                _raise_if_cancelled()
                 self._unreachable(error)
                 delay = self._next_delay(delay)
                 await self._pause(delay)
@@ -178,6 +196,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         now = time.monotonic()
         if not self.rejoin_needed and now - self.memberships_checked_at < self.membership_check_interval:
             return
+        failures = self.failures
         marker = self._marker_key()
         marker_ttl = max(60, int(self.membership_check_interval * 10))
         forgotten = False
@@ -192,55 +211,78 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
                             "%d groups rejoined", count)
         self.memberships_checked_at = now
         self.marker_set = True
-        self.rejoin_needed = False
+        # A failure elsewhere while this ran may have missed the groups again.
+        self.rejoin_needed = self.failures != failures
 
     async def _rejoin(self) -> int:
         """Add every channel of this process to its groups again, and apply the
-        discards Redis missed. The number of groups rejoined."""
-        joined = {group: set(channels) for group, channels in self.memberships.items() if channels}
-        discards = self.pending_discards
-        self.pending_discards = {}
+        discards Redis missed; the number of groups of this process.
+
+        Channels keep joining and leaving while this runs (their calls skip
+        Redis until it counts as back), so it repeats with the difference
+        until nothing changed during the last write; the caller then declares
+        Redis back without yielding to the loop in between."""
+        written: dict[str, set[str]] = {}
+        taken: list[dict[str, set[str]]] = []
         try:
-            now = time.time()
-            by_index: dict[int, list[tuple[str, set[str], set[str]]]] = {}
-            for group in set(joined) | set(discards):
-                channels = joined.get(group, set())
-                by_index.setdefault(self.consistent_hash(group), []).append(
-                    (group, channels, discards.get(group, set()) - channels)
-                )
-            for index, entries in by_index.items():
-                pipe = self.connection(index).pipeline(transaction=False)
-                for group, channels, gone in entries:
-                    key = self._group_key(group)
-                    if channels:
-                        pipe.zadd(key, {channel: now for channel in channels})
-                        pipe.expire(key, self.group_expiry)
-                    if gone:
-                        pipe.zrem(key, *gone)
-                await pipe.execute()
+            while True:
+                current = {group: set(channels) for group, channels in self.memberships.items() if channels}
+                removes: dict[str, set[str]] = {}
+                taken.append(self.pending_discards)
+                self.pending_discards = {}
+                for group, channels in taken[-1].items():
+                    removes.setdefault(group, set()).update(channels)
+                for group, channels in written.items():
+                    removes.setdefault(group, set()).update(channels - current.get(group, set()))
+                removes = {group: channels - current.get(group, set()) for group, channels in removes.items()}
+                adds = {group: channels - written.get(group, set()) for group, channels in current.items()}
+                adds = {group: channels for group, channels in adds.items() if channels}
+                removes = {group: channels for group, channels in removes.items() if channels}
+                if not adds and not removes:
+                    logger.debug("channel layer: %d groups rejoined", len(current))
+                    return len(current)
+                await self._write_groups(adds, removes)
+                written = current
         except BaseException:
-            for group, channels in discards.items():
-                self.pending_discards.setdefault(group, set()).update(channels)
+            # Not applied: kept for the next attempt.
+            for discards in taken:
+                for group, channels in discards.items():
+                    self.pending_discards.setdefault(group, set()).update(channels)
             raise
-        # A channel that left while the pipeline ran may have been added back.
-        for group, channels in joined.items():
-            left = channels - self.memberships.get(group, set())
-            if left:
-                await self.connection(self.consistent_hash(group)).zrem(self._group_key(group), *left)
-        logger.debug("channel layer: %d groups rejoined", len(joined))
-        return len(joined)
+
+    async def _write_groups(self, adds: dict[str, set[str]], removes: dict[str, set[str]]) -> None:
+        now = time.time()
+        pipes = {}
+        for group in set(adds) | set(removes):
+            index = self.consistent_hash(group)
+            if index not in pipes:
+                pipes[index] = self.connection(index).pipeline(transaction=False)
+            pipe, key = pipes[index], self._group_key(group)
+            if adds.get(group):
+                pipe.zadd(key, {channel: now for channel in adds[group]})
+                pipe.expire(key, self.group_expiry)
+            if removes.get(group):
+                pipe.zrem(key, *removes[group])
+        for pipe in pipes.values():
+            await pipe.execute()
 
     # --- the rest of the API: log and carry on -----------------------------------
+
+    def _redis_known_away(self) -> bool:
+        """Redis failed and a receiving loop of this process is probing it:
+        skip the round trip (and its timeout) until that loop sees it back."""
+        return not self.reachable and self.receive_count > 0
 
     async def group_add(self, group, channel):
         self.memberships.setdefault(group, set()).add(channel)
         discarded = self.pending_discards.get(group)
         if discarded is not None:
             discarded.discard(channel)
+        if self._redis_known_away():
+            return  # remembered above: joined for real when Redis is back
         try:
             await super().group_add(group, channel)
         except REDIS_DOWN_ERRORS as error:
-            # Remembered above: joined for real when Redis is back.
             self._unreachable(error)
             return
         self._answered_by_notification()
@@ -251,6 +293,9 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             channels.discard(channel)
             if not channels:
                 del self.memberships[group]
+        if self._redis_known_away():
+            self.pending_discards.setdefault(group, set()).add(channel)
+            return
         try:
             await super().group_discard(group, channel)
         except REDIS_DOWN_ERRORS as error:
@@ -260,6 +305,9 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         self._answered_by_notification()
 
     async def group_send(self, group, message):
+        if self._redis_known_away():
+            logger.debug("channel layer: %s to group %s dropped", message.get("type"), group)
+            return
         try:
             await super().group_send(group, message)
         except REDIS_DOWN_ERRORS as error:
@@ -269,6 +317,9 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         self._answered_by_notification()
 
     async def send(self, channel, message):
+        if self._redis_known_away():
+            logger.debug("channel layer: %s to %s dropped", message.get("type"), channel)
+            return
         try:
             await super().send(channel, message)
         except REDIS_DOWN_ERRORS as error:

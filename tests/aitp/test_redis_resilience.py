@@ -190,8 +190,10 @@ async def wait_for_log(server, text: str, timeout: float = EVENT_TIMEOUT) -> Non
         await asyncio.sleep(0.1)
 
 
-async def close_all(pages: list[AitpClient]) -> None:
+async def close_all(pages: list[AitpClient], server) -> None:
     await asyncio.gather(*(page.close() for page in pages), return_exceptions=True)
+    # Shown by pytest only when the test fails.
+    print(server.logs()[-20000:])
 
 
 # --- held open ----------------------------------------------------------------------
@@ -223,7 +225,7 @@ async def test_idle_pages_and_a_watch_socket_on_redis_stay_open_and_then_run_tur
                     and m["session"]["id"] == pages[0].session_id and m["session"]["turns"] >= 1)
                 assert changed["session"]["live"]
             finally:
-                await close_all(pages)
+                await close_all(pages, server)
     assert "Redis is unreachable" not in server.logs()
 
 
@@ -289,7 +291,7 @@ async def test_a_redis_restart_keeps_sessions_open_and_an_approval_decided_after
                 assert_open(pages)
                 assert watch.close_code is None
             finally:
-                await close_all(pages)
+                await close_all(pages, server)
     codes = await database_sync_to_async(list)(
         ToolCall.objects.filter(session__tenant=tenant).values_list("status", flat=True))
     assert codes and set(codes) <= {"success"}
@@ -342,7 +344,7 @@ async def test_fifty_sessions_held_open_then_running_turns_keep_a_true_record(da
         ))
         assert_open(pages)
     finally:
-        await close_all(pages)
+        await close_all(pages, server)
     assert all(page.close_code not in FINAL_CLOSE_CODES for page in pages)
 
     calls = await database_sync_to_async(list)(
@@ -362,3 +364,67 @@ async def test_fifty_sessions_held_open_then_running_turns_keep_a_true_record(da
         assert typed == [f'/tool add_to_cart {{"quantity": {n + 1}}}' for n in range(SOAK_TURNS)]
         assert answers == [final_text(frames) for frames in frames_of_turns]
         assert tool_uses == SOAK_TURNS
+
+
+# --- the layer itself, in this process ---------------------------------------------------
+
+def own_layer(redis: OwnRedis):
+    from owllayer_site.channel_layer import ResilientRedisChannelLayer
+
+    # A 1 s blocking read: the layer looks at Redis every second while idle.
+    return ResilientRedisChannelLayer(
+        hosts=[{"address": redis.url, "socket_timeout": 5, "socket_connect_timeout": 2}],
+        prefix=f"owl-layer-test-{os.getpid()}", blocking_read=1, retry_max=0.5,
+    )
+
+
+async def test_a_channel_that_joins_while_redis_is_away_hears_its_group_once_redis_is_back(own_redis):
+    layer = own_layer(own_redis)
+    early, late = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add("shop", early)
+    receiving = asyncio.ensure_future(layer.receive(early))
+    try:
+        own_redis.kill()
+        await layer.group_add("shop", late)  # nothing to join: remembered
+        await layer.group_send("shop", {"type": "lost.hint"})  # dropped, not raised
+        own_redis.start()
+        heard_late = asyncio.ensure_future(layer.receive(late))
+        # Once the layer counts Redis as back, both channels are in the group.
+        async with asyncio.timeout(EVENT_TIMEOUT):
+            while not layer.reachable:
+                await asyncio.sleep(0.1)
+        assert await layer.connection(0).zscore(layer._group_key("shop"), late)
+        assert await layer.connection(0).zscore(layer._group_key("shop"), early)
+        await layer.group_send("shop", {"type": "shop.changed"})
+        async with asyncio.timeout(EVENT_TIMEOUT):
+            assert await receiving == {"type": "shop.changed"}
+            assert await heard_late == {"type": "shop.changed"}
+    finally:
+        receiving.cancel()
+        await asyncio.gather(receiving, return_exceptions=True)
+        await layer.close_pools()
+
+
+async def test_groups_come_back_when_redis_restarts_empty_between_two_reads(own_redis):
+    layer = own_layer(own_redis)
+    channel = await layer.new_channel()
+    await layer.group_add("shop", channel)
+    receiving = asyncio.ensure_future(layer.receive(channel))
+    try:
+        # Wait until the layer has left its mark, then restart Redis empty.
+        async with asyncio.timeout(EVENT_TIMEOUT):
+            while not await layer.connection(0).exists(layer._marker_key()):
+                await asyncio.sleep(0.1)
+        own_redis.kill()
+        own_redis.start()
+        async with asyncio.timeout(EVENT_TIMEOUT):
+            while not (layer.reachable
+                       and await layer.connection(0).zscore(layer._group_key("shop"), channel)):
+                await asyncio.sleep(0.1)
+        await layer.group_send("shop", {"type": "shop.changed"})
+        async with asyncio.timeout(EVENT_TIMEOUT):
+            assert await receiving == {"type": "shop.changed"}
+    finally:
+        receiving.cancel()
+        await asyncio.gather(receiving, return_exceptions=True)
+        await layer.close_pools()
