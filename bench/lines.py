@@ -36,6 +36,9 @@ WARMUP_TIMEOUT = 120.0
 # (5 s for the ACK): a slow answer is a slow sample, reported as such; only
 # one this late stops the run as a hang.
 LOAD_TIMEOUT = 60.0
+# One open while thousands of sessions are already held: slow is a finding
+# (the time the line takes), only this late a hang.
+IDLE_OPEN_TIMEOUT = 300.0
 # When a process holding many idle sessions counts as settled (bench.drain).
 IDLE_WINDOW = 0.25
 IDLE_SHARE = 0.5
@@ -126,7 +129,7 @@ async def paired(product: Side, baseline: Side, *, repeats: int, run_one: RunOne
 
 
 async def open_pages(target: Target, api_key: str, log: Observations, count: int,
-                     phase: str) -> list[Peer]:
+                     phase: str, *, timeout: float | None = None) -> list[Peer]:
     """``count`` sessions, each with the page's ten-tool CONTEXT_UPDATE
     answered (tools_effective; the baseline: the product's bytes), opened
     OPEN_CONCURRENCY at a time."""
@@ -135,10 +138,10 @@ async def open_pages(target: Target, api_key: str, log: Observations, count: int
 
     async def one(index: int) -> Peer:
         async with gate:
-            peer = await Peer.open(target, api_key, log, phase, timeout=LOAD_TIMEOUT)
+            peer = await Peer.open(target, api_key, log, phase, timeout=timeout or LOAD_TIMEOUT)
             try:
                 await peer.exchange("CONTEXT_UPDATE", page_context(index), answered,
-                                    label="context10", timeout=LOAD_TIMEOUT)
+                                    label="context10", timeout=timeout or LOAD_TIMEOUT)
             except BaseException:
                 await peer.close()
                 raise
@@ -257,7 +260,8 @@ async def idle_memory(side: Side, api_key: str, log: Observations, *, sessions: 
         await _close_all(await open_pages(side.target, api_key, log, warmup, "idle warmup"))
     await drainer.drain(side.pids)
     before = rss(pid)
-    peers = await open_pages(side.target, api_key, log, sessions, "idle sessions")
+    peers = await open_pages(side.target, api_key, log, sessions, "idle sessions",
+                             timeout=IDLE_OPEN_TIMEOUT)
     try:
         # Settled: every row written, and the process back to the background
         # work of that many idle sessions (heartbeats), measured over 0.25 s.
