@@ -260,8 +260,10 @@ async def idle_memory(side: Side, api_key: str, log: Observations, *, sessions: 
         await _close_all(await open_pages(side.target, api_key, log, warmup, "idle warmup"))
     await drainer.drain(side.pids)
     before = rss(pid)
+    opening = measure.clock()
     peers = await open_pages(side.target, api_key, log, sessions, "idle sessions",
                              timeout=IDLE_OPEN_TIMEOUT)
+    open_seconds = measure.clock() - opening
     try:
         # Settled: every row written, and the process back to the background
         # work of that many idle sessions (heartbeats), measured over 0.25 s.
@@ -271,7 +273,7 @@ async def idle_memory(side: Side, api_key: str, log: Observations, *, sessions: 
     finally:
         await _close_all(peers)
     return {"sessions": sessions, "rss_before": before, "rss_after": after,
-            "bytes_per_session": (after - before) / sessions}
+            "bytes_per_session": (after - before) / sessions, "open_seconds": open_seconds}
 
 
 # --- streaming -------------------------------------------------------------------------
