@@ -1,29 +1,54 @@
 """Where the agent turn writes: the conversation, the ledger, usage, approvals.
 
-Each method is one ``database_sync_to_async`` call into a service, so the
-turn never touches the ORM from the event loop.
+Each method is one ``db_call`` into a service (on the process's database
+threads, see ``aitp.db``), so the turn never touches the ORM from the event
+loop. Progress marks and final outcomes of tool calls are written behind the
+turn: a mark in a task of its own, an outcome with the turn's next write. Each
+write first waits for the marks still on their way, so a call's rows change in
+the order the turn decided them.
 """
 from __future__ import annotations
 
-from channels.db import database_sync_to_async
+import asyncio
+import logging
+
+from django.db import transaction
+from django.utils import timezone
 
 from aitp import services
+from aitp.db import db_call
 from aitp.ledger import Outcome, PendingCall
 from aitp.llm.base import Usage
+
+logger = logging.getLogger(__name__)
 
 
 class AgentStore:
     def __init__(self, *, session_id: str, tenant_id: int) -> None:
         self.session_id = session_id
         self.tenant_id = tenant_id
+        # "sent" / "running" marks being written, oldest first.
+        self._marks: list[asyncio.Task] = []
+        # Final outcomes (tool_call_finish arguments) not written yet.
+        self._finished: list[dict] = []
+        # When each call's row was (or is being) recorded: the same time on
+        # every try of a checkpoint, and its outcome needs no read for it.
+        self._created: dict[str, object] = {}
 
     async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
                          usage: Usage | None = None, turns: int = 0) -> None:
-        """One database round trip for what the turn produced since the last one."""
-        await database_sync_to_async(services.turn_checkpoint)(
+        """One database round trip for what the turn produced since the last
+        one, outcomes of finished calls included."""
+        await self._marks_written()
+        finished = list(self._finished)
+        if not (messages or calls or usage is not None or finished):
+            return
+        await db_call(
+            services.turn_checkpoint,
             session_id=self.session_id,
             tenant_id=self.tenant_id,
             turn=turn,
+            finished=finished,
             messages=messages,
             calls=[
                 {
@@ -33,6 +58,7 @@ class AgentStore:
                     "arguments": call.args,
                     "risk": call.risk.value,
                     "origin": call.origin,
+                    "created_at": self._created.setdefault(call.call_id, timezone.now()),
                 }
                 for call in calls
             ],
@@ -44,18 +70,54 @@ class AgentStore:
                 "cache_write_tokens": usage.cache_write_tokens,
             },
         )
+        self._forget(finished)
 
     async def mark_call(self, call: PendingCall, status: str, *, sent: bool = False) -> None:
-        await database_sync_to_async(services.tool_call_mark)(
-            call_id=call.call_id, status=status, sent=sent,
+        """Start writing a call's progress and return: the turn does not wait
+        for it (the frame is out, the page is answering). It lands whatever
+        happens to the turn, before any later write of this store, and never
+        undoes a final status (``tool_call_mark``)."""
+        self._marks = [task for task in self._marks if not task.done()]
+        task = asyncio.get_running_loop().create_task(db_call(
+            services.tool_call_mark, call_id=call.call_id, status=status, sent=sent,
             risk=call.risk.value, origin=call.origin,
-        )
+        ))
+        task.add_done_callback(self._mark_done)
+        self._marks.append(task)
 
     async def finish_call(self, call: PendingCall, outcome: Outcome) -> None:
-        await database_sync_to_async(services.tool_call_finish)(
-            call_id=call.call_id, status=outcome.status, result=outcome.result,
-            error=outcome.error, risk=call.risk.value, origin=call.origin,
-        )
+        """Keep a call's final outcome for the turn's next write (the next
+        checkpoint: the turn always writes one before it ends)."""
+        self._finished.append({
+            "call_id": call.call_id, "status": outcome.status, "result": outcome.result,
+            "error": outcome.error, "risk": call.risk.value, "origin": call.origin,
+            "created_at": self._created.pop(call.call_id, None),
+        })
+
+    async def flush(self) -> None:
+        """Write what is kept behind now (before a write that reads it)."""
+        await self._marks_written()
+        finished = list(self._finished)
+        if finished:
+            await db_call(_finish_calls, finished)
+            self._forget(finished)
+
+    def _forget(self, written: list[dict]) -> None:
+        # By identity: the turn and a page's frame may flush at the same time.
+        done = {id(outcome) for outcome in written}
+        self._finished = [outcome for outcome in self._finished if id(outcome) not in done]
+
+    async def _marks_written(self) -> None:
+        pending = [task for task in self._marks if not task.done()]
+        if pending:
+            # asyncio.wait, not gather: a cancelled turn stops waiting here,
+            # the marks still land.
+            await asyncio.wait(pending)
+
+    def _mark_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("session %s: tool call mark failed", self.session_id,
+                         exc_info=task.exception())
 
     # --- approvals (the approvals app owns these rows) -------------------------
 
@@ -63,54 +125,61 @@ class AgentStore:
                                       message: str, timeout: float):
         from approvals import services as approvals
 
-        return await database_sync_to_async(_approval_request_client)(
-            approvals, call.call_id, tool_name, args, call.risk.value, message,
-            self.session_id, timeout,
+        await self.flush()
+        return await db_call(
+            _approval_request_client, approvals, call.call_id, tool_name, args, call.risk.value,
+            message, self.session_id, timeout,
         )
 
     async def approval_request_server(self, call: PendingCall, tool, *, timeout: float,
                                       message: str):
         from approvals import services as approvals
 
-        return await database_sync_to_async(_approval_request_server)(
-            approvals, call, tool, self.session_id, timeout, message
+        await self.flush()
+        return await db_call(
+            _approval_request_server, approvals, call, tool, self.session_id, timeout, message
         )
 
     async def approval_violation(self, call: PendingCall, *, reason: str):
         from approvals import services as approvals
 
-        return await database_sync_to_async(_approval_violation)(
-            approvals, call.call_id, call.risk.value, self.session_id, reason
+        return await db_call(
+            _approval_violation, approvals, call.call_id, call.risk.value, self.session_id, reason
         )
 
     async def approval_decide_user(self, approval_id: int, *, approved: bool, error: str | None):
         from approvals import services as approvals
 
-        return await database_sync_to_async(approvals.approval_decide_user)(
-            approval_id=approval_id, session_id=self.session_id, approved=approved, error=error
+        await self.flush()
+        return await db_call(
+            approvals.approval_decide_user, approval_id=approval_id, session_id=self.session_id,
+            approved=approved, error=error,
         )
 
     async def approval_status(self, approval_id: int) -> str:
         from approvals.models import Approval
 
-        approval = await Approval.objects.filter(pk=approval_id).only("status").afirst()
-        return approval.status if approval is not None else "cancelled"
+        status = await db_call(_approval_status, Approval, approval_id)
+        return status if status is not None else "cancelled"
 
     async def approval_expire(self, approval_id: int) -> None:
         from approvals import services as approvals
 
-        await database_sync_to_async(approvals.approval_expire)(approval_id=approval_id)
+        await self.flush()
+        await db_call(approvals.approval_expire, approval_id=approval_id)
 
     async def approval_close(self, approval_id: int, status: str) -> None:
         from approvals import services as approvals
 
-        await database_sync_to_async(approvals.approval_close)(approval_id=approval_id, status=status)
+        await self.flush()
+        await db_call(approvals.approval_close, approval_id=approval_id, status=status)
 
     async def approval_executed(self, approval_id: int, *, ok: bool, error: str = "") -> None:
         from approvals import services as approvals
 
-        await database_sync_to_async(approvals.approval_record_execution)(
-            approval_id=approval_id, ok=ok, error=error
+        await self.flush()
+        await db_call(
+            approvals.approval_record_execution, approval_id=approval_id, ok=ok, error=error
         )
 
 
@@ -141,3 +210,13 @@ def _approval_violation(approvals, call_id, risk, session_id, reason):
     return approvals.approval_record_violation(
         tool_call=tool_call, session_id=session_id, risk=risk, reason=reason,
     )
+
+
+def _approval_status(model, approval_id):
+    return model.objects.filter(pk=approval_id).values_list("status", flat=True).first()
+
+
+def _finish_calls(finished: list[dict]) -> None:
+    with transaction.atomic():
+        for outcome in finished:
+            services.tool_call_finish(**outcome)

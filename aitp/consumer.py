@@ -13,7 +13,6 @@ import logging
 import secrets
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -25,6 +24,7 @@ from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.limits import connection_limits
+from aitp.db import DbCallConsumer, db_call
 from aitp.llm import get_backend
 from aitp.session import (
     CLOSE_GOING_AWAY,
@@ -78,7 +78,7 @@ def new_session_id() -> str:
     return "ses_" + secrets.token_hex(12)
 
 
-class AitpConsumer(AsyncWebsocketConsumer):
+class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     async def dispatch(self, message) -> None:
         """Every handler runs through here: connect, receive, disconnect and
         the channel-layer events. Whatever one raises, the connection is
@@ -223,8 +223,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
             channel_name=self.channel_name,
             process=processes.current_id(),
         )
-        session, refusal = await database_sync_to_async(services.session_open)(
-            raw_key=event.api_key, info=info
+        session, refusal = await db_call(
+            services.session_open, raw_key=event.api_key, info=info
         )
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
@@ -305,7 +305,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
                     "url": event.url, "title": event.title, "context": event.context,
                     "tools": [tool.to_wire() for tool in event.tools],
                 }
-            await database_sync_to_async(services.session_write_live)(
+            await db_call(
+                services.session_write_live,
                 session_id=self.session_row.id, snapshot=snapshot, state=state, visits=visits,
             )
             self.row_written_at = asyncio.get_running_loop().time()
@@ -392,8 +393,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
     async def _recheck_key(self) -> None:
         if self.session_row is None or self.machine.state is not State.OPEN:
             return
-        refusal = await database_sync_to_async(services.session_still_allowed)(
-            session_id=self.session_row.id
+        refusal = await db_call(
+            services.session_still_allowed, session_id=self.session_row.id
         )
         if refusal is not None:
             self.machine.refuse(refusal.code, refusal.message, refusal.reason)
@@ -409,7 +410,7 @@ class AitpConsumer(AsyncWebsocketConsumer):
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(settings.OWLLAYER_HEARTBEAT_INTERVAL)
-            await database_sync_to_async(services.session_heartbeat)(session_id=self.session_row.id)
+            await db_call(services.session_heartbeat, session_id=self.session_row.id)
             await self._recheck_key()
 
     # --- teardown -------------------------------------------------------------------
@@ -455,8 +456,8 @@ class AitpConsumer(AsyncWebsocketConsumer):
                 await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []
         if self.session_row is not None:
-            await database_sync_to_async(services.session_close)(
-                session_id=self.session_row.id, code=code, reason=reason
+            await db_call(
+                services.session_close, session_id=self.session_row.id, code=code, reason=reason
             )
             if self.live is not None:
                 self.live.session_changed("closed", code=code)

@@ -75,15 +75,15 @@ def api_key_create(
     return key, raw_key
 
 
-def api_key_lookup(raw_key: str) -> ApiKey | None:
-    """The key row for a plaintext key, whatever its status; None if unknown."""
+def api_key_lookup(raw_key: str, *, for_update: bool = False) -> ApiKey | None:
+    """The key row for a plaintext key, whatever its status; None if unknown.
+    ``for_update`` locks the row (inside a transaction)."""
     if not raw_key or len(raw_key) < LOOKUP_PREFIX_LENGTH or len(raw_key) > 200:
         return None
-    key = (
-        ApiKey.objects.select_related("tenant")
-        .filter(prefix=raw_key[:LOOKUP_PREFIX_LENGTH])
-        .first()
-    )
+    rows = ApiKey.objects.select_related("tenant")
+    if for_update:
+        rows = rows.select_for_update()
+    key = rows.filter(prefix=raw_key[:LOOKUP_PREFIX_LENGTH]).first()
     if key is None:
         # Hash anyway so an unknown prefix costs the same as a wrong key.
         _key_hash(raw_key)
@@ -204,20 +204,16 @@ class HandshakeInfo:
 def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, Refusal | None]:
     """Check the key and the concurrent-session cap, and open the session, in
     one transaction: the key row is locked so two handshakes racing on two
-    processes cannot both take the last slot."""
+    processes cannot both take the last slot. The key is read once, locked."""
     now = timezone.now()
-    key = api_key_lookup(raw_key)
-    refusal = api_key_refusal(key, origin=info.origin, now=now)
-    if refusal is not None:
-        return None, refusal
-    if limits.token_quota_used_up(key.tenant, now=now):
-        return None, Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
-                             limits.USAGE_LIMIT_REASON)
     with transaction.atomic():
-        key = ApiKey.objects.select_for_update().select_related("tenant").get(pk=key.pk)
+        key = api_key_lookup(raw_key, for_update=True)
         refusal = api_key_refusal(key, origin=info.origin, now=now)
         if refusal is not None:
             return None, refusal
+        if limits.token_quota_used_up(key.tenant, now=now):
+            return None, Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
+                                 limits.USAGE_LIMIT_REASON)
         live = Session.objects.filter(api_key=key, **live_sessions_filter(now)).count()
         if live >= key.max_sessions:
             live = _live_sessions_without_gone_processes(key, now)
@@ -280,10 +276,12 @@ def session_write_live(
     if state is not None:
         fields["state"] = state
     live = Session.objects.filter(id=session_id, ended_at__isnull=True)
+    if not visits:
+        live.update(**fields)  # one statement: no transaction round trips
+        return
     with transaction.atomic():
-        if visits:
-            history = live.values_list("page_history", flat=True).first()
-            fields["page_history"] = [*(history or []), *visits][-PAGE_HISTORY_LIMIT:]
+        history = live.values_list("page_history", flat=True).first()
+        fields["page_history"] = [*(history or []), *visits][-PAGE_HISTORY_LIMIT:]
         live.update(**fields)
 
 
@@ -371,7 +369,8 @@ def session_add_usage(
     cache_read_tokens: int, cache_write_tokens: int, turns: int = 0,
 ) -> None:
     now = timezone.now()
-    with transaction.atomic():
+    # No savepoint inside a checkpoint: two round trips fewer per turn.
+    with transaction.atomic(savepoint=False):
         Session.objects.filter(id=session_id).update(
             turns=F("turns") + turns,
             input_tokens=F("input_tokens") + input_tokens,
@@ -388,8 +387,13 @@ def session_add_usage(
 
 def _usage_add(tenant_id: int, now: datetime, **amounts: int) -> None:
     day = timezone.localdate(now)
+    changes = {k: F(k) + v for k, v in amounts.items() if v}
+    # The day's row exists but for the first write of the day: one UPDATE.
+    if changes and DailyUsage.objects.filter(tenant_id=tenant_id, date=day).update(**changes):
+        return
     row, _ = DailyUsage.objects.get_or_create(tenant_id=tenant_id, date=day)
-    DailyUsage.objects.filter(pk=row.pk).update(**{k: F(k) + v for k, v in amounts.items() if v})
+    if changes:
+        DailyUsage.objects.filter(pk=row.pk).update(**changes)
 
 
 # --- the conversation and the tool-call ledger --------------------------------
@@ -403,13 +407,17 @@ def conversation_append(*, session_id: str, seq: int, turn: int, role: str, cont
 
 def turn_checkpoint(
     *, session_id: str, tenant_id: int, turn: int, messages: list[dict],
-    calls: list[dict] = (), usage: dict | None = None,
+    calls: list[dict] = (), usage: dict | None = None, finished: list[dict] = (),
 ) -> None:
     """What a turn has produced since its last checkpoint, in one transaction:
-    conversation messages, the ledger rows of the calls about to run, and the
-    turn's token usage. Messages and calls are idempotent (a checkpoint
-    interrupted half way may be written again); usage is added once."""
+    the final outcomes of calls that ended since (``tool_call_finish``
+    arguments), conversation messages, the ledger rows of the calls about to
+    run, and the turn's token usage. Outcomes, messages and calls are
+    idempotent (a checkpoint interrupted half way may be written again);
+    usage is added once."""
     with transaction.atomic():
+        for outcome in finished:
+            tool_call_finish(**outcome)
         if messages:
             ConversationMessage.objects.bulk_create(
                 [
@@ -441,6 +449,7 @@ def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
                 arguments=call["arguments"],
                 risk=call.get("risk", "none"),
                 origin=call.get("origin", ToolCall.Origin.CLIENT),
+                **({"created_at": call["created_at"]} if call.get("created_at") else {}),
             )
             for call in calls
         ],
@@ -467,18 +476,22 @@ def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str |
 
 
 def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
-                     risk: str | None = None, origin: str | None = None) -> None:
-    """Write a call's one final outcome; a call already final is left alone."""
+                     risk: str | None = None, origin: str | None = None,
+                     created_at: datetime | None = None) -> None:
+    """Write a call's one final outcome; a call already final is left alone.
+    ``created_at``, when the caller recorded the row with it, saves a read."""
     now = timezone.now()
-    call = ToolCall.objects.filter(call_id=call_id).only("created_at", "status").first()
-    if call is None or call.status in ToolCall.FINAL_STATUSES:
-        return
+    if created_at is None:
+        call = ToolCall.objects.filter(call_id=call_id).only("created_at", "status").first()
+        if call is None or call.status in ToolCall.FINAL_STATUSES:
+            return
+        created_at = call.created_at
     ToolCall.objects.filter(call_id=call_id).exclude(status__in=ToolCall.FINAL_STATUSES).update(
         status=status,
         result=result,
         error=error[:4000],
         finished_at=now,
-        duration_ms=max(0, int((now - call.created_at).total_seconds() * 1000)),
+        duration_ms=max(0, int((now - created_at).total_seconds() * 1000)),
         **({"risk": risk} if risk is not None else {}),
         **({"origin": origin} if origin is not None else {}),
     )

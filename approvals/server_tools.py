@@ -12,9 +12,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
+from aitp.db import db_call
 from aitp.tools import ToolError, ToolSpec, parse_tool
 from approvals.models import Policy, ServerTool, higher_risk
 from approvals.webhooks import ToolRunError, call_webhook
@@ -91,9 +91,7 @@ def _python_runner(tool: PythonTool) -> Runner:
         try:
             if is_async:
                 return await handler(args, session_id=session_id, tenant_id=tenant_id)
-            return await database_sync_to_async(handler)(
-                args, session_id=session_id, tenant_id=tenant_id
-            )
+            return await db_call(handler, args, session_id=session_id, tenant_id=tenant_id)
         except ToolRunError:
             raise
         except Exception as exc:
@@ -162,9 +160,15 @@ def _def_for_row(row: ServerTool) -> ServerToolDef | None:
 
 
 async def load_server_tools(tenant_id: int) -> list[ServerToolDef]:
-    """The tenant's enabled server tools, ready to run (one query)."""
+    """The tenant's enabled server tools, ready to run (one query, on the
+    database threads: the async ORM would queue it behind every other
+    session's work on one thread)."""
+    return await db_call(server_tools_for_tenant, tenant_id)
+
+
+def server_tools_for_tenant(tenant_id: int) -> list[ServerToolDef]:
     defs = []
-    async for row in ServerTool.objects.filter(tenant_id=tenant_id, enabled=True).order_by("name"):
+    for row in ServerTool.objects.filter(tenant_id=tenant_id, enabled=True).order_by("name"):
         tool_def = _def_for_row(row)
         if tool_def is not None:
             defs.append(tool_def)

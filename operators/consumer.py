@@ -24,11 +24,11 @@ import json
 import logging
 from urllib.parse import urlsplit
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from aitp import live, notify, processes
+from aitp.db import DbCallConsumer, db_call
 from aitp.selectors import tenant_ids_for_user
 from operators import selectors
 
@@ -56,7 +56,7 @@ def origin_allowed(scope) -> bool:
     return bool(host) and urlsplit(origin).netloc == host
 
 
-class OperatorWatchConsumer(AsyncWebsocketConsumer):
+class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.accepted = False
         self.user_id: int | None = None
@@ -70,7 +70,7 @@ class OperatorWatchConsumer(AsyncWebsocketConsumer):
         if user is None or not selectors.is_watcher(user):
             await self._refuse()
             return
-        tenant_ids = await database_sync_to_async(tenant_ids_for_user)(user)
+        tenant_ids = await db_call(tenant_ids_for_user, user)
         if tenant_ids is None:
             groups = [notify.ALL_WATCH_GROUP]
         else:
@@ -124,7 +124,7 @@ class OperatorWatchConsumer(AsyncWebsocketConsumer):
             await self._error("unknown message type")
 
     async def _send_list(self) -> None:
-        rows = await database_sync_to_async(selectors.watcher_live_rows)(user_id=self.user_id)
+        rows = await db_call(selectors.watcher_live_rows, user_id=self.user_id)
         if rows is None:
             await self._refuse()
             return
@@ -137,8 +137,8 @@ class OperatorWatchConsumer(AsyncWebsocketConsumer):
         if not isinstance(session_id, str) or not session_id:
             await self._error("subscribe needs a session_id")
             return
-        row = await database_sync_to_async(selectors.watched_session_row)(
-            user_id=self.user_id, session_id=session_id
+        row = await db_call(
+            selectors.watched_session_row, user_id=self.user_id, session_id=session_id
         )
         if row is None:
             await self._error("no such session")
@@ -164,8 +164,8 @@ class OperatorWatchConsumer(AsyncWebsocketConsumer):
         session_id = event.get("session_id") if isinstance(event, dict) else None
         if not isinstance(session_id, str):
             return
-        row = await database_sync_to_async(selectors.watched_session_row)(
-            user_id=self.user_id, session_id=session_id
+        row = await db_call(
+            selectors.watched_session_row, user_id=self.user_id, session_id=session_id
         )
         if row is None:
             # No longer visible to this user (membership or staff status

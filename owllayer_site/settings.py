@@ -224,9 +224,9 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     # A connection costs a file open and set-up: each database thread keeps its own.
     _database["CONN_MAX_AGE"] = None
     _database["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
-    # One file, one writer at a time: a few threads overlap the reads and the
-    # Python around the queries; more only queue at the write lock.
-    OWLLAYER_DB_THREADS = env_int("OWLLAYER_DB_THREADS", 2, minimum=1)
+    # One file, one writer at a time: a second thread mostly waits for the
+    # write lock, and SQLite's lock wait sleeps in steps of up to 100 ms.
+    OWLLAYER_DB_THREADS = env_int("OWLLAYER_DB_THREADS", 1, minimum=1)
 else:
     # Threads running the database calls of this process's sessions at once
     # (aitp/db.py); each holds a pooled connection only while it works.
@@ -250,6 +250,8 @@ if _database["ENGINE"] == "django.db.backends.postgresql":
             "min_size": OWLLAYER_DB_POOL_MIN,
             "max_size": OWLLAYER_DB_POOL_MAX,
             "timeout": OWLLAYER_DB_POOL_TIMEOUT,
+            # Connections above min_size close after a minute unused.
+            "max_idle": 60.0,
         }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

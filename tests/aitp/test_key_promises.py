@@ -269,19 +269,18 @@ def test_an_opened_session_records_its_handshake_and_the_keys_use(tenant):
 
 
 def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
-    # The key can change between the first check and the locked re-check
-    # (revoked meanwhile): the locked row decides.
+    # The key can change while a handshake is on its way (revoked
+    # meanwhile): the row read under the lock decides.
     key, raw = services.api_key_create(tenant=tenant)
-    real = services.api_key_refusal
-    calls = []
+    real = services.api_key_lookup
 
-    def refuse_the_second_time(loaded, **kwargs):
-        calls.append(loaded)
-        if len(calls) == 2:
+    def revoked_by_the_time_it_is_locked(raw_key, *, for_update=False):
+        loaded = real(raw_key, for_update=for_update)
+        if for_update:
             loaded.status = ApiKey.Status.REVOKED
-        return real(loaded, **kwargs)
+        return loaded
 
-    monkeypatch.setattr(services, "api_key_refusal", refuse_the_second_time)
+    monkeypatch.setattr(services, "api_key_lookup", revoked_by_the_time_it_is_locked)
     session, refusal = services.session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "api_key_revoked"
     assert not Session.objects.exists()
