@@ -329,3 +329,39 @@ def test_asyncio_is_the_only_clock_the_lines_wait_on():
     source = open(lines.__file__).read()
     assert "time.perf_counter" not in source
     assert asyncio.iscoroutinefunction(lines.paired)
+
+
+async def test_memory_per_idle_session_is_the_rss_growth_once_settled_over_the_sessions(
+        monkeypatch, clock):
+    events: list[str] = []
+    readings = iter([100 * 2**20, 160 * 2**20])
+
+    class Page:
+        async def close(self) -> None:
+            events.append("close")
+
+    async def open_pages(_target, _key, _log, count, phase, **_kwargs):
+        events.append(f"open {count} {phase}")
+        return [Page() for _ in range(count)]
+
+    class Drain:
+        async def drain(self, pids, *, open_sessions=0, **_kwargs):
+            events.append(f"drain {open_sessions}")
+
+    def rss(pid: int) -> int:
+        events.append("rss")
+        return next(readings)
+
+    monkeypatch.setattr(lines, "open_pages", open_pages)
+
+    found = await lines.idle_memory(Side(PRODUCT, [5]), "pk", Observations(), sessions=1000,
+                                    warmup=50, drainer=Drain(), rss=rss)
+
+    assert found["bytes_per_session"] == pytest.approx(60 * 2**20 / 1000)
+    # Warm-up sessions come and go before the first reading; the second is
+    # read with every session open and the process settled.
+    assert events[0] == "open 50 idle warmup" and events[1:51] == ["close"] * 50
+    assert events.index("rss") > events.index("drain 0")
+    second = len(events) - 1 - events[::-1].index("rss")
+    assert events[second - 1] == "drain 1000"
+    assert events[second - 2] == "open 1000 idle sessions"
