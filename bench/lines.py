@@ -129,10 +129,13 @@ async def paired(product: Side, baseline: Side, *, repeats: int, run_one: RunOne
 
 
 async def open_pages(target: Target, api_key: str, log: Observations, count: int,
-                     phase: str, *, timeout: float | None = None) -> list[Peer]:
+                     phase: str, *, timeout: float | None = None,
+                     refused: list[str] | None = None) -> list[Peer]:
     """``count`` sessions, each with the page's ten-tool CONTEXT_UPDATE
     answered (tools_effective; the baseline: the product's bytes), opened
-    OPEN_CONCURRENCY at a time."""
+    OPEN_CONCURRENCY at a time. A failed open fails the whole, unless
+    ``refused`` is given: then each failure is appended to it and the
+    sessions that did open are returned."""
     gate = asyncio.Semaphore(OPEN_CONCURRENCY)
     answered = echo_or(is_tools_effective)
 
@@ -151,7 +154,9 @@ async def open_pages(target: Target, api_key: str, log: Observations, count: int
                                    return_exceptions=True)
     peers = [result for result in results if isinstance(result, Peer)]
     failures = [result for result in results if isinstance(result, BaseException)]
-    if failures:
+    if failures and refused is not None and all(isinstance(f, BenchError) for f in failures):
+        refused.extend(str(failure) for failure in failures)
+    elif failures:
         await _close_all(peers)
         raise failures[0]
     return peers
@@ -253,27 +258,35 @@ async def idle_memory(side: Side, api_key: str, log: Observations, *, sessions: 
                       rss: Callable[[int], int] = rss_bytes) -> dict:
     """Memory per idle session: the server's RSS with ``sessions`` pages open
     (handshake + ten-tool context, drained and quiet) minus its RSS before,
-    divided by ``sessions``. ``warmup`` sessions are opened and closed first,
-    so lazy imports and first-use caches are not counted as sessions."""
+    divided by the sessions held. ``warmup`` sessions are opened and closed
+    first, so lazy imports and first-use caches are not counted as sessions.
+    Opens the server refuses (it may time out handshakes when overloaded) are
+    counted and reported, not hidden: memory is then per session it held."""
     pid = side.pids[0]
     if warmup:
         await _close_all(await open_pages(side.target, api_key, log, warmup, "idle warmup"))
     await drainer.drain(side.pids)
     before = rss(pid)
     opening = measure.clock()
+    refused: list[str] = []
     peers = await open_pages(side.target, api_key, log, sessions, "idle sessions",
-                             timeout=IDLE_OPEN_TIMEOUT)
+                             timeout=IDLE_OPEN_TIMEOUT, refused=refused)
     open_seconds = measure.clock() - opening
+    held = len(peers)
     try:
+        if not held:
+            raise BenchError(f"{side.target.name}: no idle session opened: {refused[0]}")
         # Settled: every row written, and the process back to the background
         # work of that many idle sessions (heartbeats), measured over 0.25 s.
-        await drainer.drain(side.pids, open_sessions=sessions, window=IDLE_WINDOW,
+        await drainer.drain(side.pids, open_sessions=held, window=IDLE_WINDOW,
                             share=IDLE_SHARE)
         after = rss(pid)
     finally:
         await _close_all(peers)
-    return {"sessions": sessions, "rss_before": before, "rss_after": after,
-            "bytes_per_session": (after - before) / sessions, "open_seconds": open_seconds}
+    return {"sessions": held, "asked": sessions, "refused": len(refused),
+            "first_refusal": refused[0] if refused else "", "rss_before": before,
+            "rss_after": after, "bytes_per_session": (after - before) / held,
+            "open_seconds": open_seconds}
 
 
 # --- streaming -------------------------------------------------------------------------

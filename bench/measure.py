@@ -93,11 +93,12 @@ class Observations:
     # label of an exchange -> sizes in bytes of the frames the product answered with
     shape: dict[str, list[int]] = field(default_factory=dict)
     keep_frames: bool = True
+    extra_notes: list[str] = field(default_factory=list)
 
     def notes(self) -> list[str]:
         if not self.turns_refused:
-            return []
-        return [
+            return list(self.extra_notes)
+        return [*self.extra_notes,
             f"{self.turns_refused} of {self.turns} product turns: USER_INPUT sent right after "
             f"the previous done:true was refused with turn_in_progress ({self.refusals} "
             "refusals in all; retried, and the time refused is part of the turn's sample)"

@@ -231,6 +231,12 @@ class Run:
                     warmup=min(config.open_concurrency, config.idle_sessions),
                     drainer=self.drainer)
         product, baseline = found[self.product.target.name], found[self.baseline.target.name]
+        for name, side in found.items():
+            if side["refused"]:
+                self.log.extra_notes.append(
+                    f"idle sessions: {name} refused {side['refused']} of {side['asked']} opens "
+                    f"and held {side['sessions']} (first: {side['first_refusal']}); memory is "
+                    "per session held")
         self.measures.append(report.line_measure(
             "idle_memory", f"{config.idle_sessions:,} idle sessions",
             [("KiB/session", product["bytes_per_session"] / 1024,
