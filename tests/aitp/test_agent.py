@@ -214,6 +214,17 @@ async def stored_calls(session_id: str) -> list[ToolCall]:
     return [c async for c in ToolCall.objects.filter(session_id=session_id).order_by("created_at", "id")]
 
 
+async def stored_call_once_sent(session_id: str, patience: float = 30.0) -> ToolCall:
+    """The session's one call, once its sent mark (written behind the
+    TOOL_CALL frame) has landed; the bound only stops a hang."""
+    async with asyncio.timeout(patience):
+        while True:
+            (row,) = await stored_calls(session_id)
+            if row.sent_at is not None:
+                return row
+            await asyncio.sleep(0.05)
+
+
 def assert_stored_conversation_valid(messages: list[ConversationMessage]) -> None:
     """Every stored tool_use has exactly one tool_result, in the next stored message."""
     for index, message in enumerate(messages):
@@ -719,7 +730,9 @@ async def test_unknown_and_duplicate_tool_results_get_unknown_call_and_change_no
                                     "result": {"added": True}})
     unknown = await page.recv()
     assert unknown["payload"]["data"] == {"code": "unknown_call", "callId": "tc_not_a_real_call"}
-    (row,) = await stored_calls(page.session_id)
+    # The sent mark is written behind the TOOL_CALL frame: once it is there,
+    # the unknown answer must not have moved the row on.
+    row = await stored_call_once_sent(page.session_id)
     assert row.status == "sent"  # still waiting for the real answer
 
     await page.send("TOOL_RESULT", {"callId": call_id, "status": "success", "result": {"n": 1}})
