@@ -311,8 +311,8 @@ def _parse_frame(text: str | bytes, *, max_bytes: int, allowed: frozenset[Messag
         problem = find_unstorable(data, max_depth=max_depth)
         if problem is not None:
             code, path, fact = problem
-            if path == "id":
-                message_id = None
+            if isinstance(message_id, str) and text_problem(message_id) is not None:
+                message_id = None  # never echo text the peer could not store either
             raw_type = data.get("type")
             raise ProtocolError(
                 code, f"field '{path}' {fact}" if path else f"frame {fact}",
