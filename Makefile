@@ -2,6 +2,7 @@
 #   make run    start a local server on 127.0.0.1:$PORT (default 8000) with a demo key
 #   make test   the suite on SQLite + in-memory layer, then on PostgreSQL + Redis
 #   make bench  the benchmarks (bench/)
+#   make mutate mutation testing of the code that carries the promises (docs/mutation.md)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -23,14 +24,28 @@ BENCH_ARGS ?=
 # (and drops) a scratch database, and the Redis it uses under a prefix of its own.
 BENCH_POSTGRES ?= postgres://postgres@127.0.0.1:5432
 BENCH_REDIS ?= redis://127.0.0.1:6379/0
+# The functions `make mutate` mutates (mutmut mutant-name globs; setup.cfg
+# lists the files and the tests that run). Narrow it, e.g.
+#   make mutate MUTANTS='approvals.audit.*'
+MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
+	'aitp.services.x_api_key_refusal__*' 'aitp.services.x_session_open__*' \
+	'aitp.services.x_live_sessions_filter__*' 'aitp.services.x_sessions_close_stale__*' \
+	'aitp.ledger.*' 'approvals.audit.*' 'approvals.services.*' \
+	'approvals.models.x_higher_risk__*' 'approvals.models.x_policy_parties__*' \
+	'aitp.agent.xǁAgentǁ_run_server_tool__*' 'aitp.agent.xǁAgentǁ_await_decision__*' \
+	'aitp.agent.xǁAgentǁ_apply_approval_row__*' \
+	'aitp.llm.anthropic_backend.xǁAnthropicConfigǁfrom_settings__*' \
+	'aitp.llm.anthropic_backend.xǁInteractiveAnthropicǁ_calculate_retry_timeout__*' \
+	'aitp.llm.anthropic_backend.x_get_client__*'
 
-.PHONY: help setup chromium nginx run test bench lint clean distclean
+.PHONY: help setup chromium nginx run test bench mutate lint clean distclean
 
 help:
 	@echo "make setup   create .venv, install requirements-dev.txt and Chromium"
 	@echo "make run     migrate, ensure the demo key, serve on 127.0.0.1:\$${PORT:-8000}"
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
+	@echo "make mutate  mutation testing of the promise-carrying code (tens of minutes)"
 	@echo "make lint    compile every module (syntax check)"
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3 and .demo-key"
@@ -115,12 +130,21 @@ nginx:
 bench: setup nginx
 	$(PY) -m bench --backend both --postgres "$(BENCH_POSTGRES)" --redis "$(BENCH_REDIS)" $(BENCH_ARGS)
 
+# Outside `make test`: each mutant reruns the tests that reach the mutated
+# function, on the embedded database. Results stay in mutants/ (`mutmut
+# results`, `mutmut show NAME`); a survivor is a promise no test pins.
+mutate: setup
+	@set -uo pipefail; rm -rf mutants; \
+	env -u DATABASE_URL -u REDIS_URL $(VENV)/bin/mutmut run $(MUTANTS); status=$$?; \
+	$(VENV)/bin/mutmut results | grep -v ': not checked' || true; \
+	exit $$status
+
 lint: setup
 	$(PY) -m compileall -q aitp aitp_client approvals bench console demo operators owllayer_site tests
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
-	rm -rf .pytest_cache staticfiles test-db.sqlite3* test-artifacts
+	rm -rf .pytest_cache staticfiles test-db.sqlite3* test-artifacts mutants
 
 # The local database and the demo key go together: a new database needs a new key.
 distclean: clean

@@ -12,6 +12,9 @@ the test database; only the page (AgentIO) is a stand-in that records frames.
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -243,11 +246,9 @@ def test_changing_who_acted_on_a_stored_event_breaks_the_chain_there(acme, colum
 
 @pytest.mark.parametrize("field", ["actor", "actor_kind", "channel"])
 def test_the_audit_hash_depends_on_who_acted(field):
-    from datetime import datetime, timezone
-
     fields = dict(seq=1, tenant_id=1, approval_id=2, session_id="ses", call_id="tc",
                   action="approved", actor_kind="operator", actor="olivia", channel="admin",
-                  args_hash="h", data={}, created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                  args_hash="h", data={}, created_at=datetime(2026, 1, 1, tzinfo=dt_timezone.utc),
                   prev_hash="0" * 64)
     other = {"actor": "mallory", "actor_kind": "page", "channel": "console"}[field]
     assert compute_hash(**fields) != compute_hash(**{**fields, field: other})
@@ -350,3 +351,98 @@ def test_an_event_beyond_the_head_is_reported_by_its_number(acme):
     AuditChainHead.objects.filter(pk=AuditChainHead.SINGLETON_PK).update(
         last_seq=2, last_hash=AuditEvent.objects.get(seq=2).hash)
     assert verify_chain() == VerifyResult(False, 2, 3, "event lies beyond the chain head")
+
+
+# --- the hash of history never changes, and covers every field --------------------------
+
+
+GOLDEN_FIELDS = dict(
+    seq=7, tenant_id=3, approval_id=11, session_id="ses_golden", call_id="tc_golden",
+    action="approved", actor_kind="operator", actor="olivia", channel="console",
+    args_hash="a" * 64, data={"note": "café", "party": "operator", "n": 1.5},
+    created_at=datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=dt_timezone(timedelta(hours=2))),
+    prev_hash="b" * 64,
+)
+# Computed once when the chain format was fixed: a stored chain stays
+# verifiable only while the same fields hash to the same value.
+GOLDEN_HASH = "667c9a59a142df6213f9045b457655029c68ab51865dbfc9c07bb3c7144895a7"
+
+
+def test_the_hash_of_a_stored_event_never_changes_across_releases():
+    assert compute_hash(**GOLDEN_FIELDS) == GOLDEN_HASH
+
+
+def test_the_hash_does_not_depend_on_the_process_time_zone(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert compute_hash(**GOLDEN_FIELDS) == GOLDEN_HASH
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_the_hash_does_not_depend_on_the_order_of_the_data_keys():
+    # PostgreSQL's jsonb hands keys back in its own order.
+    data = GOLDEN_FIELDS["data"]
+    reordered = {key: data[key] for key in reversed(list(data))}
+    assert list(reordered) != list(data)
+    assert compute_hash(**{**GOLDEN_FIELDS, "data": reordered}) == GOLDEN_HASH
+
+
+@pytest.mark.parametrize("column,value", [
+    ("approval_id", 8),
+    ("session_id", "ses_other"),
+    ("call_id", "tc_other"),
+    ("args_hash", "c" * 64),
+    ("action", "denied"),
+])
+def test_changing_what_a_stored_event_is_about_breaks_the_chain_there(acme, column, value):
+    append(acme, action="requested")
+    about = append(acme, approval_id=7, session_id="ses_a", call_id="tc_a", args_hash="d" * 64)
+    append(acme, action="executed")
+    rewrite(about, column, value)
+    assert verify_chain() == VerifyResult(False, 1, 2, "hash mismatch (row altered)")
+
+
+def test_an_appended_event_stores_exactly_what_it_was_given(acme):
+    event = append(acme, approval_id=7, session_id="ses_a", call_id="tc_a",
+                   args_hash="d" * 64, data={"note": "ok"})
+    stored = AuditEvent.objects.get(seq=event.seq)
+    assert (stored.tenant_id, stored.approval_id, stored.session_id, stored.call_id) == (
+        acme.pk, 7, "ses_a", "tc_a")
+    assert (stored.action, stored.actor_kind, stored.actor, stored.channel) == (
+        "approved", "operator", "olivia", "admin")
+    assert (stored.args_hash, stored.data) == ("d" * 64, {"note": "ok"})
+
+
+def test_an_event_without_an_actor_or_ids_stores_them_empty(acme):
+    with transaction.atomic():
+        event = append_event(tenant_id=acme.pk, action="expired", actor_kind="system",
+                             channel="system", session_id=None, call_id=None, args_hash=None)
+    stored = AuditEvent.objects.get(seq=event.seq)
+    assert (stored.actor, stored.session_id, stored.call_id, stored.args_hash) == ("", "", "", "")
+    assert stored.approval_id is None and stored.data == {}
+    assert verify_chain().ok
+
+
+def test_an_actor_name_is_kept_to_its_first_150_characters(acme):
+    event = append(acme, actor="o" * 400)
+    assert AuditEvent.objects.get(seq=event.seq).actor == "o" * 150
+    assert verify_chain().ok
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("action", "teleported", "unknown audit action 'teleported'"),
+    ("actor_kind", "robot", "unknown actor kind 'robot'"),
+    ("channel", "fax", "unknown channel 'fax'"),
+])
+def test_an_event_of_an_unknown_kind_is_refused_by_name(acme, field, value, named):
+    with pytest.raises(ValueError, match=named):
+        append(acme, **{field: value})
+    assert not AuditEvent.objects.exists()
+
+
+def test_appending_outside_a_transaction_says_why(acme):
+    with pytest.raises(RuntimeError, match="the audit chain can only be locked inside a transaction"):
+        append_event(tenant_id=acme.pk, action="requested", actor_kind="system", channel="system")
