@@ -154,8 +154,8 @@ async def open_pages(target: Target, api_key: str, log: Observations, count: int
                                    return_exceptions=True)
     peers = [result for result in results if isinstance(result, Peer)]
     failures = [result for result in results if isinstance(result, BaseException)]
-    if failures and refused is not None and all(isinstance(f, BenchError) for f in failures):
-        refused.extend(str(failure) for failure in failures)
+    if failures and refused is not None and all(isinstance(f, Exception) for f in failures):
+        refused.extend(f"{type(failure).__name__}: {failure}" for failure in failures)
     elif failures:
         await _close_all(peers)
         raise failures[0]

@@ -120,7 +120,7 @@ def test_an_interrupted_run_stops_both_servers_and_exits_130():
     run = subprocess.Popen(command, cwd=PROJECT_ROOT, env=bench_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(20):  # a handful of progress lines precede the phase
+        for _ in range(200):  # progress and start-up log lines precede the phase
             line = run.stderr.readline()
             if "handshake latency" in line or not line:
                 break
