@@ -323,7 +323,7 @@ def test_pooled_repeats_add_counts_and_seconds_and_keep_every_latency():
     assert len(pooled.latencies) == 40 and pooled.refusals == 3
 
 
-def test_asyncio_is_the_only_clock_the_lines_wait_on():
+def test_the_lines_read_the_one_sample_clock_the_fakes_replace():
     # Guard: the lines read the sample clock through bench.measure, so the
     # fakes above replace it everywhere.
     source = open(lines.__file__).read()
