@@ -403,3 +403,68 @@ def test_a_closed_session_records_how_it_ended(tenant):
     session.refresh_from_db()
     assert (session.close_code, session.ended_at) == (4001, first_end)
 
+
+
+def test_the_sweeper_never_rewrites_how_an_ended_session_ended(tenant, heartbeat):
+    now = timezone.now()
+    row = silent_session(tenant, now, 10 * heartbeat)
+    ended_at = now - timedelta(seconds=9 * heartbeat)
+    Session.objects.filter(pk=row.pk).update(
+        ended_at=ended_at, close_code=1000, close_reason="page left", state=Session.State.ENDED)
+    assert services.sessions_close_stale(now=now) == 0
+    row.refresh_from_db()
+    assert (row.ended_at, row.close_code, row.close_reason) == (ended_at, 1000, "page left")
+
+
+@pytest.mark.parametrize("status,expires,refusal", [
+    (ApiKey.Status.REVOKED, None, services.Refusal(
+        "api_key_revoked", "This API key has been revoked.", "api key revoked")),
+    (ApiKey.Status.DISABLED, None, services.Refusal(
+        "api_key_disabled", "This API key is disabled.", "api key disabled")),
+    (ApiKey.Status.ACTIVE, timedelta(seconds=-1), services.Refusal(
+        "api_key_expired", "This API key has expired.", "api key expired")),
+])
+def test_each_refusal_tells_the_page_why_in_its_own_words(tenant, status, expires, refusal):
+    now = timezone.now()
+    key, _ = services.api_key_create(tenant=tenant)
+    key.status = status
+    key.expires_at = None if expires is None else now + expires
+    assert services.api_key_refusal(key, origin=ORIGIN, now=now) == refusal
+
+
+def test_an_unknown_key_is_refused_in_its_own_words():
+    assert services.api_key_refusal(None, origin=ORIGIN, now=timezone.now()) == services.Refusal(
+        "invalid_api_key", "The API key is not valid.", "invalid api key")
+
+
+def test_a_key_that_expires_later_opens_a_session(tenant):
+    _, raw = services.api_key_create(tenant=tenant, expires_at=timezone.now() + timedelta(days=1))
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert refusal is None and session is not None
+
+
+def test_an_opened_session_keeps_long_handshake_fields_to_their_column_size(tenant):
+    _, raw = services.api_key_create(tenant=tenant)
+    info = services.HandshakeInfo(
+        session_id="ses_long", origin="o" * 600, user_agent="u" * 600, viewport="v" * 60,
+        sdk_version="s" * 60, protocol_version="p" * 60, channel_name="test.long",
+        process="proc-long")
+    session, refusal = services.session_open(raw_key=raw, info=info)
+    assert refusal is None
+    stored = Session.objects.get(id="ses_long")
+    assert (stored.origin, stored.user_agent) == ("o" * 500, "u" * 500)
+    assert (stored.viewport, stored.sdk_version, stored.protocol_version) == (
+        "v" * 40, "s" * 40, "p" * 40)
+    assert stored.process == "proc-long"
+    assert stored.last_activity_at == stored.started_at
+
+
+def test_each_opened_session_is_counted_once_in_the_days_usage(tenant):
+    from aitp.models import DailyUsage
+
+    _, raw = services.api_key_create(tenant=tenant)
+    for _ in range(2):
+        assert services.session_open(raw_key=raw, info=handshake())[1] is None
+    assert services.session_open(raw_key="pk_live_" + "z" * 32, info=handshake())[0] is None
+    [usage] = DailyUsage.objects.filter(tenant=tenant)
+    assert usage.sessions == 2 and usage.date == timezone.localdate()
