@@ -468,3 +468,10 @@ def test_each_opened_session_is_counted_once_in_the_days_usage(tenant):
     assert services.session_open(raw_key="pk_live_" + "z" * 32, info=handshake())[0] is None
     [usage] = DailyUsage.objects.filter(tenant=tenant)
     assert usage.sessions == 2 and usage.date == timezone.localdate()
+
+
+def test_a_key_one_character_over_the_longest_is_refused_without_a_lookup(
+        tenant, django_assert_num_queries):
+    _, raw = services.api_key_create(tenant=tenant)
+    with django_assert_num_queries(0):
+        assert services.api_key_lookup(raw + "x" * (201 - len(raw))) is None
