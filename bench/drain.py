@@ -31,7 +31,8 @@ QUIET_WINDOW = 0.01
 QUIET_SHARE = 0.1  # of one core over the window: idle apart from timers
 QUIET_WINDOWS_IN_A_ROW = 2
 ROWS_POLL = 0.02
-DRAIN_TIMEOUT = 60.0
+# Closing thousands of sessions on a loaded machine takes minutes; longer is a hang.
+DRAIN_TIMEOUT = 900.0
 
 
 class NotDrained(RuntimeError):
