@@ -26,7 +26,7 @@ from aitp.models import (
     TenantMembership,
     ToolCall,
 )
-from aitp.selectors import scope_to_user, tenant_ids_for_user
+from aitp.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user
 from aitp.transcript import pretty_json
 
 
@@ -54,20 +54,6 @@ def json_text_shown(text: str | None) -> str:
     return json_shown(value)
 
 
-def owned_tenant_ids(user) -> set[int] | None:
-    """Tenants the user may change rows of: None means all (superuser).
-    Viewers change nothing, whatever model permissions they were given."""
-    tenant_ids = tenant_ids_for_user(user)
-    if tenant_ids is None:
-        return None
-    if not tenant_ids:  # signed out, inactive, or a member of nothing
-        return set()
-    return set(
-        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
-        .values_list("tenant_id", flat=True)
-    )
-
-
 def _tenant_id_of(obj, tenant_field: str):
     for part in tenant_field.split("__")[:-1]:
         obj = getattr(obj, part)
@@ -84,7 +70,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return scope_to_user(super().get_queryset(request), request.user, self.tenant_field)
 
     def _owns(self, request, obj=None) -> bool:
-        owned = owned_tenant_ids(request.user)
+        owned = changeable_tenant_ids(request.user)
         if owned is None:
             return True
         return bool(owned) if obj is None else _tenant_id_of(obj, self.tenant_field) in owned
@@ -99,7 +85,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return super().has_delete_permission(request, obj) and self._owns(request, obj)
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        tenant_ids = owned_tenant_ids(request.user) if db_field.name == "tenant" else (
+        tenant_ids = changeable_tenant_ids(request.user) if db_field.name == "tenant" else (
             tenant_ids_for_user(request.user)
         )
         if tenant_ids is not None:
@@ -155,12 +141,12 @@ class TenantAdmin(admin.ModelAdmin):
         return queryset if tenant_ids is None else queryset.filter(pk__in=tenant_ids)
 
     def has_change_permission(self, request, obj=None) -> bool:
-        owned = owned_tenant_ids(request.user)
+        owned = changeable_tenant_ids(request.user)
         allowed = owned is None or (bool(owned) if obj is None else obj.pk in owned)
         return super().has_change_permission(request, obj) and allowed
 
     def has_delete_permission(self, request, obj=None) -> bool:
-        owned = owned_tenant_ids(request.user)
+        owned = changeable_tenant_ids(request.user)
         return super().has_delete_permission(request, obj) and (owned is None)
 
 
@@ -223,7 +209,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         return response
 
     def _owned(self, request, queryset):
-        owned = owned_tenant_ids(request.user)
+        owned = changeable_tenant_ids(request.user)
         return queryset if owned is None else queryset.filter(tenant_id__in=owned)
 
     @admin.action(description="Revoke selected keys (closes their live sessions)",

@@ -25,3 +25,20 @@ def scope_to_user(queryset: QuerySet, user, tenant_field: str = "tenant") -> Que
 
 def session_conversation(session: Session):
     return session.messages.order_by("seq")
+
+
+def changeable_tenant_ids(user) -> set[int] | None:
+    """Tenants whose rows the user may change (decide, review, end a session,
+    edit a key): None means all (superuser). Viewers change nothing, whatever
+    model permissions they were given."""
+    from aitp.models import TenantMembership
+
+    tenant_ids = tenant_ids_for_user(user)
+    if tenant_ids is None:
+        return None
+    if not tenant_ids:  # signed out, inactive, or a member of nothing
+        return set()
+    return set(
+        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
+        .values_list("tenant_id", flat=True)
+    )

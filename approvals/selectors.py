@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from aitp.selectors import scope_to_user, tenant_ids_for_user
+from aitp.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user
 from approvals.models import RISKS_NEEDING_APPROVAL, Approval
 
 
@@ -22,22 +22,6 @@ def is_operator(user) -> bool:
         return False
     tenant_ids = tenant_ids_for_user(user)
     return tenant_ids is None or bool(tenant_ids)
-
-
-def changeable_tenant_ids(user) -> set[int] | None:
-    """Tenants whose rows the user may change (decide, review, end a session,
-    edit a key): None means all (superuser). Viewers change nothing."""
-    from aitp.models import TenantMembership
-
-    tenant_ids = tenant_ids_for_user(user)
-    if tenant_ids is None:
-        return None
-    if not tenant_ids:  # signed out, inactive, or a member of nothing
-        return set()
-    return set(
-        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
-        .values_list("tenant_id", flat=True)
-    )
 
 
 def may_change_tenant(user, tenant_id: int) -> bool:
