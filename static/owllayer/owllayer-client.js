@@ -356,6 +356,7 @@ export class OwlLayerClient {
     this.handshakeTimer = null;
     this.acknowledged = false;
     this.stopped = false;
+    this.endedByServer = false;
     this.errorShown = false;
     this.contextDirty = false;
     this.contextQueued = false;
@@ -472,6 +473,7 @@ export class OwlLayerClient {
 
   connect() {
     this.stopped = false;
+    this.endedByServer = false;
     this.open();
     return this;
   }
@@ -533,6 +535,11 @@ export class OwlLayerClient {
     // The calls belonged to this connection; none of them can be answered.
     this.rest();
     this.emit("close", { code, reason });
+    if (this.stopped && this.endedByServer && code === 1001) {
+      this.stopped = false;
+      this.endedByServer = false;
+      this.errorShown = false;
+    }
     if (this.stopped) {
       this.setState("closed");
       return;
@@ -761,8 +768,11 @@ export class OwlLayerClient {
         this.redirect(data.url);
         return;
       case "disconnect":
-        // The server ended the session: do not come back on our own.
+        // The server ended the session: do not come back on our own, unless
+        // the close that follows is 1001 (the server process is stopping and
+        // another one will take the page: see closed()).
         this.stopped = true;
+        this.endedByServer = true;
         this.clearRetry();
         this.errorShown = true;
         this.rest();

@@ -384,6 +384,20 @@ async def test_a_disconnect_event_ends_the_session_for_good(fake_server, page):
     assert await page.evaluate("window.retries") == []
 
 
+async def test_a_disconnect_event_then_1001_reconnects_to_the_next_server_process(fake_server, page):
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake, RECORD_EVENTS)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    await fake.connections[0].send(frame("SYSTEM_EVENT", {
+        "kind": "disconnect", "message": "The server is restarting; reconnecting."}))
+    # A server process stopping: 1001, "going away".
+    await fake.connections[0].ws.close(1001, "server shutting down")
+    await eventually(lambda: len(fake.connections) == 2 and sent(fake.connections[1], "CONTEXT_UPDATE"),
+                     what="the reconnected page's session")
+    assert await page.evaluate("window.__owl.closes.map(c => c.code)") == [1001]
+
+
 # --- what the page is told: the activity and each tool call ---------------------
 
 RECORD_ACTIVITY = (
