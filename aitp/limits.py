@@ -317,12 +317,11 @@ async def _quota_checked_used_up(tenant_id: int, session_id: str | None) -> bool
 
 
 async def _quota_used_up(tenant_id: int) -> bool:
-    from channels.db import database_sync_to_async
-
+    from aitp.db import db_call
     from aitp.models import Tenant
 
     def check() -> bool:
         tenant = Tenant.objects.filter(pk=tenant_id).only("monthly_token_quota").first()
         return tenant is not None and token_quota_used_up(tenant)
 
-    return await database_sync_to_async(check)()
+    return await db_call(check)

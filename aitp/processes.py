@@ -43,12 +43,12 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Protocol
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
 
+from aitp.db import db_call
 from aitp.models import ServerProcess, Session
 
 logger = logging.getLogger(__name__)
@@ -299,11 +299,11 @@ async def _every(interval: float, job) -> None:
 
 
 async def _heartbeat() -> None:
-    await database_sync_to_async(mark_alive)()
+    await db_call(mark_alive)
 
 
 async def _sweep() -> None:
-    result = await database_sync_to_async(sweep)()
+    result = await db_call(sweep)
     if result.sessions or result.approvals or result.expired:
         logger.info("sweep: %s", result)
 
@@ -335,6 +335,6 @@ async def drain(timeout: float | None = None) -> None:
             for task in pending:
                 task.cancel()
     try:
-        await database_sync_to_async(mark_stopped)()
+        await db_call(mark_stopped)
     except DatabaseError:
         logger.exception("server process %s: could not record its stop", _current_id)
