@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import sys
 import threading
 import time
@@ -72,15 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deltas", type=int, default=20)
     parser.add_argument("--event-delay", type=float, default=0.02)
     args = parser.parse_args(argv)
-    server = StampingServer(port=args.port,
-                            responder=responder_for(args.deltas, args.event_delay)).start()
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    print(f"fake llm listening on {server.base_url}", flush=True)
-    done.wait()
-    server.stop()
-    return 0
+    server = StampingServer(port=args.port, responder=responder_for(args.deltas, args.event_delay))
+    return fake_anthropic.serve_until_signalled(server, "fake llm")
 
 
 if __name__ == "__main__":

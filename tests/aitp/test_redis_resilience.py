@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -31,6 +30,7 @@ from approvals.builtin_tools import demo_tools_install
 from approvals.models import Approval, DemoOrder
 from tests.aitp.conftest import ADD_TO_CART
 from tests.support.daphne import free_port
+from tests.support.people import admin_sign_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -156,13 +156,7 @@ def assert_open(pages: list[AitpClient]) -> None:
 
 
 async def sign_in(http: httpx.AsyncClient) -> None:
-    form = await http.get("/admin/login/")
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
-    answer = await http.post(
-        "/admin/login/?next=/admin/",
-        data={"username": "olga", "password": "pw-olga-123", "csrfmiddlewaretoken": token},
-    )
-    assert answer.status_code == 302, answer.text[:500]
+    await admin_sign_in(http, "olga", "pw-olga-123")
 
 
 def open_watch(server, http: httpx.AsyncClient):

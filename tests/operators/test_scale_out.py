@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import httpx
 import pytest
@@ -20,6 +19,7 @@ from aitp.models import TenantMembership
 from aitp_client import AitpClient
 from approvals.builtin_tools import demo_tools_install
 from approvals.models import Approval, DemoOrder
+from tests.support.people import admin_sign_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis]
 
@@ -37,13 +37,7 @@ def shop(db):
 
 
 async def sign_in(http: httpx.AsyncClient) -> None:
-    form = await http.get("/admin/login/")
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
-    answer = await http.post(
-        "/admin/login/?next=/admin/",
-        data={"username": "olga", "password": "pw-olga-123", "csrfmiddlewaretoken": token},
-    )
-    assert answer.status_code == 302, answer.text[:500]
+    await admin_sign_in(http, "olga", "pw-olga-123")
 
 
 async def post_form(http: httpx.AsyncClient, path: str, data: dict) -> httpx.Response:

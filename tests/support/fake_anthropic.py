@@ -697,11 +697,17 @@ def main(argv: list[str] | None = None) -> int:
     def responder(body: dict) -> Response:
         return default_responder(body, event_delay=args.event_delay)
 
-    server = FakeAnthropicServer(port=args.port, api_key=args.api_key, responder=responder).start()
+    server = FakeAnthropicServer(port=args.port, api_key=args.api_key, responder=responder)
+    return serve_until_signalled(server, "fake anthropic")
+
+
+def serve_until_signalled(server: FakeAnthropicServer, name: str) -> int:
+    """Start ``server``, say where it listens, and serve until SIGTERM or SIGINT."""
+    server.start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    print(f"fake anthropic listening on {server.base_url}", flush=True)
+    print(f"{name} listening on {server.base_url}", flush=True)
     done.wait()
     server.stop()
     return 0

@@ -73,3 +73,17 @@ def mallory(globex):
 @pytest.fixture
 def root(db):
     return make_user("root", superuser=True)
+
+
+async def admin_sign_in(http, username: str, password: str) -> None:
+    """Sign in to the admin of a real server through its login form (an
+    httpx.AsyncClient keeps the session cookie)."""
+    import re
+
+    form = await http.get("/admin/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
+    answer = await http.post(
+        "/admin/login/?next=/admin/",
+        data={"username": username, "password": password, "csrfmiddlewaretoken": token},
+    )
+    assert answer.status_code == 302, answer.text[:500]
