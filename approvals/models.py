@@ -63,7 +63,7 @@ class ServerTool(models.Model):
         WEBHOOK = "webhook", "Webhook"
         PYTHON = "python", "Python (built in)"
 
-    tenant = models.ForeignKey("aitp.Tenant", on_delete=models.CASCADE, related_name="server_tools")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="server_tools")
     name = models.CharField(
         max_length=64,
         validators=[RegexValidator(TOOL_NAME_RE, "letters, digits, _ and - only (1-64)")],
@@ -149,7 +149,7 @@ class Approval(models.Model):
         OK = "ok", "OK"
         CONCERN = "concern", "Concern"
 
-    tenant = models.ForeignKey("aitp.Tenant", on_delete=models.CASCADE, related_name="approvals")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="approvals")
     session = models.ForeignKey("aitp.Session", on_delete=models.CASCADE, related_name="approvals")
     tool_call = models.OneToOneField(
         "aitp.ToolCall", on_delete=models.CASCADE, related_name="approval"
@@ -289,7 +289,7 @@ class AuditEvent(models.Model):
     # no database constraint and no cascade, so deleting a tenant or a session
     # leaves its history (and the chain) intact.
     tenant = models.ForeignKey(
-        "aitp.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+        "tenants.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
     approval = models.ForeignKey(
         Approval, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True,
@@ -325,30 +325,3 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise TypeError("audit events are append-only")
-
-
-class DemoOrder(models.Model):
-    """Orders of the demo shop, so the built-in order tools act on real rows."""
-
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"
-        PAID = "paid", "Paid"
-        SHIPPED = "shipped", "Shipped"
-        DELIVERED = "delivered", "Delivered"
-        CANCELLED = "cancelled", "Cancelled"
-
-    tenant = models.ForeignKey("aitp.Tenant", on_delete=models.CASCADE, related_name="demo_orders")
-    number = models.CharField(max_length=32)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    items = models.JSONField(default=list, blank=True)
-    total = models.DecimalField(max_digits=10, decimal_places=2, default=0)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["tenant", "number"]
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "number"], name="uniq_demoorder_tenant_number")
-        ]
-
-    def __str__(self) -> str:
-        return self.number

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
+from decimal import Decimal
 from pathlib import Path
 
 from django.conf import settings
@@ -19,7 +19,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from demo import catalog
+from demo import catalog, services
 from demo.catalog import Cart, CartError
 
 logger = logging.getLogger(__name__)
@@ -192,7 +192,20 @@ def _coupon(request: HttpRequest, cart: Cart, body: dict) -> dict:
 
 
 def _pay(request: HttpRequest, cart: Cart, body: dict) -> dict:
-    order = cart.pay(body.get("amount"), order_id=f"ord_{secrets.token_hex(5)}")
+    order = cart.pay(body.get("amount"), order_id="")
+    # The shop of the page's key keeps the order, so its order_status tool
+    # and the admin's demo orders know it; without a usable key only this
+    # visitor's session does.
+    tenant = services.order_tenant(raw_key=page_api_key(request),
+                                   origin=f"{request.scheme}://{request.get_host()}")
+    if tenant is None:
+        order["orderId"] = services.new_order_number()
+    else:
+        row = services.demo_order_record_paid(
+            tenant=tenant, lines=order["items"],
+            total=Decimal(catalog.cents_of(order["amount"])) / 100,
+        )
+        order["orderId"] = row.number
     request.session[SESSION_ORDER] = order
     logger.info("demo order %s paid: %s %s", order["orderId"], order["amount"], order["currency"])
     return {"paid": True, "orderId": order["orderId"], "amount": order["amount"],

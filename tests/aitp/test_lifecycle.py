@@ -484,8 +484,8 @@ async def test_sigterm_closes_operator_watch_sockets_and_a_server_tool_awaiting_
     from django.contrib.auth import get_user_model
 
     from aitp.models import TenantMembership
-    from approvals.builtin_tools import demo_tools_install
-    from approvals.models import DemoOrder
+    from demo.models import DemoOrder
+    from demo.order_tools import demo_tools_install
     from tests.operators.test_scale_out import sign_in
 
     def make_shop():

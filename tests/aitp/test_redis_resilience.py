@@ -26,8 +26,9 @@ from django.contrib.auth import get_user_model
 from aitp import services
 from aitp.models import ConversationMessage, TenantMembership, ToolCall
 from aitp_client import AitpClient, final_text
-from approvals.builtin_tools import demo_tools_install
-from approvals.models import Approval, DemoOrder
+from approvals.models import Approval
+from demo.models import DemoOrder
+from demo.order_tools import demo_tools_install
 from tests.aitp.conftest import ADD_TO_CART
 from tests.support.daphne import free_port
 from tests.support.people import admin_sign_in

@@ -12,8 +12,9 @@ from django.test import override_settings
 
 from aitp.models import TenantMembership, ToolCall
 from approvals import services as approvals
-from approvals.builtin_tools import demo_tools_install
-from approvals.models import Approval, AuditEvent, DemoOrder
+from approvals.models import Approval, AuditEvent
+from demo.models import DemoOrder
+from demo.order_tools import demo_tools_install
 from tests.aitp.conftest import api_key, connect, in_db, open_page, tenant  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

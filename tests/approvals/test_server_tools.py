@@ -5,14 +5,14 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from aitp.tools import Risk
-from approvals.builtin_tools import demo_tools_install
-from approvals.models import DemoOrder, ServerTool
+from approvals.models import ServerTool
 from approvals.server_tools import (
     ToolRunError,
     load_server_tools,
     python_tool_def,
     register_python_tool,
 )
+from demo.order_tools import demo_tools_install
 from tests.approvals.webhook_receiver import SECRET, Receiver
 
 ORDER_PARAMS = {"type": "OBJECT", "properties": {"number": {"type": "STRING"}}, "required": ["number"]}
@@ -70,37 +70,6 @@ async def test_a_python_row_can_raise_the_risk_of_a_code_tool_but_not_lower_it(a
 
 
 # --- running --------------------------------------------------------------------------
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_order_status_looks_up_an_order_of_the_calling_tenant_only(acme, globex):
-    await DemoOrder.objects.acreate(tenant=acme, number="A1001", status="shipped", total="149.99",
-                                    items=[{"sku": "pro-headphones", "qty": 1}])
-    tool = python_tool_def("order_status")
-
-    found = await tool.run({"number": "A1001"}, session_id="ses_acme", tenant_id=acme.pk)
-    with pytest.raises(ToolRunError) as caught:
-        await tool.run({"number": "A1001"}, session_id="ses_globex", tenant_id=globex.pk)
-
-    assert found == {"number": "A1001", "status": "shipped", "total": "149.99",
-                     "items": [{"sku": "pro-headphones", "qty": 1}]}
-    assert caught.value.message == "no order with that number"
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_cancel_order_cancels_an_unshipped_order_and_refuses_a_shipped_one(acme):
-    await DemoOrder.objects.acreate(tenant=acme, number="A1", status="paid")
-    await DemoOrder.objects.acreate(tenant=acme, number="A2", status="shipped")
-    tool = python_tool_def("cancel_order")
-
-    result = await tool.run({"number": "A1"}, session_id="ses_acme", tenant_id=acme.pk)
-    with pytest.raises(ToolRunError) as caught:
-        await tool.run({"number": "A2"}, session_id="ses_acme", tenant_id=acme.pk)
-
-    assert result["status"] == "cancelled"
-    assert (await DemoOrder.objects.aget(number="A1")).status == "cancelled"
-    assert caught.value.message == "order is already shipped"
-    assert (await DemoOrder.objects.aget(number="A2")).status == "shipped"
 
 
 async def test_a_failing_handler_gives_the_model_a_plain_error(monkeypatch):
@@ -176,13 +145,3 @@ def test_a_valid_server_tool_passes_and_gets_its_own_secret(acme):
     second.full_clean()
 
     assert first.webhook_secret.startswith("whsec_") and first.webhook_secret != second.webhook_secret
-
-
-def test_installing_the_demo_twice_keeps_one_set(acme):
-    demo_tools_install(tenant=acme)
-    DemoOrder.objects.filter(number="A1003").update(status="cancelled")
-    demo_tools_install(tenant=acme)
-
-    assert ServerTool.objects.filter(tenant=acme).count() == 2
-    assert DemoOrder.objects.filter(tenant=acme).count() == 3
-    assert DemoOrder.objects.get(number="A1003").status == "cancelled"

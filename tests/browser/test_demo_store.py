@@ -201,8 +201,8 @@ async def test_the_cart_survives_a_reload_and_the_reloaded_page_connects_on_its_
 
 
 async def test_a_server_tool_that_needs_approval_asks_in_the_page(store, page):
-    from approvals.builtin_tools import demo_tools_install
-    from approvals.models import DemoOrder
+    from demo.models import DemoOrder
+    from demo.order_tools import demo_tools_install
 
     await sync_to_async(demo_tools_install)(tenant=store.key.tenant)
     await open_store(page, store)
@@ -317,7 +317,7 @@ async def test_asked_to_pay_the_agent_asks_first_and_pays_once_approved(llm_stor
     await dialog.get_by_role("button", name="Approve").click()
 
     await expect(page.locator("#order-confirmation")).to_contain_text("$299.98")
-    await expect(answers(page).last).to_contain_text("Paid $299.98, order ord_")
+    await expect(answers(page).last).to_contain_text("Paid $299.98, order A")
     await shot("paid")
     [call] = await tool_calls("process_payment")
     assert call.status == ToolCall.Status.SUCCESS

@@ -19,8 +19,8 @@ from websockets.asyncio.client import connect
 
 from aitp import services
 from aitp.models import OperatorAction
-from approvals.builtin_tools import demo_tools_install
 from approvals.models import Approval
+from demo.order_tools import demo_tools_install
 from tests.operators.conftest import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

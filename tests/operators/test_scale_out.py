@@ -17,8 +17,9 @@ from django.contrib.auth import get_user_model
 from aitp import services
 from aitp.models import TenantMembership
 from aitp_client import AitpClient
-from approvals.builtin_tools import demo_tools_install
-from approvals.models import Approval, DemoOrder
+from approvals.models import Approval
+from demo.models import DemoOrder
+from demo.order_tools import demo_tools_install
 from tests.support.people import admin_sign_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis]

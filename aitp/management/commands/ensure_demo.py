@@ -113,7 +113,7 @@ class Command(BaseCommand):
             raise CommandError(f"port must be between 1 and 65535, got {port_number}")
         demo = ensure_demo(key_file=Path(key_file), origins=demo_origins(port_number))
         # The shop's server-side tools (order lookup; cancelling needs approval).
-        from approvals.builtin_tools import demo_tools_install
+        from demo.order_tools import demo_tools_install
 
         demo_tools_install(tenant=demo.tenant)
         base = f"127.0.0.1:{port_number}"

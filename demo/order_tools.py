@@ -1,8 +1,8 @@
 """Built-in Python server tools of the demo shop: look up and cancel an order.
 
-They act on ``DemoOrder`` rows of the calling session's tenant. A tenant
-offers them with ``ServerTool`` rows of kind "python" (``demo_tools_install``
-creates those and a few orders).
+They act on ``DemoOrder`` rows of the calling session's tenant: the seeded
+ones and those paid in the store. A tenant offers them with ``ServerTool``
+rows of kind "python" (``demo_tools_install`` creates those and a few orders).
 """
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from approvals.models import DemoOrder, Policy, ServerTool
+from approvals.models import Policy, ServerTool
 from approvals.server_tools import ToolRunError, register_python_tool
+from demo.models import DemoOrder
 
 ORDER_NUMBER = {"type": "STRING", "description": "The order number, e.g. A1001"}
 NOT_CANCELLABLE = (DemoOrder.Status.SHIPPED, DemoOrder.Status.DELIVERED, DemoOrder.Status.CANCELLED)
