@@ -174,13 +174,8 @@ class ApprovalAdmin(TenantScopedAdmin):
         except services.ApprovalError as exc:
             messages.error(request, f"Not recorded: {exc.message}.")
         else:
-            verdict = dict(form.fields["verdict"].choices)[form.cleaned_data["verdict"]]
-            messages.success(request, f"Review of #{approval.pk} ({approval.tool_name}) recorded: {verdict}.")
-            return HttpResponseRedirect(self._after_review_url(request, approval))
+            messages.success(request, "Review recorded.")
         return HttpResponseRedirect(self._detail_url(approval))
-
-    def _after_review_url(self, request, approval: Approval) -> str:
-        return self._detail_url(approval)
 
 
 @admin.register(Approval)
@@ -241,20 +236,6 @@ class ReviewQueueAdmin(ApprovalAdmin):
         return super().get_queryset(request).filter(risk__in=RISKS_NEEDING_APPROVAL).exclude(
             status=Approval.Status.PENDING
         )
-
-    def _after_review_url(self, request, approval: Approval) -> str:
-        # A verdict moves the reviewer on: to the next unreviewed item they may
-        # review, or back to the (now empty) queue.
-        info = self.opts.app_label, self.opts.model_name
-        waiting = self.get_queryset(request).filter(review_status="unreviewed").exclude(pk=approval.pk)
-        owned = changeable_tenant_ids(request.user)
-        if owned is not None:
-            waiting = waiting.filter(tenant_id__in=owned)
-        following = waiting.order_by(*self.ordering).first()
-        if following is None:
-            messages.info(request, "Nothing else waits for a review.")
-            return reverse(f"{self.admin_site.name}:%s_%s_changelist" % info)
-        return reverse(f"{self.admin_site.name}:%s_%s_change" % info, args=[following.pk])
 
     @admin.action(description="Mark reviewed: OK")
     def mark_reviewed_ok(self, request, queryset):
