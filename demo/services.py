@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from aitp import services as aitp_services
-from tenants.models import Tenant
+from aitp.models import Tenant
 from demo.models import DemoOrder
 
 logger = logging.getLogger(__name__)
