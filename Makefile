@@ -35,7 +35,8 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.agent.xǁAgentǁ_run_server_tool__*' 'aitp.agent.xǁAgentǁ_await_decision__*' \
 	'aitp.agent.xǁAgentǁ_apply_approval_row__*' \
 	'aitp.llm.anthropic_backend.xǁAnthropicConfigǁfrom_settings__*' \
-	'aitp.llm.anthropic_backend.xǁInteractiveAnthropicǁ_calculate_retry_timeout__*' \
+	'aitp.llm.anthropic_backend.xǁCappedRetriesǁ*' 'aitp.llm.anthropic_backend.x_should_retry__*' \
+	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
 	'aitp.llm.anthropic_backend.x_get_client__*'
 
 .PHONY: help setup chromium nginx run test bench mutate lint clean distclean

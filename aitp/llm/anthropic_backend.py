@@ -1,19 +1,24 @@
 """The Anthropic Messages API backend, streamed through the official SDK.
 
-The SDK retries a request that failed before streaming began (429, 529, other
-5xx, connection errors), honouring retry-after; once events flow nothing is
+A request that failed before streaming began (429, 529, other 5xx, connection
+errors) is retried by CappedRetries, the client's middleware, honouring
+retry-after up to OWLLAYER_LLM_MAX_RETRY_WAIT; once events flow nothing is
 retried, because the page has already shown part of the answer. Everything
 that can go wrong leaves this module as an LlmError.
 """
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
+import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import anthropic
+import anyio
 import httpx2
 
 from .base import LlmError, LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
@@ -22,6 +27,11 @@ logger = logging.getLogger(__name__)
 
 # A server that does not accept a connection within this long is not going to.
 CONNECT_TIMEOUT = 5.0
+
+# Without a retry-after, the n-th retry waits about FIRST_RETRY_WAIT * 2**n
+# seconds (less a random quarter), at most LONGEST_BACKOFF: the SDK's backoff.
+FIRST_RETRY_WAIT = 0.5
+LONGEST_BACKOFF = 8.0
 
 # error.type in an API error body (or an SSE error event) -> our code.
 ERROR_TYPE_CODES = {
@@ -58,22 +68,68 @@ class AnthropicConfig:
         )
 
 
-class InteractiveAnthropic(anthropic.AsyncAnthropic):
-    """The SDK client, with its retry waits capped for a person waiting.
+class CappedRetries(anthropic.Middleware):
+    """Retries a request the API refused before streaming began, each wait
+    capped for a person waiting.
 
-    The SDK honours any ``retry-after`` the API sends; a 429 asking for ten
-    minutes would hold the page's turn that long. Past the cap it retries
-    sooner, and once its retries are spent the turn ends with a clear
-    "busy, try again" error.
+    The client's own retry loop is off (``max_retries=0``); this middleware,
+    the SDK's public hook around each HTTP attempt, is the only one. It
+    retries what the SDK would (a connection error or timeout; 408, 409, 429
+    and 5xx unless the API says ``x-should-retry: false``; anything the API
+    says ``x-should-retry: true`` to) at most ``max_retries`` times. It waits
+    as long as ``retry-after-ms`` / ``retry-after`` asks, or else backs off
+    exponentially, but never longer than ``max_wait``: a 429 asking for ten
+    minutes would otherwise hold the page's turn that long. Once its retries
+    are spent the last answer goes back to the SDK, and the turn ends with a
+    clear "busy, try again" error. A response whose status is success is
+    never retried: from there on events flow and the page shows them.
     """
 
-    def __init__(self, *, max_retry_wait: float, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self._max_retry_wait = max_retry_wait
+    def __init__(self, *, max_retries: int, max_wait: float) -> None:
+        self.max_retries = max_retries
+        self.max_wait = max_wait
 
-    def _calculate_retry_timeout(self, remaining_retries, options, response_headers=None) -> float:
-        wait = super()._calculate_retry_timeout(remaining_retries, options, response_headers)
-        return min(wait, self._max_retry_wait)
+    async def handle_async(self, request: anthropic.APIRequest, call_next):
+        attempt, retries_taken = request, 0
+        while True:
+            try:
+                response = await call_next(attempt)
+            except (anthropic.APIConnectionError, anthropic.RetryableError):
+                if retries_taken >= self.max_retries:
+                    raise
+                headers = None
+            else:
+                reply = response.http_response
+                if (reply.is_success or retries_taken >= self.max_retries
+                        or not should_retry(reply)):
+                    return response
+                headers = reply.headers
+                await reply.aclose()
+            await anyio.sleep(self.retry_wait(retries_taken, headers))
+            retries_taken += 1
+            # The same request again, counted in x-stainless-retry-count.
+            attempt = anthropic.APIRequest(
+                options=request.options, cast_to=request.cast_to, stream=request.stream,
+                stream_cls=request.stream_cls, retries_taken=request.retries_taken + retries_taken,
+            )
+
+    def retry_wait(self, retries_taken: int, headers: Any = None) -> float:
+        """Seconds to wait before retry number ``retries_taken + 1``."""
+        asked = _asked_wait(headers)
+        if asked is not None and asked > 0:
+            wait = asked
+        else:
+            backoff = min(FIRST_RETRY_WAIT * 2.0 ** retries_taken, LONGEST_BACKOFF)
+            wait = backoff * (1 - 0.25 * random.random())
+        return min(wait, self.max_wait)
+
+
+def should_retry(response: httpx2.Response) -> bool:
+    """Whether an error status is worth another try (the SDK's own policy)."""
+    hint = response.headers.get("x-should-retry")
+    if hint in ("true", "false"):
+        return hint == "true"
+    return response.status_code in (408, 409, 429) or response.status_code >= 500
 
 
 # One client per process, so its connection pool is shared by every session.
@@ -92,11 +148,13 @@ def get_client(config: AnthropicConfig) -> anthropic.AsyncAnthropic:
         if _client is None or _client_key != key:
             # A replaced client is dropped, not closed: it may belong to a
             # loop that no longer runs.
-            _client = InteractiveAnthropic(
-                max_retry_wait=config.max_retry_wait,
+            _client = anthropic.AsyncAnthropic(
                 api_key=config.api_key,
                 base_url=config.base_url,
-                max_retries=config.max_retries,
+                # The retries are CappedRetries', so that each wait is ours.
+                max_retries=0,
+                middleware=[CappedRetries(max_retries=config.max_retries,
+                                          max_wait=config.max_retry_wait)],
                 timeout=anthropic.Timeout(
                     config.timeout, connect=min(CONNECT_TIMEOUT, config.timeout)
                 ),
@@ -259,6 +317,17 @@ def _retry_after(headers: Any) -> float | None:
         if value >= 0:
             return value
     return None
+
+
+def _asked_wait(headers: Any) -> float | None:
+    """Seconds a retry hint asks for: retry-after-ms, retry-after in seconds or as a date."""
+    if headers is None:
+        return None
+    seconds = _retry_after(headers)
+    if seconds is not None:
+        return seconds
+    date = email.utils.parsedate_tz(headers.get("retry-after") or "")
+    return None if date is None else email.utils.mktime_tz(date) - time.time()
 
 
 def _describe(exc: BaseException) -> str:

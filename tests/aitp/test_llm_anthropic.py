@@ -387,13 +387,9 @@ def test_get_backend_follows_the_llm_setting_and_keeps_one_instance(settings):
 
 def test_a_long_retry_after_is_capped_for_an_interactive_turn():
     import httpx2
-    from anthropic._models import FinalRequestOptions
 
-    from aitp.llm.anthropic_backend import InteractiveAnthropic
+    from aitp.llm.anthropic_backend import CappedRetries
 
-    client = InteractiveAnthropic(max_retry_wait=2.5, api_key="k", max_retries=2)
-    options = FinalRequestOptions.construct(method="post", url="/v1/messages")
-    wait = client._calculate_retry_timeout(2, options, httpx2.Headers({"retry-after": "600"}))
-    assert wait == 2.5
-    short = client._calculate_retry_timeout(2, options, httpx2.Headers({"retry-after": "1"}))
-    assert short == 1
+    retries = CappedRetries(max_retries=2, max_wait=2.5)
+    assert retries.retry_wait(0, httpx2.Headers({"retry-after": "600"})) == 2.5
+    assert retries.retry_wait(0, httpx2.Headers({"retry-after": "1"})) == 1
