@@ -395,3 +395,36 @@ OWLLAYER_SWEEP_INTERVAL = env_float("OWLLAYER_SWEEP_INTERVAL", 60.0, minimum=0.5
 # On SIGTERM, open pages are told to reconnect elsewhere (1001) and running
 # turns are cancelled; the process exits after at most this many seconds.
 OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0)
+
+# --- Voice (README "Voice (engines)") -------------------------------------
+# Speech engines: offline PocketSphinx and eSpeak NG by default, or OpenAI's
+# audio endpoints (any server speaking them, at OWLLAYER_VOICE_BASE_URL).
+OWLLAYER_STT = env_choice("OWLLAYER_STT", "pocketsphinx", ("pocketsphinx", "openai"))
+OWLLAYER_TTS = env_choice("OWLLAYER_TTS", "espeak", ("espeak", "openai"))
+OWLLAYER_VOICE_API_KEY = os.environ.get("OWLLAYER_VOICE_API_KEY", "")
+OWLLAYER_VOICE_BASE_URL = env_str("OWLLAYER_VOICE_BASE_URL", "https://api.openai.com/v1")
+if "openai" in (OWLLAYER_STT, OWLLAYER_TTS) and not OWLLAYER_VOICE_API_KEY:
+    raise ImproperlyConfigured("OWLLAYER_STT=openai or OWLLAYER_TTS=openai needs OWLLAYER_VOICE_API_KEY")
+OWLLAYER_STT_MODEL = env_str("OWLLAYER_STT_MODEL", "gpt-4o-mini-transcribe")
+OWLLAYER_TTS_MODEL = env_str("OWLLAYER_TTS_MODEL", "gpt-4o-mini-tts")
+OWLLAYER_TTS_VOICE = env_str("OWLLAYER_TTS_VOICE", "alloy")
+# A JSGF grammar that PocketSphinx listens for instead of all of English.
+OWLLAYER_STT_GRAMMAR = env_str("OWLLAYER_STT_GRAMMAR", "")
+if OWLLAYER_STT_GRAMMAR and not os.path.isfile(OWLLAYER_STT_GRAMMAR):
+    raise ImproperlyConfigured(f"OWLLAYER_STT_GRAMMAR is not a file: {OWLLAYER_STT_GRAMMAR!r}")
+OWLLAYER_ESPEAK_VOICE = env_str("OWLLAYER_ESPEAK_VOICE", "en-us")
+OWLLAYER_ESPEAK_WPM = env_int("OWLLAYER_ESPEAK_WPM", 175, minimum=80)
+# Speech jobs (transcriptions, syntheses) running at once in one process,
+# off the event loop; more wait their turn.
+OWLLAYER_VOICE_JOBS = env_int("OWLLAYER_VOICE_JOBS", 2, minimum=1)
+OWLLAYER_VOICE_TIMEOUT = env_float("OWLLAYER_VOICE_TIMEOUT", 30.0, minimum=0.1)
+# Limits of a voice session: the longest utterance (longer audio is cut and
+# the utterance ends as "timeout"), microphone bytes per second per
+# connection (16 kHz real time is 32,000), and how long a stream may pause
+# before its utterance ends as "timeout".
+OWLLAYER_VOICE_MAX_UTTERANCE_SECONDS = env_float("OWLLAYER_VOICE_MAX_UTTERANCE_SECONDS", 30.0, minimum=1.0)
+OWLLAYER_VOICE_BYTES_PER_SECOND = env_int("OWLLAYER_VOICE_BYTES_PER_SECOND", 64000, minimum=32000)
+OWLLAYER_VOICE_IDLE_SECONDS = env_float("OWLLAYER_VOICE_IDLE_SECONDS", 5.0, minimum=0.5)
+# The server ends an utterance itself after this much silence following speech.
+OWLLAYER_SERVER_VAD = env_bool("OWLLAYER_SERVER_VAD", False)
+OWLLAYER_VAD_SILENCE_SECONDS = env_float("OWLLAYER_VAD_SILENCE_SECONDS", 0.8, minimum=0.1)
