@@ -39,10 +39,10 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
 	'aitp.llm.anthropic_backend.x_get_client__*'
 
-.PHONY: help setup chromium nginx run test bench mutate lint clean distclean
+.PHONY: help setup chromium espeak nginx run test bench mutate lint clean distclean
 
 help:
-	@echo "make setup   create .venv, install requirements-dev.txt and Chromium"
+	@echo "make setup   create .venv, install requirements-dev.txt, Chromium and eSpeak NG"
 	@echo "make run     migrate, ensure the demo key, serve on 127.0.0.1:\$${PORT:-8000}"
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
@@ -51,7 +51,7 @@ help:
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3 and .demo-key"
 
-setup: $(STAMP) chromium
+setup: $(STAMP) chromium espeak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,19 @@ chromium:
 	else \
 		echo "note: /usr/bin/chromium is missing and we are not root;" \
 			"browser tests will be skipped (as root: apt-get install chromium chromium-driver)"; \
+	fi
+
+# The offline text-to-speech engine (OWLLAYER_TTS=espeak) is Debian's eSpeak NG.
+espeak:
+	@if [ -x /usr/bin/espeak-ng ]; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian espeak-ng"; \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends espeak-ng; \
+	else \
+		echo "note: /usr/bin/espeak-ng is missing and we are not root;" \
+			"voice is off and its tests are skipped (as root: apt-get install espeak-ng)"; \
 	fi
 
 # Local use: debug mode unless a real secret is given (settings refuse to
