@@ -318,7 +318,7 @@ async def _quota_checked_used_up(tenant_id: int, session_id: str | None) -> bool
 
 async def _quota_used_up(tenant_id: int) -> bool:
     from aitp.db import db_call
-    from aitp.models import Tenant
+    from tenants.models import Tenant
 
     def check() -> bool:
         tenant = Tenant.objects.filter(pk=tenant_id).only("monthly_token_quota").first()

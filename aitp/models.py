@@ -1,53 +1,16 @@
-"""Tenants, their publishable keys, sessions, the conversation and the tool-call ledger."""
+"""The protocol's records: publishable keys, sessions, the conversation, the
+tool-call ledger, daily usage, server processes, and the operator actions
+taken on keys and sessions.
+
+Tenants and their members live one floor down, in ``tenants.models``.
+"""
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-
-class Tenant(models.Model):
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
-    system_prompt = models.TextField(
-        blank=True,
-        default="You are a helpful assistant embedded in this web site. Be concise.",
-        help_text="Sent to the model at the start of every turn, before the page context.",
-    )
-    monthly_token_quota = models.PositiveBigIntegerField(
-        null=True,
-        blank=True,
-        help_text="Model tokens (input + output) this tenant may use per calendar month; "
-        "empty or 0 means unlimited. Once used up, new sessions and turns are refused.",
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["slug"]
-
-    def __str__(self) -> str:
-        return self.slug
-
-
-class TenantMembership(models.Model):
-    class Role(models.TextChoices):
-        OWNER = "owner", "Owner"
-        VIEWER = "viewer", "Viewer"
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships"
-    )
-    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership_tenant_user")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.user} @ {self.tenant} ({self.role})"
+from tenants.models import Tenant
 
 
 class ApiKey(models.Model):

@@ -1,44 +1,9 @@
-"""Reads shared by the admin, the console and the consumer."""
+"""Reads of the protocol's records shared by the admin, the console and the
+operator pages. Who may see or change which tenant is ``tenants.selectors``."""
 from __future__ import annotations
 
-from django.db.models import QuerySet
-
-from aitp.models import Session, TenantMembership
-
-
-def tenant_ids_for_user(user) -> set[int] | None:
-    """The tenants a signed-in user may see: None means all (superuser)."""
-    if not user.is_authenticated or not user.is_active:
-        return set()
-    if user.is_superuser:
-        return None
-    return set(TenantMembership.objects.filter(user=user).values_list("tenant_id", flat=True))
-
-
-def scope_to_user(queryset: QuerySet, user, tenant_field: str = "tenant") -> QuerySet:
-    """Filter any queryset with a tenant relation down to what the user may see."""
-    tenant_ids = tenant_ids_for_user(user)
-    if tenant_ids is None:
-        return queryset
-    return queryset.filter(**{f"{tenant_field}__in": tenant_ids})
+from aitp.models import Session
 
 
 def session_conversation(session: Session):
     return session.messages.order_by("seq")
-
-
-def changeable_tenant_ids(user) -> set[int] | None:
-    """Tenants whose rows the user may change (decide, review, end a session,
-    edit a key): None means all (superuser). Viewers change nothing, whatever
-    model permissions they were given."""
-    from aitp.models import TenantMembership
-
-    tenant_ids = tenant_ids_for_user(user)
-    if tenant_ids is None:
-        return None
-    if not tenant_ids:  # signed out, inactive, or a member of nothing
-        return set()
-    return set(
-        TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
-        .values_list("tenant_id", flat=True)
-    )

@@ -26,9 +26,9 @@ from aitp.models import (
     DailyUsage,
     OperatorAction,
     Session,
-    Tenant,
     ToolCall,
 )
+from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from aitp.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user
 from approvals.models import RISKS_NEEDING_APPROVAL, Approval
+from tenants.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user
 
 
 def approval_for_call(*, call_id: str) -> Approval | None:

@@ -15,7 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from aitp.models import Tenant, TenantMembership
+from tenants.models import Tenant, TenantMembership
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 

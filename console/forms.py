@@ -6,8 +6,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from aitp.models import Tenant, TenantMembership
 from console.origins import parse_origin_lines
+from tenants.models import Tenant, TenantMembership
 
 MAX_SESSION_CAP = 10_000
 

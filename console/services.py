@@ -12,7 +12,8 @@ from datetime import datetime
 from django.db import transaction
 
 from aitp import services as aitp_services
-from aitp.models import ApiKey, OperatorAction, Tenant, TenantMembership
+from aitp.models import ApiKey, OperatorAction
+from tenants.models import Tenant, TenantMembership
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, timedelta
 
-from aitp.models import DailyUsage, Tenant
+from aitp.models import DailyUsage
+from tenants.models import Tenant
 
 USAGE_DAYS = 30
 

@@ -19,12 +19,13 @@ from django.views.decorators.http import require_POST
 
 from aitp import selectors, services
 from aitp.limits import tenant_quota_status
-from aitp.models import ApiKey, OperatorAction, Session, TenantMembership, ToolCall
+from aitp.models import ApiKey, OperatorAction, Session, ToolCall
 from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
 from console.access import Access, render_page, tenant_view
 from console.forms import ApiKeyCreateForm, ApiKeyEditForm, MemberAddForm, MemberRoleForm
 from console.usage import bar_chart, daily_usage
+from tenants.models import TenantMembership
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from aitp import services as aitp_services
-from aitp.models import Tenant
 from demo.models import DemoOrder
+from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 

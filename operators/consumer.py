@@ -29,8 +29,8 @@ from django.conf import settings
 
 from aitp import live, notify, processes
 from aitp.db import DbCallConsumer, db_call
-from aitp.selectors import tenant_ids_for_user
 from operators import selectors
+from tenants.selectors import tenant_ids_for_user
 
 logger = logging.getLogger(__name__)
 
@@ -146,14 +146,17 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         await self._unsubscribe()
         await self.channel_layer.group_add(live.session_watch_group(session_id), self.channel_name)
         self.watching = session_id
+        # The page's connection publishes its frames only while watched.
+        await live.watchers_changed(session_id, watching=True)
         await self._send({"type": "subscribed", "session": row})
 
     async def _unsubscribe(self) -> None:
         if self.watching is not None:
+            session_id, self.watching = self.watching, None
             await self.channel_layer.group_discard(
-                live.session_watch_group(self.watching), self.channel_name
+                live.session_watch_group(session_id), self.channel_name
             )
-            self.watching = None
+            await live.watchers_changed(session_id, watching=False)
 
     # --- from the channel layer (types built by aitp.live, never by a client) --
 

@@ -14,10 +14,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from aitp.models import OperatorAction, Session
-from aitp.selectors import scope_to_user, session_conversation
+from aitp.selectors import session_conversation
 from aitp.services import live_sessions_filter
 from aitp.transcript import conversation_rows, pretty_json
 from approvals.models import Approval, AuditEvent
+from tenants.selectors import scope_to_user
 
 
 def is_watcher(user) -> bool:

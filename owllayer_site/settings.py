@@ -102,6 +102,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "tenants",  # the ground floor: tenants and who may manage them
     "aitp",
     "approvals",
     "console",

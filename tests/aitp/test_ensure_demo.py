@@ -8,7 +8,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from aitp import services
-from aitp.models import ApiKey, Tenant
+from aitp.models import ApiKey
+from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
 

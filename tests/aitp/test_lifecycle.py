@@ -483,9 +483,9 @@ async def test_sigterm_closes_operator_watch_sockets_and_a_server_tool_awaiting_
     import websockets
     from django.contrib.auth import get_user_model
 
-    from aitp.models import TenantMembership
     from demo.models import DemoOrder
     from demo.order_tools import demo_tools_install
+    from tenants.models import TenantMembership
     from tests.operators.test_scale_out import sign_in
 
     def make_shop():

@@ -19,10 +19,11 @@ from django.utils import timezone
 
 from aitp import limits, services
 from aitp.limits import ConnectionLimits, LimitSettings, SharedLimits
-from aitp.models import DailyUsage, Session, Tenant
+from aitp.models import DailyUsage, Session
 from aitp.session import Limits, SessionMachine, State
 from aitp_client import AitpClient, AitpRefused
 from approvals.models import AuditEvent
+from tenants.models import Tenant
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN, Page, in_db, open_page
 from tests.support.daphne import free_port
 

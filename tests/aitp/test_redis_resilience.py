@@ -24,11 +24,12 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
 from aitp import services
-from aitp.models import ConversationMessage, TenantMembership, ToolCall
+from aitp.models import ConversationMessage, ToolCall
 from aitp_client import AitpClient, final_text
 from approvals.models import Approval
 from demo.models import DemoOrder
 from demo.order_tools import demo_tools_install
+from tenants.models import TenantMembership
 from tests.aitp.conftest import ADD_TO_CART
 from tests.support.daphne import free_port
 from tests.support.people import admin_sign_in

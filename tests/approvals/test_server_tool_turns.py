@@ -10,11 +10,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import override_settings
 
-from aitp.models import TenantMembership, ToolCall
+from aitp.models import ToolCall
 from approvals import services as approvals
 from approvals.models import Approval, AuditEvent
 from demo.models import DemoOrder
 from demo.order_tools import demo_tools_install
+from tenants.models import TenantMembership
 from tests.aitp.conftest import api_key, connect, in_db, open_page, tenant  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

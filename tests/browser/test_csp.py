@@ -39,7 +39,7 @@ async def violations(page: Page, console: list[str]) -> list[str]:
 def make_operator(tenant_slug: str):
     from django.contrib.auth import get_user_model
 
-    from aitp.models import Tenant, TenantMembership
+    from tenants.models import Tenant, TenantMembership
 
     user = get_user_model().objects.create_user(
         username="olivia", password=PASSWORD, is_staff=True, is_superuser=True

@@ -8,7 +8,8 @@ import pytest
 from django.test import Client
 
 from aitp import services
-from aitp.models import Session, TenantMembership
+from aitp.models import Session
+from tenants.models import TenantMembership
 
 OWNER = TenantMembership.Role.OWNER
 VIEWER = TenantMembership.Role.VIEWER

@@ -5,7 +5,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from aitp.models import ApiKey, OperatorAction, TenantMembership
+from aitp.models import ApiKey, OperatorAction
+from tenants.models import TenantMembership
 from tests.console.conftest import OWNER, VIEWER, make_session, member, signed_in
 
 pytestmark = pytest.mark.django_db

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from aitp.models import OperatorAction, TenantMembership
+from aitp.models import OperatorAction
 from console import services as console_services
+from tenants.models import TenantMembership
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from aitp.models import DailyUsage, Tenant
+from aitp.models import DailyUsage
+from tenants.models import Tenant
 from tests.console.conftest import OWNER, member
 
 pytestmark = pytest.mark.django_db
@@ -136,7 +137,7 @@ def otto_client(django_user_model, acme) -> Client:
 
 
 def test_an_operator_sets_a_tenants_quota_in_the_admin(root_client, acme):
-    url = reverse("admin:aitp_tenant_change", args=[acme.pk])
+    url = reverse("admin:tenants_tenant_change", args=[acme.pk])
     data = change_form_data(root_client, url)
     assert "monthly_token_quota" in data
 
@@ -149,19 +150,19 @@ def test_an_operator_sets_a_tenants_quota_in_the_admin(root_client, acme):
 
 def test_an_empty_quota_in_the_admin_means_unlimited(root_client, acme):
     Tenant.objects.filter(pk=acme.pk).update(monthly_token_quota=10)
-    url = reverse("admin:aitp_tenant_change", args=[acme.pk])
+    url = reverse("admin:tenants_tenant_change", args=[acme.pk])
 
     root_client.post(url, {**change_form_data(root_client, url), "monthly_token_quota": ""})
 
     acme.refresh_from_db()
     assert acme.monthly_token_quota is None
-    changelist = root_client.get(reverse("admin:aitp_tenant_changelist")).content.decode()
+    changelist = root_client.get(reverse("admin:tenants_tenant_changelist")).content.decode()
     assert "unlimited" in changelist
 
 
 def test_a_tenants_own_staff_cannot_raise_its_quota(otto_client, acme):
     Tenant.objects.filter(pk=acme.pk).update(monthly_token_quota=1_000)
-    url = reverse("admin:aitp_tenant_change", args=[acme.pk])
+    url = reverse("admin:tenants_tenant_change", args=[acme.pk])
     data = change_form_data(otto_client, url)
     assert "monthly_token_quota" not in data  # shown, not editable
 
@@ -175,7 +176,7 @@ def test_the_admin_list_shows_each_tenants_quota_and_tokens_this_month(root_clie
     Tenant.objects.filter(pk=acme.pk).update(monthly_token_quota=10_000)
     use_this_month(acme, 1_500, 1_000)
 
-    html = root_client.get(reverse("admin:aitp_tenant_changelist")).content.decode()
+    html = root_client.get(reverse("admin:tenants_tenant_changelist")).content.decode()
 
     assert "10,000" in html
     assert "2,500 (25% of the quota)" in html

@@ -12,7 +12,8 @@ from django.test import AsyncClient
 from django.urls import reverse
 
 from aitp import services
-from aitp.models import ApiKey, Session, TenantMembership
+from aitp.models import ApiKey, Session
+from tenants.models import TenantMembership
 from tests.aitp.conftest import ORIGIN, connect, open_page  # noqa: F401 (connect is a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

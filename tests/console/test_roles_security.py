@@ -12,8 +12,9 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from aitp.models import ApiKey, OperatorAction, TenantMembership
+from aitp.models import ApiKey, OperatorAction
 from approvals.models import Approval
+from tenants.models import TenantMembership
 from tests.console.conftest import OWNER, VIEWER, member
 from tests.operators.conftest import make_session, operator_approval
 

@@ -15,11 +15,11 @@ import websockets
 from django.contrib.auth import get_user_model
 
 from aitp import services
-from aitp.models import TenantMembership
 from aitp_client import AitpClient
 from approvals.models import Approval
 from demo.models import DemoOrder
 from demo.order_tools import demo_tools_install
+from tenants.models import TenantMembership
 from tests.support.people import admin_sign_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis]

@@ -15,7 +15,8 @@ from django.test import Client
 from django.urls import reverse
 
 from aitp import live, services
-from aitp.models import Session, TenantMembership
+from aitp.models import Session
+from tenants.models import TenantMembership
 from tests.aitp.conftest import Page
 from tests.operators.conftest import CONSUMER_PATIENCE, ORIGIN, make_session
 

@@ -14,7 +14,7 @@ import pytest
 def make_user(username: str, *, tenant=None, staff=True, superuser=False, role="owner"):
     from django.contrib.auth import get_user_model
 
-    from aitp.models import TenantMembership
+    from tenants.models import TenantMembership
 
     # No password: tests sign in with force_login, and hashing one is slow.
     user = get_user_model().objects.create_user(

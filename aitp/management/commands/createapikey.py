@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from aitp import services
-from aitp.models import Tenant
+from tenants.models import Tenant
 
 
 class Command(BaseCommand):

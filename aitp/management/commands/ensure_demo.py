@@ -19,7 +19,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from aitp import services
-from aitp.models import ApiKey, Tenant
+from aitp.models import ApiKey
+from tenants.models import Tenant
 
 DEMO_SLUG = "demo"
 DEMO_NAME = "Demo Store"
