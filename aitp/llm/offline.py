@@ -2,8 +2,10 @@
 
 It answers from the conversation alone:
 - "/tool <name> {json}" as the last user text calls that tool once;
-- tool results in the last user message are summarised, one line per result;
-- anything else gets a short explanation listing the page's tools.
+- tool results in the last user message are told in words, one paragraph per
+  result (a JSON result becomes a list of its fields, never raw JSON);
+- anything else gets a short explanation listing the tools on offer, each with
+  the parameters its declared schema names, and an example call built from them.
 """
 from __future__ import annotations
 
@@ -16,16 +18,20 @@ from typing import AsyncIterator
 from .base import LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 
 NO_MODEL_TEXT = (
-    "No language model is configured on this server, so I can only run page tools for you. "
-    "Type /tool <name> {json arguments} to call one. Tools on this page: {tools}."
+    "No language model is configured on this server, so I can only run tools for you. "
+    "Type /tool <name> followed by its arguments as JSON to call one."
 )
+NO_TOOLS_TEXT = "There are no tools on this page."
 SYNTAX_TEXT = (
-    "I could not read that command. Type /tool <name> followed by an optional JSON object, "
-    'for example: /tool add_to_cart {"sku": "A1", "quantity": 2}'
+    "I could not read that command. Type /tool <name> followed by an optional JSON object "
+    "of its arguments, for example: {example}"
 )
+# The syntax example when the page offers no tool with parameters: a tool of
+# the demo store, with the arguments it takes.
+FALLBACK_EXAMPLE = '/tool add_to_cart {"quantity": 2}'
 NO_TOOLS_NOW_TEXT = "I cannot call a tool for this answer."
 
-# Long tool results are cut so the summary stays readable in a chat bubble.
+# The longest field of a result told in words.
 MAX_RESULT_CHARS = 500
 WORDS_PER_DELTA = 3
 
@@ -67,7 +73,7 @@ def answer(request: LlmRequest) -> tuple[list[dict], str]:
             return [_text(NO_TOOLS_NOW_TEXT)], "end_turn"
         call = parse_command(text)
         if call is None:
-            return [_text(SYNTAX_TEXT)], "end_turn"
+            return [_text(SYNTAX_TEXT.format(example=example_call(request.tools)))], "end_turn"
         name, arguments = call
         tool_use = {
             "type": "tool_use",
@@ -77,8 +83,84 @@ def answer(request: LlmRequest) -> tuple[list[dict], str]:
         }
         return [tool_use], "tool_use"
 
-    names = [tool["name"] for tool in request.tools if tool.get("name")]
-    return [_text(NO_MODEL_TEXT.replace("{tools}", ", ".join(names) or "none"))], "end_turn"
+    return [_text(help_text(request.tools))], "end_turn"
+
+
+# --- what the tools on offer take -------------------------------------------------------
+
+
+def help_text(tools: list[dict]) -> str:
+    """What this backend can do here: each tool with its parameters, and an example."""
+    named = [tool for tool in tools if tool.get("name")]
+    if not named:
+        return NO_MODEL_TEXT + "\n\n" + NO_TOOLS_TEXT
+    lines = [NO_MODEL_TEXT, "", "Tools on this page:"]
+    lines += [f"- {describe_tool(tool)}" for tool in named]
+    lines += ["", f"For example: `{example_call(named)}`"]
+    return "\n".join(lines)
+
+
+def describe_tool(tool: dict) -> str:
+    """`name` (param: type, required; ...) description."""
+    params = _parameters(tool)
+    required = set(_schema(tool).get("required") or [])
+    parts = []
+    for name, schema in params.items():
+        facts = [_type_words(schema)]
+        if name in required:
+            facts.append("required")
+        parts.append(f"`{name}` ({', '.join(facts)})")
+    takes = "takes " + ", ".join(parts) if parts else "takes no arguments"
+    description = str(tool.get("description") or "").strip()
+    return f"`{tool['name']}` {takes}" + (f": {description}" if description else "")
+
+
+def example_call(tools: list[dict]) -> str:
+    """A command for the first tool that takes arguments, with values its schema allows."""
+    for tool in tools:
+        params = _parameters(tool)
+        if not tool.get("name") or not params:
+            continue
+        required = _schema(tool).get("required") or list(params)
+        args = {name: _example_value(params[name]) for name in required if name in params}
+        return f"/tool {tool['name']} {json.dumps(args, ensure_ascii=False)}"
+    return FALLBACK_EXAMPLE
+
+
+def _schema(tool: dict) -> dict:
+    schema = tool.get("input_schema")
+    return schema if isinstance(schema, dict) else {}
+
+
+def _parameters(tool: dict) -> dict[str, dict]:
+    properties = _schema(tool).get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    return {name: (value if isinstance(value, dict) else {}) for name, value in properties.items()}
+
+
+def _type_words(schema: dict) -> str:
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return "one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    kind = schema.get("type")
+    if kind == "array" and isinstance(schema.get("items"), dict):
+        return "list of " + _type_words(schema["items"])
+    return str(kind) if isinstance(kind, str) else "any value"
+
+
+_EXAMPLE_IN_TEXT = re.compile(r"\be\.g\.,?\s*([^\s,;)]+)")
+_EXAMPLES = {"number": 1, "integer": 1, "boolean": True, "object": {}, "array": []}
+
+
+def _example_value(schema: dict):
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "string":
+        # "The order number, e.g. A1001" shows what a real one looks like.
+        found = _EXAMPLE_IN_TEXT.search(str(schema.get("description") or ""))
+        return found.group(1).rstrip(".") if found else "text"
+    return _EXAMPLES.get(kind, "text")
 
 
 def parse_command(text: str) -> tuple[str, dict] | None:
@@ -98,16 +180,67 @@ def parse_command(text: str) -> tuple[str, dict] | None:
     return match.group("name"), arguments
 
 
+# --- tool results in words ----------------------------------------------------------------
+
+
 def summarise_results(results: list[dict], names: dict[str, str]) -> str:
-    lines = []
-    for result in results:
-        name = names.get(result.get("tool_use_id", ""), "the tool")
-        outcome = "failed" if result.get("is_error") else "succeeded"
-        body = _result_text(result.get("content"))
-        if len(body) > MAX_RESULT_CHARS:
-            body = body[:MAX_RESULT_CHARS] + "…"
-        lines.append(f"{name} {outcome}: {body}" if body else f"{name} {outcome}.")
-    return "\n".join(lines)
+    """One paragraph per result: "<name> succeeded." or "<name> failed: <why>",
+    then what a JSON result holds as a list of its fields, in words."""
+    return "\n\n".join(
+        _summarise(names.get(result.get("tool_use_id", ""), "the tool"), result)
+        for result in results
+    )
+
+
+def _summarise(name: str, result: dict) -> str:
+    failed = bool(result.get("is_error"))
+    body = _result_text(result.get("content")).strip()
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        data = body
+    if failed:
+        why = data if isinstance(data, str) else (_words(data) if data is not None else "")
+        return f"{name} failed: {_cut(why)}" if why else f"{name} failed."
+    if isinstance(data, dict) and data:
+        fields = [f"- {_label(key).capitalize()}: {_cut(_words(value))}" for key, value in data.items()]
+        return "\n".join([f"{name} succeeded.", *fields])
+    if data is None or data == {} or data == []:
+        return f"{name} succeeded."
+    return f"{name} succeeded: {_cut(_words(data))}"
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _label(key: object) -> str:
+    """productId, line_total -> "product id", "line total"."""
+    return _CAMEL.sub(" ", str(key)).replace("_", " ").lower().strip() or "value"
+
+
+def _words(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{_label(key)} {_words(item)}" for key, item in value.items()) or "nothing"
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        if all(isinstance(item, dict) for item in value):
+            return "; ".join(f"({_words(item)})" for item in value)
+        return ", ".join(_words(item) for item in value)
+    return str(value)
+
+
+def _cut(text: str) -> str:
+    # Long results are cut so the answer stays readable in a chat bubble.
+    return text if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS] + "…"
 
 
 def split_words(text: str) -> list[str]:
