@@ -19,7 +19,7 @@ class DemoOrder(models.Model):
         DELIVERED = "delivered", "Delivered"
         CANCELLED = "cancelled", "Cancelled"
 
-    tenant = models.ForeignKey("aitp.Tenant", on_delete=models.CASCADE, related_name="demo_orders")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="demo_orders")
     number = models.CharField(max_length=32)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     items = models.JSONField(default=list, blank=True)
