@@ -1,9 +1,12 @@
 """A tiny terminal chat over AITP: ``python -m aitp_client --url ws://... --key pk_...``.
 
 Each line read is sent as USER_INPUT; the agent's text is printed as it
-streams. The terminal has no tools and no one to approve: tool calls are
-answered with an error and approval requests are denied, so a turn never
-hangs waiting for them.
+streams. The terminal has no tools of its own: a tool call is answered with
+an error saying so. An approval request is a question to the person at the
+terminal (y/n); the next line read answers it. ``/help`` and ``/quit`` are
+handled here and never sent to the agent. A bad ``--url`` or a server that
+cannot be reached is one line on stderr, never a traceback, and never shows
+the key.
 """
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ import asyncio
 import json
 import sys
 import threading
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TextIO
+from urllib.parse import urlsplit, urlunsplit
 
 from aitp_client.client import (
     AitpClient,
@@ -23,13 +29,32 @@ from aitp_client.client import (
 )
 
 NO_TOOLS = "no tools in the terminal"
-NO_APPROVALS = "no approvals in the terminal"
+NO_ANSWER = "the terminal user gave no answer before the input ended"
 # After end of input, how long a running turn may take to finish.
 DRAIN_TIMEOUT = 120.0
+PROMPT = "you> "
+QUIT_COMMANDS = ("/quit", "/exit")
+HELP_COMMAND = "/help"
+HELP = (
+    "Type a message and press enter to send it to the agent.\n"
+    "When the agent asks to run an action, answer y (yes) or n (no).\n"
+    "/help shows this; /quit (or ctrl-d) ends the chat. Other lines, /tool ones too, go to the agent.\n"
+)
+YES = ("y", "yes")
+NO = ("n", "no")
+
+
+@dataclass
+class _Question:
+    """An approval request waiting for the terminal user's y/n."""
+
+    call_id: str
+    tool: str
+    answered: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class _Screen:
-    """Prints server frames; answers tool calls and approval requests."""
+    """Prints server frames; answers tool calls and asks about approval requests."""
 
     def __init__(self, client: AitpClient, out: TextIO) -> None:
         self.client = client
@@ -41,6 +66,11 @@ class _Screen:
         self.closed: AitpClosed | None = None
         # Set when we close the connection ourselves: nothing to report then.
         self.closing = False
+        # Approval requests not answered yet, oldest first; ``asking`` is set
+        # while there is one, so the input loop knows a line is an answer.
+        self.questions: deque[_Question] = deque()
+        self.asking = asyncio.Event()
+        self.answers: set[asyncio.Task] = set()
 
     def write(self, text: str) -> None:
         self.out.write(text)
@@ -68,14 +98,68 @@ class _Screen:
             self.show_text(payload["chunk"], payload["done"])
         elif kind == "TOOL_CALL":
             call = f"{payload['name']}({json.dumps(payload['args'])})"
-            self.write(f"{self.line_break()}[tool call] {call}: {NO_TOOLS}\n")
+            self.write(f"{self.line_break()}[tool call] {call}: not run, {NO_TOOLS}\n")
             await self.client.tool_result(payload["callId"], error=NO_TOOLS)
         elif kind == "APPROVAL_REQUEST":
-            message = payload["message"]
-            self.write(f"{self.line_break()}[approval request] {message}: denied, {NO_APPROVALS}\n")
-            await self.client.approval_response(payload["callId"], False, error=NO_APPROVALS)
+            self.ask(payload)
         elif kind == "SYSTEM_EVENT":
             self.show_system_event(payload)
+
+    # --- approvals: a question to the terminal user -------------------------
+
+    def ask(self, payload: dict) -> None:
+        question = _Question(call_id=payload["callId"], tool=payload["toolName"])
+        self.questions.append(question)
+        args = json.dumps(payload.get("args", {}), ensure_ascii=False)
+        self.write(
+            f"{self.line_break()}[approval] the agent wants to run {question.tool}({args})"
+            f" ({payload.get('risk', '?')} risk): {payload.get('message', '')}\n"
+        )
+        task = asyncio.create_task(self._send_answer(question))
+        self.answers.add(task)
+        task.add_done_callback(self.answers.discard)
+        if len(self.questions) == 1:
+            self.prompt_question()
+        self.asking.set()
+
+    def prompt_question(self) -> None:
+        self.write(f"Allow {self.questions[0].tool}? [y/n] ")
+
+    def answer(self, line: str) -> None:
+        """The terminal user's line for the oldest open question."""
+        reply = line.strip().lower()
+        if reply not in YES + NO:
+            self.write("Please answer y or n. ")
+            self.prompt_question()
+            return
+        self._settle(reply in YES, None)
+
+    def answer_none(self) -> None:
+        """Input ended: every open question is refused, and said to be."""
+        while self.questions:
+            self._settle(False, NO_ANSWER)
+
+    def _settle(self, approved: bool, error: str | None) -> None:
+        question = self.questions.popleft()
+        if not question.answered.done():
+            question.answered.set_result((approved, error))
+        if self.questions:
+            self.prompt_question()
+        else:
+            self.asking.clear()
+
+    async def _send_answer(self, question: _Question) -> None:
+        approved, error = await question.answered
+        if approved:
+            self.write(f"[approval] you allowed {question.tool}\n")
+        elif error is None:
+            self.write(f"[approval] you declined {question.tool}\n")
+        else:
+            self.write(f"[approval] {question.tool} refused: {error}\n")
+        try:
+            await self.client.approval_response(question.call_id, approved, error=error)
+        except AitpClosed:
+            pass  # the connection ended meanwhile: run() reports it
 
     def line_break(self) -> str:
         """A newline when streamed text left the cursor mid-line."""
@@ -99,6 +183,7 @@ class _Screen:
         self.streamed = ""
         self.turn_printed = False
         self.idle.set()
+        self.write(PROMPT)
 
     def show_system_event(self, payload: dict) -> None:
         kind = payload["kind"]
@@ -114,26 +199,37 @@ class _Screen:
         if kind == "error":
             # A refused input gets an error and no turn; a failed turn gets
             # an error then done:true. Either way the next line may go.
-            self.idle.set()
+            if not self.idle.is_set():
+                self.idle.set()
+                self.write(PROMPT)
+
+
+def _redact(text: str, secret: str | None) -> str:
+    """Never print the key, whatever a library put it into (a URL's query)."""
+    return text.replace(secret, "pk_…") if secret else text
 
 
 async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
-    """Run the chat until end of input (a None in ``lines``) or a server close."""
+    """Run the chat until end of input (a None in ``lines``), /quit or a server close."""
     try:
         ack = await client.connect()
     except AitpRefused as exc:
         out.write(f"refused: {exc.message} (close {exc.close_code} {exc.close_reason or ''})\n")
         return 2
     except (AitpClosed, AitpUpgradeRefused, AitpProtocolError, TimeoutError, OSError) as exc:
-        out.write(f"cannot connect: {exc}\n")
+        out.write(f"cannot connect: {_redact(str(exc), client.api_key)}\n")
         return 2
-    out.write(f"connected, session {ack['sessionId']}. type a message; ctrl-d quits.\n")
+    except Exception as exc:  # noqa: BLE001 - whatever the socket library raised: one line
+        out.write(f"cannot connect: {_redact(str(exc) or type(exc).__name__, client.api_key)}\n")
+        return 2
+    out.write(f"connected, session {ack['sessionId']}. type a message; /help for help, /quit or ctrl-d quits.\n")
     out.flush()
     # wire-compat 4: a page sends its context right after the ACK.
     await client.context_update("/terminal", "Terminal chat", context={"client": "terminal"})
     screen = _Screen(client, out)
     screen_task = asyncio.create_task(screen.run())
     try:
+        screen.write(PROMPT)
         while True:
             next_line = asyncio.ensure_future(lines.get())
             await asyncio.wait({next_line, screen_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -142,19 +238,36 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
                 return 1
             line = next_line.result()
             if line is None:
+                screen.answer_none()
                 break
-            if not line.strip():
+            if screen.questions:
+                screen.answer(line)
+                continue
+            text = line.strip()
+            if text.lower() in QUIT_COMMANDS:
+                return 0 if screen.closed is None else 1
+            if text.lower() == HELP_COMMAND:
+                screen.write(HELP + PROMPT)
+                continue
+            if not text:
                 continue
             # One turn at a time, as in a page: the server refuses input
-            # while the agent is answering.
-            if not await _turn_finished(screen, screen_task):
+            # while the agent is answering. A line read meanwhile answers
+            # the question the turn may ask, or goes once the turn is done.
+            waited = await _turn_finished_or_question(screen, screen_task)
+            if waited is None:
                 return 1
+            if waited == "question":
+                screen.answer(line)
+                continue
             screen.idle.clear()
-            await client.user_input(line.strip())
-        # End of input: let the running turn finish before closing.
+            await client.user_input(text)
+        # End of input: let the running turn finish before closing; a
+        # question it asks now can have no answer.
         try:
             async with asyncio.timeout(DRAIN_TIMEOUT):
-                await screen.idle.wait()
+                while await _turn_finished_or_question(screen, screen_task) == "question":
+                    screen.answer_none()
         except TimeoutError:
             out.write("[turn still running at end of input; closing]\n")
         return 0 if screen.closed is None else 1
@@ -162,14 +275,21 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
         screen.closing = True
         await client.close()
         await screen_task
+        for task in list(screen.answers):
+            task.cancel()
 
 
-async def _turn_finished(screen: _Screen, screen_task: asyncio.Task) -> bool:
-    """Wait for the running turn to end; False when the connection ended instead."""
+async def _turn_finished_or_question(screen: _Screen, screen_task: asyncio.Task) -> str | None:
+    """Wait until the running turn ends ("idle") or asks the user something
+    ("question"); None when the connection ended instead."""
     idle = asyncio.ensure_future(screen.idle.wait())
-    await asyncio.wait({idle, screen_task}, return_when=asyncio.FIRST_COMPLETED)
+    asking = asyncio.ensure_future(screen.asking.wait())
+    await asyncio.wait({idle, asking, screen_task}, return_when=asyncio.FIRST_COMPLETED)
     idle.cancel()
-    return not screen_task.done()
+    asking.cancel()
+    if screen_task.done():
+        return None
+    return "question" if screen.questions else "idle"
 
 
 def _read_stdin(loop: asyncio.AbstractEventLoop, lines: asyncio.Queue) -> None:
@@ -188,14 +308,34 @@ async def _main(args: argparse.Namespace) -> int:
     return await chat(client, lines, sys.stdout)
 
 
+def url_error(url: str) -> str | None:
+    """Why ``url`` is not a socket address this client can open, or None."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "--url is not a valid address"
+    if parts.scheme in ("ws", "wss") and parts.netloc:
+        return None
+    if parts.scheme in ("http", "https") and parts.netloc:
+        socket_scheme = "wss" if parts.scheme == "https" else "ws"
+        path = parts.path if parts.path not in ("", "/") else "/owllayer"
+        suggestion = urlunsplit((socket_scheme, parts.netloc, path, "", ""))
+        return f"--url is a web page address; give the server's socket, e.g. {suggestion}"
+    return "--url must be a ws:// or wss:// address, e.g. ws://127.0.0.1:8000/owllayer"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aitp_client", description="A terminal chat with an AITP server."
+        prog="python -m aitp_client", description="A terminal chat with an AITP server.",
+        epilog="In the chat: /help lists what you can type, /quit ends it.",
     )
-    parser.add_argument("--url", required=True, help="ws://host:port/owllayer")
+    parser.add_argument("--url", required=True, help="the server's socket, e.g. ws://127.0.0.1:8000/owllayer")
     parser.add_argument("--key", help="the publishable API key (pk_...)")
     parser.add_argument("--origin", help="the Origin header to send, e.g. http://localhost:8000")
     args = parser.parse_args(argv)
+    if (error := url_error(args.url)) is not None:
+        print(f"{parser.prog}: error: {_redact(error, args.key)}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_main(args))
     except KeyboardInterrupt:

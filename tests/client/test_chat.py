@@ -45,7 +45,7 @@ async def test_prints_the_streamed_answer_and_refuses_tool_calls(fake_server):
 
     assert code == 0, output
     assert "connected, session ses_test0001" in output
-    assert '[tool call] add_to_cart({"q": 1}): no tools in the terminal' in output
+    assert '[tool call] add_to_cart({"q": 1}): not run, no tools in the terminal' in output
     assert "You said hello owl; no tools in the terminal\n" in output
     tool_result = server.peers[0].received[3]["payload"]
     assert tool_result == {
@@ -115,3 +115,107 @@ async def test_an_error_event_lets_the_next_line_go(fake_server):
     assert code == 0, output
     assert "[error] busy, try again" in output
     assert "done now" in output
+
+
+async def approval_agent(peer: Peer) -> None:
+    """Asks to approve a refund once the user wrote, then says what it was told."""
+    await peer.accept_handshake()
+    await peer.recv()  # CONTEXT_UPDATE
+    await peer.recv()  # USER_INPUT
+    await peer.send("APPROVAL_REQUEST", {
+        "callId": "tc_9", "toolName": "refund", "args": {"order": "A1"}, "risk": "high",
+        "message": "Refund order A1?",
+    })
+    answer = await peer.recv()
+    told = "allowed" if answer["payload"]["approved"] else answer["payload"]["error"]
+    await peer.send("AGENT_RESPONSE", {"chunk": f"told: {told}", "done": True})
+    await peer.ws.wait_closed()
+
+
+async def test_an_approval_request_asks_the_user_and_a_yes_approves(fake_server):
+    server = await fake_server(approval_agent)
+
+    code, output = await run_chat(server.url, "refund my order\ny\n")
+
+    assert code == 0, output
+    assert "[approval] the agent wants to run refund" in output and "Allow refund? [y/n] " in output
+    assert "told: allowed" in output
+    assert server.peers[0].received[3]["type"] == "APPROVAL_RESPONSE"
+    assert server.peers[0].received[3]["payload"] == {"callId": "tc_9", "approved": True}
+
+
+async def test_a_no_is_sent_as_the_users_refusal_and_reported_as_one(fake_server):
+    server = await fake_server(approval_agent)
+
+    code, output = await run_chat(server.url, "refund my order\nmaybe\nn\n")
+
+    assert code == 0, output
+    assert "Please answer y or n." in output
+    assert "[approval] you declined refund" in output
+    assert server.peers[0].received[3]["payload"] == {
+        "callId": "tc_9", "approved": False, "error": "Action denied by user"}
+
+
+async def test_an_approval_left_unanswered_at_end_of_input_is_refused_for_that_reason(fake_server):
+    server = await fake_server(approval_agent)
+
+    code, output = await run_chat(server.url, "refund my order\n")
+
+    assert code == 0, output
+    assert "[approval] refund refused: the terminal user gave no answer" in output
+    assert server.peers[0].received[3]["payload"]["error"].startswith("the terminal user gave no answer")
+
+
+async def test_quit_and_help_are_answered_by_the_terminal_never_sent_to_the_agent(fake_server):
+    async def agent(peer: Peer) -> None:
+        await peer.accept_handshake()
+        await peer.recv()  # CONTEXT_UPDATE
+        await peer.ws.wait_closed()
+
+    server = await fake_server(agent)
+
+    code, output = await run_chat(server.url, "/help\n/quit\nnever sent\n")
+
+    assert code == 0, output
+    assert "/quit (or ctrl-d) ends the chat" in output
+    assert [f["type"] for f in server.peers[0].received] == ["HANDSHAKE_INIT", "CONTEXT_UPDATE"]
+
+
+async def test_a_prompt_is_shown_when_the_chat_waits_for_a_line(fake_server):
+    async def agent(peer: Peer) -> None:
+        await peer.accept_handshake()
+        await peer.recv()  # CONTEXT_UPDATE
+        await peer.recv()
+        await peer.send("AGENT_RESPONSE", {"chunk": "hi", "done": True})
+        await peer.ws.wait_closed()
+
+    server = await fake_server(agent)
+
+    code, output = await run_chat(server.url, "hello\n")
+
+    assert code == 0, output
+    assert output.count("you> ") == 2  # at the start and after the answer
+
+
+async def test_a_web_address_given_as_url_is_one_line_without_the_key():
+    code, output = await run_chat("http://127.0.0.1:8000/", "", "--key", "pk_live_secretsecret")
+
+    assert code == 2
+    assert output.strip().count("\n") == 0, output
+    assert "Traceback" not in output and "secretsecret" not in output
+    assert "give the server's socket, e.g. ws://127.0.0.1:8000/owllayer" in output
+
+
+async def test_a_server_that_cannot_be_reached_is_one_line_without_the_key():
+    # A port nothing listens on: bind one, note it, close it.
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    code, output = await run_chat(f"ws://127.0.0.1:{port}/owllayer", "", "--key", "pk_live_secretsecret")
+
+    assert code == 2
+    assert output.startswith("cannot connect:") and output.count("\n") == 1, output
+    assert "secretsecret" not in output
