@@ -13,6 +13,11 @@ that are gone left open before it serves, and stops cleanly on SIGTERM or
 SIGINT: open pages get ``SYSTEM_EVENT disconnect`` and close 1001 (they
 reconnect, to another process behind the proxy), running turns are
 cancelled, rows are closed, all within OWLLAYER_SHUTDOWN_DRAIN seconds.
+
+Before anything else it checks that the port is free (``--check-port`` only
+checks, for ``make run`` to fail before it migrates), that the settings can
+be used, and that the database and Redis answer: each failure is one
+paragraph naming what to fix (owllayer_site/startup_errors.py), exit code 2.
 """
 from __future__ import annotations
 
@@ -27,16 +32,53 @@ logger = logging.getLogger("owllayer_site.serve")
 
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "owllayer_site.settings")
-    import django
-    from django.conf import settings
+    from owllayer_site import startup_errors
 
-    django.setup()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bind", "-b", default=os.environ.get("HOST", "127.0.0.1"))
-    parser.add_argument("--port", "-p", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument("--port", "-p", type=_port, default=os.environ.get("PORT") or "8000")
+    parser.add_argument("--check-port", action="store_true",
+                        help="only check that the port is free; exit 1 when it is not")
     args, extra = parser.parse_known_args(argv)
+    busy = startup_errors.port_in_use(args.bind, args.port)
+    if busy is not None:
+        _exit(busy, 1)
+    if args.check_port:
+        return
+    try:
+        _set_up(startup_errors)
+    except Exception as exc:
+        message = None if startup_errors.wants_traceback() else startup_errors.explain(exc)
+        if message is None:
+            raise
+        _exit(message, 2)
+    _serve(args, extra)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the port must be a number, got {text!r}") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"the port must be between 1 and 65535, got {port}")
+    return port
+
+
+def _exit(message: str, code: int) -> None:
+    print(f"owllayer_site.serve: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def _set_up(startup_errors) -> None:
+    """Django, then the database and Redis: each must answer before we serve."""
+    import django
+
+    django.setup()
+    problem = startup_errors.database_unreachable() or startup_errors.redis_unreachable()
+    if problem is not None:
+        raise startup_errors.StartupError(problem)
     from django.core.management import call_command
-    from django.db import DatabaseError, connections
 
     from aitp import processes
 
@@ -44,6 +86,14 @@ def main(argv: list[str] | None = None) -> None:
     # Rows left open by processes that are gone (this one's previous run,
     # killed, say): swept before serving, so a key's cap is free at once.
     call_command("sweep")
+
+
+def _serve(args: argparse.Namespace, extra: list[str]) -> None:
+    from django.conf import settings
+    from django.db import DatabaseError, connections
+
+    from aitp import processes
+
     _install_graceful_shutdown()
     ceiling = str(settings.OWLLAYER_WS_FRAME_CEILING_BYTES)
     from daphne.cli import CommandLineInterface

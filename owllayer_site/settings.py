@@ -87,7 +87,11 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG and os.environ.get("OWLLAYER_INSECURE_DEV_SECRET") != "1":
         raise ImproperlyConfigured(
-            "DJANGO_SECRET_KEY must be set (or DJANGO_DEBUG=true for local development)"
+            "DJANGO_SECRET_KEY is not set. For local use on this machine, set "
+            "DJANGO_DEBUG=true (make run does), e.g. DJANGO_DEBUG=true .venv/bin/python "
+            "manage.py createsuperuser. For a deployment, set DJANGO_SECRET_KEY to a long "
+            "random value, e.g. the output of: python3 -c 'import secrets; "
+            "print(secrets.token_urlsafe(50))'"
         )
     SECRET_KEY = "owllayer-insecure-development-secret-do-not-deploy"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
