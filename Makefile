@@ -43,13 +43,13 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 
 help:
 	@echo "make setup   create .venv, install requirements-dev.txt, Chromium and eSpeak NG"
-	@echo "make run     migrate, ensure the demo key, serve on 127.0.0.1:\$${PORT:-8000}"
+	@echo "make run     migrate, ensure the demo key and sign-ins, serve on 127.0.0.1:\$${PORT:-8000}"
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
 	@echo "make mutate  mutation testing of the promise-carrying code (tens of minutes)"
 	@echo "make lint    compile every module (syntax check)"
 	@echo "make clean   remove caches and test databases"
-	@echo "make distclean   also the virtualenv, db.sqlite3 and .demo-key"
+	@echo "make distclean   also the virtualenv, db.sqlite3, .demo-key and .demo-logins"
 
 setup: $(STAMP) chromium espeak
 
@@ -91,12 +91,17 @@ espeak:
 # Local use: debug mode unless a real secret is given (settings refuse to
 # start without a secret otherwise). owllayer_site.serve is daphne serving
 # owllayer_site.asgi:application, with the frame ceiling from settings.
+# A port in use stops the run before anything is migrated or changed, so a
+# second `make run` never disturbs the first; ensure_demo ends by printing
+# the store, admin and console addresses and their sign-ins.
 run: setup
 	@set -euo pipefail; \
 	if [ -z "$${DJANGO_SECRET_KEY:-}" ]; then export DJANGO_DEBUG="$${DJANGO_DEBUG:-true}"; fi; \
+	port="$${PORT:-8000}"; \
+	$(PY) -m owllayer_site.serve --check-port --bind 127.0.0.1 --port "$$port"; \
 	$(PY) manage.py migrate --noinput; \
-	$(PY) manage.py ensure_demo; \
-	exec $(PY) -m owllayer_site.serve --bind 127.0.0.1 --port "$${PORT:-8000}"
+	$(PY) manage.py ensure_demo --port "$$port"; \
+	exec $(PY) -m owllayer_site.serve --bind 127.0.0.1 --port "$$port"
 
 # Pass 1 always runs on the embedded default. Pass 2 needs PostgreSQL and
 # Redis; without them it is skipped with a note, except in CI (CI=true).
@@ -160,6 +165,6 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 	rm -rf .pytest_cache staticfiles test-db.sqlite3* test-artifacts mutants
 
-# The local database and the demo key go together: a new database needs a new key.
+# The local database and the demo key and sign-ins go together: a new database needs new ones.
 distclean: clean
-	rm -rf $(VENV) db.sqlite3 .demo-key
+	rm -rf $(VENV) db.sqlite3 .demo-key .demo-logins

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.django_db
 
 def run(key_file, *args: str) -> str:
     out = io.StringIO()
+    if "--logins-file" not in args:  # never the checkout's own file
+        args = (*args, "--logins-file", str(key_file.parent / ".demo-logins"))
     call_command("ensure_demo", "--key-file", str(key_file), *args, stdout=out)
     return out.getvalue()
 
@@ -94,16 +96,67 @@ def test_a_saved_key_of_another_tenant_is_left_alone(tmp_path):
     assert active_demo_keys().count() == 1
 
 
-def test_the_allowed_origins_follow_the_port(tmp_path, monkeypatch):
+def test_a_run_on_another_port_adds_its_origins_and_keeps_the_first_servers(tmp_path, monkeypatch):
     key_file = tmp_path / ".demo-key"
-    run(key_file)
+    run(key_file, "--port", "8000")
     monkeypatch.setenv("PORT", "9001")
 
     output = run(key_file)
 
     key = services.api_key_lookup(key_file.read_text().strip())
-    assert key.allowed_origins == ["http://localhost:9001", "http://127.0.0.1:9001"]
+    assert key.allowed_origins == [
+        "http://localhost:8000", "http://127.0.0.1:8000",
+        "http://localhost:9001", "http://127.0.0.1:9001",
+    ]
     assert "ws://127.0.0.1:9001/owllayer?apiKey=" in output
+
+
+def test_a_replaced_demo_key_still_allows_the_ports_the_old_one_served(tmp_path):
+    key_file = tmp_path / ".demo-key"
+    run(key_file, "--port", "8000")
+    key_file.unlink()
+
+    run(key_file, "--port", "9001")
+
+    key = services.api_key_lookup(key_file.read_text().strip())
+    assert {"http://127.0.0.1:8000", "http://127.0.0.1:9001"} <= set(key.allowed_origins)
+
+
+def test_a_first_run_makes_an_admin_and_a_console_owner_whose_passwords_it_prints_and_saves(
+    tmp_path,
+):
+    from django.contrib.auth import get_user_model
+
+    from tenants.models import TenantMembership
+
+    logins_file = tmp_path / ".demo-logins"
+
+    output = run(tmp_path / ".demo-key", "--port", "8000", "--logins-file", str(logins_file))
+
+    saved = dict(line.split(" ", 1) for line in logins_file.read_text().splitlines())
+    admin = get_user_model().objects.get(username="admin")
+    owner = get_user_model().objects.get(username="demo-owner")
+    assert admin.is_superuser and admin.check_password(saved["admin"])
+    assert not owner.is_staff and owner.check_password(saved["demo-owner"])
+    assert TenantMembership.objects.get(user=owner).role == "owner"
+    assert stat.S_IMODE(logins_file.stat().st_mode) == 0o600
+    assert f"http://127.0.0.1:8000/admin/  user admin, password {saved['admin']}" in output
+    assert (f"http://127.0.0.1:8000/console/  user demo-owner, password {saved['demo-owner']}"
+            in output)
+    assert "http://127.0.0.1:8000/demo/" in output
+
+
+def test_an_account_that_existed_already_keeps_its_password(tmp_path):
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_superuser("admin", "", "the-owners-own-password")
+    logins_file = tmp_path / ".demo-logins"
+
+    output = run(tmp_path / ".demo-key", "--logins-file", str(logins_file))
+
+    assert get_user_model().objects.get(username="admin").check_password("the-owners-own-password")
+    assert "admin" not in dict(line.split(" ", 1) for line in logins_file.read_text().splitlines())
+    assert "manage.py changepassword admin" in output
 
 
 def test_refuses_a_port_that_is_not_a_number(tmp_path):

@@ -3,12 +3,22 @@
 Keys are stored hashed, so an existing key cannot be shown again. The demo
 key's plaintext is kept in ``.demo-key`` (mode 600, ignored by git) and reused
 while it still matches an active demo key; otherwise a new key replaces it.
-Running the command again changes nothing but the key's allowed origins
-when PORT changed.
+
+Several local servers on several ports share the database and so the key:
+each run adds its port's origins to the key and never removes one, so a
+second server never locks the first one's page out.
+
+It also makes the two local sign-ins a newcomer needs: ``admin`` (a
+superuser, for the admin and its live sessions) and ``demo-owner`` (owner of
+the demo tenant, for the console). Their generated passwords are kept in
+``.demo-logins`` (mode 600, ignored by git); an account that already exists
+is never changed. The command ends by printing where the store, the admin
+and the console are and how to sign in to each.
 """
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -25,6 +35,8 @@ from tenants.models import Tenant
 DEMO_SLUG = "demo"
 DEMO_NAME = "Demo Store"
 DEMO_KEY_NAME = "demo"
+ADMIN_USERNAME = "admin"
+OWNER_USERNAME = "demo-owner"
 
 
 @dataclass(frozen=True)
@@ -40,7 +52,8 @@ def demo_origins(port: int) -> list[str]:
 
 
 def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
-    """Make sure the demo tenant has exactly one active demo key; return it."""
+    """Make sure the demo tenant has exactly one active demo key, allowing
+    ``origins`` besides those it allowed already; return it."""
     with transaction.atomic():
         tenant = Tenant.objects.filter(slug=DEMO_SLUG).first()
         if tenant is None:
@@ -48,14 +61,19 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
         raw_key = _read_key(key_file)
         key = services.api_key_lookup(raw_key) if raw_key else None
         created = not _is_usable_demo_key(key, tenant)
-        if created:
-            key, raw_key = services.api_key_create(
-                tenant=tenant, name=DEMO_KEY_NAME, allowed_origins=origins
-            )
-        elif set(key.allowed_origins) != set(origins):
-            key = services.api_key_update(key=key, allowed_origins=origins)
-        # Older demo keys (from a lost or deleted key file) stop working.
         stale = tenant.api_keys.filter(name=DEMO_KEY_NAME, status=ApiKey.Status.ACTIVE)
+        if created:
+            # The ports the old keys served stay allowed: their servers may
+            # still be running, and read the new key from the same file.
+            served = [origin for old_key in stale for origin in old_key.allowed_origins]
+            key, raw_key = services.api_key_create(
+                tenant=tenant, name=DEMO_KEY_NAME, allowed_origins=_merged(served, origins)
+            )
+        elif not set(origins) <= set(key.allowed_origins):
+            key = services.api_key_update(
+                key=key, allowed_origins=_merged(key.allowed_origins, origins)
+            )
+        # Older demo keys (from a lost or deleted key file) stop working.
         for old_key in stale.exclude(pk=key.pk):
             services.api_key_revoke(key=old_key)
         if created:
@@ -63,6 +81,54 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
             # saved would be unusable, so it is not kept either.
             _write_key(key_file, raw_key)
     return DemoKey(tenant=tenant, key=key, raw_key=raw_key, created=created)
+
+
+def _merged(kept: list[str], added: list[str]) -> list[str]:
+    """``kept``, then what ``added`` adds, each once, in order."""
+    return list(dict.fromkeys([*kept, *added]))
+
+
+@dataclass(frozen=True)
+class Login:
+    username: str
+    password: str | None  # None: the account existed before and is not ours to change
+
+
+def ensure_logins(*, tenant: Tenant, logins_file: Path) -> tuple[Login, Login]:
+    """The local superuser and the demo tenant's owner; new accounts get a
+    generated password, saved to ``logins_file``."""
+    from django.contrib.auth import get_user_model
+
+    from tenants.models import TenantMembership
+
+    User = get_user_model()
+    saved = _read_logins(logins_file)
+    logins = []
+    with transaction.atomic():
+        for username, superuser in ((ADMIN_USERNAME, True), (OWNER_USERNAME, False)):
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                password = secrets.token_urlsafe(12)
+                create = User.objects.create_superuser if superuser else User.objects.create_user
+                user = create(username=username, email="", password=password)
+                saved[username] = password
+            elif not (saved.get(username) and user.check_password(saved[username])):
+                saved.pop(username, None)
+            logins.append(Login(username, saved.get(username)))
+            if not superuser:
+                TenantMembership.objects.get_or_create(
+                    tenant=tenant, user=user, defaults={"role": TenantMembership.Role.OWNER}
+                )
+        _write_secret(logins_file, "".join(f"{name} {word}\n" for name, word in saved.items()))
+    return logins[0], logins[1]
+
+
+def _read_logins(logins_file: Path) -> dict[str, str]:
+    try:
+        lines = logins_file.read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(line.split(" ", 1) for line in lines if " " in line)
 
 
 def _is_usable_demo_key(key: ApiKey | None, tenant: Tenant) -> bool:
@@ -83,11 +149,15 @@ def _read_key(key_file: Path) -> str:
 
 
 def _write_key(key_file: Path, raw_key: str) -> None:
-    descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    _write_secret(key_file, raw_key + "\n")
+
+
+def _write_secret(path: Path, text: str) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         # The mode given to open() applies only to a new file.
         os.fchmod(handle.fileno(), 0o600)
-        handle.write(raw_key + "\n")
+        handle.write(text)
 
 
 class Command(BaseCommand):
@@ -100,12 +170,17 @@ class Command(BaseCommand):
             help="where the demo key's plaintext is kept (default: .demo-key)",
         )
         parser.add_argument(
+            "--logins-file",
+            default=str(Path(settings.BASE_DIR) / ".demo-logins"),
+            help="where the local sign-ins' generated passwords are kept (default: .demo-logins)",
+        )
+        parser.add_argument(
             "--port",
             default=os.environ.get("PORT") or "8000",
             help="the port the server listens on (default: $PORT or 8000)",
         )
 
-    def handle(self, *args, key_file: str, port: str, **options) -> None:
+    def handle(self, *args, key_file: str, logins_file: str, port: str, **options) -> None:
         try:
             port_number = int(port)
         except ValueError:
@@ -123,7 +198,6 @@ class Command(BaseCommand):
         self.stdout.write(f"demo tenant:  {demo.tenant.slug} ({demo.tenant.name})")
         self.stdout.write(f"demo key:     {demo.raw_key}  ({state})")
         self.stdout.write(f"websocket:    {ws_url}")
-        self.stdout.write(f"demo page:    http://{base}/demo/")
         if settings.OWLLAYER_LLM == "offline":
             self.stdout.write(
                 "agent:        offline (no ANTHROPIC_API_KEY): no model answers, but page and "
@@ -131,3 +205,22 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(f"agent:        {settings.OWLLAYER_MODEL} (Anthropic)")
+        admin, owner = ensure_logins(tenant=demo.tenant, logins_file=Path(logins_file))
+        self.stdout.write("")
+        self.stdout.write(f"store:        http://{base}/demo/  (no sign-in; its chat uses the demo key)")
+        self.stdout.write(
+            f"admin:        http://{base}/admin/  {_sign_in(admin)}  "
+            f"(operators: live sessions at /admin/live/)"
+        )
+        self.stdout.write(
+            f"console:      http://{base}/console/  {_sign_in(owner)}  "
+            f"(owner of {demo.tenant.name}: keys, usage, members)"
+        )
+        self.stdout.write(f"passwords:    kept in {logins_file}")
+
+
+def _sign_in(login: Login) -> str:
+    if login.password is None:
+        return (f"user {login.username}, password unknown here (the account existed already; "
+                f"set one: .venv/bin/python manage.py changepassword {login.username})")
+    return f"user {login.username}, password {login.password}"
