@@ -1,0 +1,128 @@
+"""eSpeak NG speaks, PocketSphinx understands, WebRTC's VAD hears the speech end: no network, no account."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aitp import voice
+from aitp.voice.audio import AGENT_RATE, CLIENT_RATE
+from aitp.voice.offline import EspeakConfig, EspeakTts, PocketSphinxConfig, PocketSphinxStt
+from aitp.voice.vad import EndOfSpeech
+
+from .conftest import needs_espeak, silence, speak
+
+pytestmark = needs_espeak
+
+GRAMMAR = """#JSGF V1.0;
+grammar shop;
+public <command> = (add | remove) (one | two | three) (headphones | speakers) to my cart
+                 | what is in my cart;
+"""
+
+
+@pytest.fixture
+def grammar(tmp_path):
+    path = tmp_path / "shop.gram"
+    path.write_text(GRAMMAR)
+    return str(path)
+
+
+async def test_espeak_speech_is_24_khz_pcm_as_long_as_the_sentence():
+    audio = await EspeakTts(EspeakConfig()).synthesize("Your headphones are in the cart.")
+    assert audio.rate == AGENT_RATE
+    assert len(audio.pcm) % 2 == 0
+    assert 1.0 < audio.seconds < 5.0
+
+
+async def test_a_sentence_starting_with_a_dash_is_spoken_not_taken_as_an_option():
+    audio = await EspeakTts(EspeakConfig()).synthesize("--version two")
+    assert audio.seconds > 0.3
+
+
+# eSpeak's en-us voice at 175 words a minute and more swallows "my cart" for
+# this model; a person speaking a command is nearer 130-150.
+@pytest.mark.parametrize("words_per_minute", [130, 150])
+async def test_spoken_words_are_understood_against_a_grammar(grammar, words_per_minute):
+    stt = PocketSphinxStt(PocketSphinxConfig(grammar=grammar))
+    spoken = speak("add two headphones to my cart", words_per_minute=words_per_minute)
+    result = await stt.transcribe(spoken)
+    assert result.text == "add two headphones to my cart"
+    assert result.seconds == pytest.approx(spoken.seconds)
+
+
+async def test_the_same_words_at_another_rate_are_resampled_before_they_are_understood(grammar):
+    stt = PocketSphinxStt(PocketSphinxConfig(grammar=grammar))
+    result = await stt.transcribe(speak("remove three speakers to my cart", rate=22050))
+    assert result.text == "remove three speakers to my cart"
+
+
+async def test_the_full_english_model_answers_with_some_words():
+    result = await PocketSphinxStt(PocketSphinxConfig()).transcribe(speak("hello, what is in my cart"))
+    assert isinstance(result.text, str) and result.text.strip()
+
+
+async def test_silence_is_understood_as_nothing(grammar):
+    stt = PocketSphinxStt(PocketSphinxConfig(grammar=grammar))
+    result = await stt.transcribe(voice.Audio(silence(1.0), CLIENT_RATE))
+    assert result.text == ""
+
+
+def test_the_server_vad_finds_where_espeak_speech_ends_before_the_silence():
+    speech = speak("add two headphones to my cart")
+    detector = EndOfSpeech(silence_seconds=0.6)
+    recording = speech.pcm + silence(3.0)
+    chunk = 8192  # the client's 256 ms chunks
+    fed = 0
+    for start in range(0, len(recording), chunk):
+        fed = start + chunk
+        if detector.feed(recording[start:fed]):
+            break
+    assert detector.ended
+    assert detector.speech_started
+    # It ends where the speech ends (eSpeak trails a little quiet), and only
+    # once the configured silence followed it.
+    assert speech.seconds - 0.5 < detector.speech_end_seconds <= speech.seconds + 0.1
+    heard_seconds = fed / (2 * CLIENT_RATE)
+    assert heard_seconds >= detector.speech_end_seconds + 0.6
+    assert heard_seconds < speech.seconds + 3.0, "the end is found inside the silence, not at its end"
+
+
+def test_the_server_vad_never_ends_an_utterance_that_has_not_started():
+    detector = EndOfSpeech(silence_seconds=0.3)
+    assert detector.feed(silence(5.0)) is False
+    assert not detector.speech_started
+
+
+def test_the_configured_offline_engines_are_available(settings):
+    settings.OWLLAYER_STT, settings.OWLLAYER_TTS = "pocketsphinx", "espeak"
+    voice.reset_engines()
+    try:
+        assert voice.audio_problems() == []
+        assert voice.audio_available()
+    finally:
+        voice.reset_engines()
+
+
+def test_voice_is_not_available_when_espeak_ng_is_missing(settings, monkeypatch, tmp_path):
+    settings.OWLLAYER_STT, settings.OWLLAYER_TTS = "pocketsphinx", "espeak"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    voice.reset_engines()
+    try:
+        assert not voice.audio_available()
+        assert any("espeak-ng" in problem for problem in voice.audio_problems())
+    finally:
+        voice.reset_engines()
+
+
+async def test_a_long_transcription_leaves_the_event_loop_free():
+    stt = PocketSphinxStt(PocketSphinxConfig())
+    long_utterance = speak("the quick brown fox jumps over the lazy dog and then runs away " * 6)
+    assert long_utterance.seconds > 15
+    transcription = asyncio.create_task(stt.transcribe(long_utterance))
+    # Another session's frame: a short wait on the loop. Were the engine on the
+    # loop, the transcription would finish first (or both at once).
+    frame = asyncio.create_task(asyncio.sleep(0.05))
+    done, _ = await asyncio.wait({transcription, frame}, return_when=asyncio.FIRST_COMPLETED)
+    assert done == {frame}
+    assert (await transcription).text
