@@ -7,6 +7,11 @@ Pure: no Django, no queries. The stored shapes are the ones sent to the model:
 a message's content is a list of blocks (text, tool_use, tool_result) or, from
 older rows or other writers, a bare string. Anything else is shown as JSON
 rather than dropped, so the record is never silently incomplete.
+
+The agent stores, beside the user's words, a text block describing the page
+they were on (``[page]`` then url, title and context lines; aitp.agent). It is
+read here as a block of its own kind, "page", so pages show the words as the
+user wrote them and the page as a detail; the stored rows are unchanged.
 """
 from __future__ import annotations
 
@@ -18,10 +23,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # "text", "tool_use", "tool_result" or "other"
-    text: str
-    name: str = ""  # the tool's name (tool_use), the block's own type (other)
-    ref: str = ""  # the tool_use id (tool_use, tool_result)
+    kind: str  # "text", "page", "tool_use", "tool_result" or "other"
+    text: str  # for "page": the page's context, as indented JSON
+    name: str = ""  # the tool's name (tool_use), the page's title (page), the block's own type (other)
+    ref: str = ""  # the tool_use id (tool_use, tool_result), the page's url (page)
     is_error: bool = False
 
     @property
@@ -31,6 +36,8 @@ class Block:
             return f"calls {self.name or '?'}"
         if self.kind == "tool_result":
             return "tool error" if self.is_error else "tool result"
+        if self.kind == "page":
+            return f"on {self.name or self.ref or 'a page'}"
         return self.name if self.kind == "other" else ""
 
 
@@ -103,6 +110,31 @@ def result_text(content: Any) -> str:
     return pretty_json(content)
 
 
+PAGE_MARK = "[page]\nurl: "
+CONTEXT_MARK = "\ncontext: "
+TITLE_MARK = "title: "
+
+
+def page_block(text: str) -> Block | None:
+    """The agent's description of the page as a "page" block; None for any
+    other text. The url ends at the first line break; the context (one line
+    of JSON) starts at the last "context: " line; the title is what lies
+    between, whatever line breaks a page put in it."""
+    if not text.startswith(PAGE_MARK):
+        return None
+    url, newline, rest = text[len(PAGE_MARK):].partition("\n")
+    context_at = rest.rfind(CONTEXT_MARK)
+    if not newline or not rest.startswith(TITLE_MARK) or context_at < 0:
+        return None
+    title = rest[len(TITLE_MARK):context_at]
+    context_text = rest[context_at + len(CONTEXT_MARK):]
+    try:
+        shown = pretty_json(json.loads(context_text))
+    except (RecursionError, ValueError):
+        shown = context_text
+    return Block(kind="page", text=shown, name=title, ref=url)
+
+
 def content_block(item: Any) -> Block:
     """One stored block; a bare string counts as text."""
     if isinstance(item, str):
@@ -111,7 +143,8 @@ def content_block(item: Any) -> Block:
         return Block(kind="other", text=pretty_json(item))
     kind = item.get("type")
     if kind == "text":
-        return Block(kind="text", text=str(item.get("text", "")))
+        text = str(item.get("text", ""))
+        return page_block(text) or Block(kind="text", text=text)
     if kind == "tool_use":
         return Block(kind="tool_use", text=pretty_json(item.get("input", {})),
                      name=str(item.get("name", "")), ref=str(item.get("id", "")))

@@ -31,7 +31,7 @@ from approvals.models import (
 )
 from approvals.forms import DecisionForm, ReviewForm, decide_from_post
 from approvals.selectors import awaiting_operator, changeable_tenant_ids, is_operator, may_change_tenant
-from approvals.server_tools import python_tool_names
+from approvals.server_tools import python_tool, python_tool_names
 
 
 
@@ -174,8 +174,13 @@ class ApprovalAdmin(TenantScopedAdmin):
         except services.ApprovalError as exc:
             messages.error(request, f"Not recorded: {exc.message}.")
         else:
-            messages.success(request, "Review recorded.")
+            verdict = dict(form.fields["verdict"].choices)[form.cleaned_data["verdict"]]
+            messages.success(request, f"Review of #{approval.pk} ({approval.tool_name}) recorded: {verdict}.")
+            return HttpResponseRedirect(self._after_review_url(request, approval))
         return HttpResponseRedirect(self._detail_url(approval))
+
+    def _after_review_url(self, request, approval: Approval) -> str:
+        return self._detail_url(approval)
 
 
 @admin.register(Approval)
@@ -237,6 +242,20 @@ class ReviewQueueAdmin(ApprovalAdmin):
             status=Approval.Status.PENDING
         )
 
+    def _after_review_url(self, request, approval: Approval) -> str:
+        # A verdict moves the reviewer on: to the next unreviewed item they may
+        # review, or back to the (now empty) queue.
+        info = self.opts.app_label, self.opts.model_name
+        waiting = self.get_queryset(request).filter(review_status="unreviewed").exclude(pk=approval.pk)
+        owned = changeable_tenant_ids(request.user)
+        if owned is not None:
+            waiting = waiting.filter(tenant_id__in=owned)
+        following = waiting.order_by(*self.ordering, "-pk").first()
+        if following is None:
+            messages.info(request, "Nothing else waits for a review.")
+            return reverse(f"{self.admin_site.name}:%s_%s_changelist" % info)
+        return reverse(f"{self.admin_site.name}:%s_%s_change" % info, args=[following.pk])
+
     @admin.action(description="Mark reviewed: OK")
     def mark_reviewed_ok(self, request, queryset):
         done = 0
@@ -275,8 +294,26 @@ def _owner_tenant_ids(user) -> set[int] | None:
     return changeable_tenant_ids(user)
 
 
+class OptionalJSONField(forms.JSONField):
+    """A JSON value that may be absent: an empty box, never the word null."""
+
+    def prepare_value(self, value):
+        return "" if value is None else super().prepare_value(value)
+
+
+# Fields only one kind of server tool uses: a built-in (Python) tool never
+# calls a webhook, a webhook has no handler in this code.
+WEBHOOK_ONLY_FIELDS = ("webhook_url", "timeout_seconds", "masked_secret")
+PYTHON_ONLY_FIELDS = ("python_handler", "handler_parameters")
+
+
 class ServerToolForm(forms.ModelForm):
     python_handler = forms.ChoiceField(required=False)
+    parameters = OptionalJSONField(
+        required=False,
+        help_text='AITP schema with upper-case types, e.g. {"type": "OBJECT", "properties": {...}}. '
+                  "Left empty, a built-in tool takes its handler's own.",
+    )
 
     class Meta:
         model = ServerTool
@@ -294,7 +331,21 @@ class ServerToolAdmin(TenantScopedAdmin):
     list_display = ("name", "tenant", "kind", "risk", "approval_policy", "enabled", "created_at")
     list_filter = ("kind", "risk", "approval_policy", "enabled")
     search_fields = ("name", "description")
-    readonly_fields = ("masked_secret",)
+    readonly_fields = ("masked_secret", "handler_parameters")
+
+    def get_fields(self, request, obj=None):
+        fields = list(super().get_fields(request, obj))
+        if obj is None:
+            return [f for f in fields if f != "handler_parameters"]
+        unused = WEBHOOK_ONLY_FIELDS if obj.kind == ServerTool.Kind.PYTHON else PYTHON_ONLY_FIELDS
+        return [f for f in fields if f not in unused]
+
+    @admin.display(description="handler's parameters")
+    def handler_parameters(self, obj: ServerTool) -> str:
+        tool = python_tool(obj.python_handler) if obj is not None else None
+        if tool is None:
+            return "-"
+        return aitp_admin.json_shown(tool.spec.parameters) if tool.spec.parameters else "none"
 
     def _may_manage(self, request, obj=None) -> bool:
         owners = _owner_tenant_ids(request.user)

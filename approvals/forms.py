@@ -35,6 +35,16 @@ def decide_from_post(request, approval) -> None:
     except services.ApprovalError as exc:
         messages.error(request, f"Not recorded: {exc.message}.")
     else:
-        messages.success(
-            request, f"{'Approved' if approved else 'Denied'}; the approval is now {approval.status}."
-        )
+        messages.success(request, decision_sentence(approval, approved=approved))
+
+
+def decision_sentence(approval, *, approved: bool) -> str:
+    """What an operator's decision did, in a sentence."""
+    tool = approval.tool_name
+    if not approved:
+        return f"Denied: {tool} will not run, and the agent is told an operator declined it."
+    if approval.status == approval.Status.APPROVED:
+        return f"Approved: {tool} runs now."
+    if approval.is_pending:
+        return f"Your approval of {tool} is recorded; the page user still has to approve it."
+    return f"Your approval of {tool} is recorded; the call had already ended ({approval.get_status_display().lower()})."

@@ -31,6 +31,14 @@ from operators.routing import WATCH_PATH
 logger = logging.getLogger(__name__)
 
 
+# What each command did, told to the operator after it was sent.
+COMMAND_SENTENCES = {
+    "end": "The session is ending: the page user's chat closes with your message.",
+    "reload": "The page user's page is reloading.",
+    "redirect": "The page user's page is being sent to the address you gave.",
+}
+
+
 def _visible_session(request: HttpRequest, session_id: str) -> Session:
     session = selectors.visible_sessions(request.user).filter(pk=session_id).first()
     if session is None:
@@ -125,7 +133,7 @@ def live_session_command(request: HttpRequest, session_id: str) -> HttpResponse:
         url=form.cleaned_data["url"], message=form.cleaned_data["message"], channel="admin",
     )
     logger.info("session %s: operator %s sent %s", session.pk, request.user.get_username(), command)
-    messages.success(request, f"Sent {command} to the page; recorded.")
+    messages.success(request, COMMAND_SENTENCES[command])
     return HttpResponseRedirect(_session_url(session))
 
 

@@ -90,7 +90,7 @@ def test_the_approve_button_records_the_operators_decision(acme_session, olivia)
     )
 
     assert answer.status_code == 302
-    assert "Approved; the approval is now approved." in client.get(answer["Location"]).content.decode()
+    assert "Approved: refund runs now." in client.get(answer["Location"]).content.decode()
     approval.refresh_from_db()
     assert (approval.status, approval.operator, approval.operator_note) == (
         "approved", olivia, "verified by phone")
