@@ -8,6 +8,7 @@ import pytest
 from aitp import voice
 from aitp.voice.audio import AGENT_RATE, CLIENT_RATE
 from aitp.voice.offline import EspeakConfig, EspeakTts, PocketSphinxConfig, PocketSphinxStt
+from aitp.voice.utterance import UtteranceBuffer, VoiceLimits
 from aitp.voice.vad import EndOfSpeech
 
 from .conftest import needs_espeak, silence, speak
@@ -88,6 +89,18 @@ def test_the_server_vad_finds_where_espeak_speech_ends_before_the_silence():
     assert heard_seconds < speech.seconds + 3.0, "the end is found inside the silence, not at its end"
 
 
+def test_with_server_vad_an_utterance_ends_as_vad_once_the_user_stops_speaking():
+    limits = VoiceLimits(max_utterance_seconds=30, bytes_per_second=64000, idle_seconds=5,
+                         server_vad=True, vad_silence_seconds=0.8)
+    buffer = UtteranceBuffer(limits, now=0.0)
+    recording = speak("what is in my cart").pcm + silence(4.0)
+    reasons = [buffer.append(recording[start:start + 8192], now=start / 32000)
+               for start in range(0, len(recording), 8192)]
+    assert "vad" in reasons
+    assert buffer.end("user_stop").reason == "vad"
+    assert buffer.seconds < len(recording) / 32000, "the end is found before the silence is over"
+
+
 def test_the_server_vad_never_ends_an_utterance_that_has_not_started():
     detector = EndOfSpeech(silence_seconds=0.3)
     assert detector.feed(silence(5.0)) is False
@@ -117,8 +130,8 @@ def test_voice_is_not_available_when_espeak_ng_is_missing(settings, monkeypatch,
 
 async def test_a_long_transcription_leaves_the_event_loop_free():
     stt = PocketSphinxStt(PocketSphinxConfig())
-    long_utterance = speak("the quick brown fox jumps over the lazy dog and then runs away " * 6)
-    assert long_utterance.seconds > 15
+    long_utterance = speak("the quick brown fox jumps over the lazy dog and then runs away " * 2)
+    assert long_utterance.seconds > 5
     transcription = asyncio.create_task(stt.transcribe(long_utterance))
     # Another session's frame: a short wait on the loop. Were the engine on the
     # loop, the transcription would finish first (or both at once).
