@@ -776,7 +776,8 @@ export class OwlLayerClient {
         this.clearRetry();
         this.errorShown = true;
         this.rest();
-        this.emit("error", { message: payload.message || "The session was ended.", data });
+        // ended: a goodbye from the server, which a page may show as a notice.
+        this.emit("error", { message: payload.message || "The session was ended.", data, ended: true });
         return;
       default: // waiting, approval_required: informative only
         this.emit("system", payload);

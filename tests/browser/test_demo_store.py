@@ -39,6 +39,15 @@ def tool_line(page: Page, name: str):
     return page.locator(f".owl-msg-tool[data-tool={name}]").last
 
 
+def chat_entries(page: Page):
+    return page.locator("#owl-messages > .owl-msg")
+
+
+async def entry_texts(page: Page) -> list[str]:
+    """What the chat shows, entry by entry, from the greeting on."""
+    return [text.strip() for text in await chat_entries(page).all_inner_texts()]
+
+
 async def fill_cart_by_hand(page: Page, product: str, quantity: int) -> None:
     """What a shopper does without the assistant: open the product, add, open the cart."""
     await page.get_by_role("link", name=product).first.click()
@@ -65,6 +74,9 @@ async def test_the_catalogue_connects_and_tells_the_server_its_page_and_tools(st
 
 
 async def test_the_whole_journey_with_tool_commands(store, page, shot):
+    from demo.order_tools import demo_tools_install
+
+    await sync_to_async(demo_tools_install)(tenant=store.key.tenant)
     await open_store(page, store)
 
     answer = await say(page, '/tool open_product {"productId": "pro-headphones"}')
@@ -91,6 +103,12 @@ async def test_the_whole_journey_with_tool_commands(store, page, shot):
     await expect(answers(page).last).to_contain_text("process_payment succeeded")
     await expect(page.locator("#cart-count")).to_have_text("0")
     await shot("paid")
+
+    # The shop's own order lookup knows the order just paid.
+    number = (await page.locator("#order-confirmation").inner_text()).split()[3]
+    answer = await say(page, f'/tool order_status {{"number": "{number}"}}')
+    assert "Status: paid" in answer and "Total: 269.98" in answer
+    await shot("order-status")
     for name in ["open_product", "add_to_cart", "open_cart", "apply_coupon", "process_payment"]:
         [call] = await tool_calls(name)
         assert call.status == ToolCall.Status.SUCCESS, name
@@ -128,8 +146,15 @@ async def test_the_agents_state_and_each_tool_call_show_while_they_happen(store,
 
     await expect(activity(page)).to_have_attribute("data-activity", "approval")
     await expect(activity(page)).to_have_text("Waiting for you: approve or decline.")
+    await expect(status(page)).to_have_text("waiting for your approval")
     await expect(tool_line(page, "process_payment")).to_have_attribute("data-status", "running")
     await expect(tool_line(page, "process_payment")).to_contain_text('amount 149.99')
+    # The tool's line is in view, above the activity line, not under it.
+    line = await tool_line(page, "process_payment").bounding_box()
+    waiting = await activity(page).bounding_box()
+    shown = await page.locator("#owl-messages").bounding_box()
+    assert line["y"] + line["height"] <= waiting["y"]
+    assert line["y"] >= shown["y"] and line["y"] + line["height"] <= shown["y"] + shown["height"]
     await shot("waiting-for-approval")
     await page.get_by_role("dialog").get_by_role("button", name="Decline").click()
 
@@ -137,10 +162,11 @@ async def test_the_agents_state_and_each_tool_call_show_while_they_happen(store,
     await expect(tool_line(page, "process_payment")).to_contain_text("you declined")
     await expect(activity(page)).to_have_attribute("data-activity", "idle")
     await expect(activity(page)).to_be_hidden()
+    await expect(status(page)).to_have_text("connected")
     await shot("declined")
 
 
-async def test_a_tool_that_fails_says_why_in_plain_words(store, page):
+async def test_a_tool_that_fails_says_why_once_in_plain_words(store, page):
     await open_store(page, store)
     await say(page, '/tool open_product {"productId": "pro-headphones"}')
     await say(page, '/tool add_to_cart {"quantity": 1}')
@@ -149,9 +175,10 @@ async def test_a_tool_that_fails_says_why_in_plain_words(store, page):
     answer = await say(page, '/tool apply_coupon {"code": "FREESTUFF"}')
 
     await expect(tool_line(page, "apply_coupon")).to_have_attribute("data-status", "error")
-    await expect(tool_line(page, "apply_coupon")).to_contain_text(
-        "There is no coupon called 'FREESTUFF'.")
-    assert "apply_coupon failed" in answer
+    await expect(tool_line(page, "apply_coupon")).to_have_text('✗ apply_coupon (code "FREESTUFF") failed')
+    # The reason is told once: the answer says it, so the tool's line does not.
+    assert answer == "apply_coupon failed: There is no coupon called 'FREESTUFF'."
+    await expect(chat_entries(page).filter(has_text="There is no coupon called")).to_have_count(1)
     [call] = await tool_calls("apply_coupon")
     assert call.status == ToolCall.Status.ERROR
 
@@ -274,7 +301,14 @@ async def test_asked_for_a_product_the_agent_opens_it_and_adds_two_to_the_cart(
 
     answer = await say(page, "I'd like two of the travel speakers, please")
 
-    assert answer.endswith("Two Travel Speakers are in your cart.")
+    assert answer == "Two Travel Speakers are in your cart."
+    # The words before the calls, each call's line, then the answer: in that order.
+    assert (await entry_texts(page))[-4:] == [
+        "Let me open the Travel Speaker.",
+        '✓ open_product (productId "travel-speaker") done',
+        "✓ add_to_cart (quantity 2) done",
+        "Two Travel Speakers are in your cart.",
+    ]
     await expect(page.locator("#cart-count")).to_have_text("2")
     await expect(page.locator("h1")).to_have_text("Travel Speaker")
     await shot("two-in-the-cart")
@@ -341,3 +375,128 @@ async def test_asked_to_pay_a_declined_payment_is_never_made_and_the_agent_says_
     assert call.result is None
     [last] = model.requests[-1:]
     assert tool_results(last)[0]["is_error"] is True
+
+
+# --- the chat panel: Markdown, a reload, the end of a session, its size -------------------
+
+HOSTILE_ANSWER = (
+    "Your total is **$269.98** with `OWL10` applied.\n\n"
+    "- Pro Headphones × 2\n"
+    "- *free* shipping\n\n"
+    "See [our returns page](https://example.com/returns) or [claim a prize](javascript:window.__owned=1). "
+    '<img src=x onerror="window.__owned=2"><script>window.__owned=3</script>'
+)
+
+
+async def test_the_agents_markdown_is_shown_formatted_and_never_as_html(llm_store, model, page, shot):
+    model.enqueue(text_response(HOSTILE_ANSWER, chunks=5))
+    await open_store(page, llm_store)
+
+    await say(page, "What will I pay?")
+
+    answer = answers(page).last
+    await expect(answer.locator("strong")).to_have_text("$269.98")
+    await expect(answer.locator("code")).to_have_text("OWL10")
+    await expect(answer.locator("li")).to_have_text(["Pro Headphones × 2", "free shipping"])
+    await expect(answer.locator("li em")).to_have_text("free")
+    # Only the https link is a link; the javascript: one is its label alone.
+    await expect(answer.locator("a")).to_have_count(1)
+    await expect(answer.locator("a")).to_have_attribute("href", "https://example.com/returns")
+    await expect(answer).to_contain_text("claim a prize.")
+    # The model's HTML is shown as the characters it is, never made into elements.
+    await expect(page.locator("#owl-messages img, #owl-messages script")).to_have_count(0)
+    await expect(answer).to_contain_text('<img src=x onerror="window.__owned=2">')
+    assert await page.evaluate("window.__owned") is None
+    await shot("markdown-answer")
+
+
+async def test_a_reload_keeps_the_conversation_on_the_page(store, page, shot):
+    await open_store(page, store)
+    await say(page, '/tool open_product {"productId": "charging-dock"}')
+    before = await entry_texts(page)
+    first_session = await page.evaluate("window.__owl.sessionId")
+
+    await page.reload()
+
+    await expect(status(page)).to_have_text("connected")
+    await expect(chat_entries(page)).to_have_count(len(before) + 1)
+    assert (await entry_texts(page))[:len(before)] == before
+    await expect(chat_entries(page).last).to_have_text(
+        "You reloaded the page: the conversation above is kept here, but the assistant "
+        "starts a new one and does not remember it.")
+    await shot("reloaded")
+    # The server's session is a new one.
+    assert await page.evaluate("window.__owl.sessionId") != first_session
+    answer = await say(page, "/tool open_cart")
+    assert answer.startswith("open_cart succeeded.")
+
+
+async def test_when_an_operator_ends_the_session_the_goodbye_is_a_notice_and_typing_stops(
+        store, page, shot):
+    import httpx
+
+    from tests.support.people import admin_sign_in, make_user
+
+    def operator() -> None:
+        user = make_user("olga", tenant=store.key.tenant)
+        user.set_password("pw-olga-123")
+        user.save()
+
+    await sync_to_async(operator)()
+    await open_store(page, store)
+    session_id = await page.evaluate("window.__owl.sessionId")
+
+    async with httpx.AsyncClient(base_url=store.server.http_url) as http:
+        await admin_sign_in(http, "olga", "pw-olga-123")
+        sent = await http.post(f"/admin/live/{session_id}/command/", data={
+            "command": "end", "message": "Thanks for shopping with us. Goodbye!",
+            "csrfmiddlewaretoken": http.cookies["csrftoken"]})
+        assert sent.status_code == 302
+
+    await expect(status(page)).to_have_text("closed")
+    await expect(page.locator(".owl-msg-note").last).to_have_text("Thanks for shopping with us. Goodbye!")
+    await expect(page.locator("#owl-messages .owl-msg-error")).to_have_count(0)
+    await expect(page.locator("#owl-input")).to_be_disabled()
+    await expect(page.locator("#owl-send")).to_be_disabled()
+    await shot("ended-by-an-operator")
+
+
+async def test_the_panel_minimises_to_a_launcher_and_opens_again(store, page, shot):
+    await open_store(page, store)
+    launcher = page.get_by_role("button", name="Ask the shop assistant")
+    await expect(launcher).to_be_hidden()
+
+    await page.get_by_role("button", name="Minimise the assistant").click()
+
+    await expect(page.locator("#owl-chat")).to_be_hidden()
+    await expect(launcher).to_be_visible()
+    await shot("minimised")
+    # Minimised, the assistant is still connected; the choice outlives a reload.
+    await page.reload()
+    await expect(status(page)).to_have_text("connected")
+    await expect(page.locator("#owl-chat")).to_be_hidden()
+
+    await launcher.click()
+
+    await expect(page.locator("#owl-chat")).to_be_visible()
+    await expect(page.locator("#owl-input")).to_be_focused()
+    await expect(launcher).to_be_hidden()
+
+
+async def test_on_a_phone_the_panel_opens_over_the_page_and_can_be_used(store, page, shot):
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await open_store(page, store)
+    launcher = page.get_by_role("button", name="Ask the shop assistant")
+    # Closed at first: the store is what a shopper came for.
+    await expect(page.locator("#owl-chat")).to_be_hidden()
+    await shot("phone-closed")
+
+    await launcher.click()
+
+    panel = await page.locator("#owl-chat").bounding_box()
+    assert panel["x"] >= 0 and panel["x"] + panel["width"] <= 390
+    assert panel["y"] >= 0 and panel["y"] + panel["height"] <= 844
+    answer = await say(page, '/tool open_product {"productId": "travel-speaker"}')
+    assert answer.startswith("open_product succeeded.")
+    await expect(page.locator("#owl-input")).to_be_in_viewport()
+    await shot("phone-open")

@@ -7,8 +7,12 @@
  * the AITP connection stays open: a tool that opens a product answers only
  * after the new page's tools and context are sent (the client flushes its
  * CONTEXT_UPDATE before the TOOL_RESULT).
+ *
+ * The chat panel itself (entries, Markdown, the kept transcript, the
+ * launcher) is chat.js; this module tells it what happens.
  */
 import { OwlLayerClient, showApprovalDialog } from "../owllayer/owllayer-client.js";
+import { ChatPanel } from "./chat.js";
 
 const config = JSON.parse(document.getElementById("owl-demo-config").textContent);
 const csrfToken = document.querySelector("input[name=csrfmiddlewaretoken]").value;
@@ -198,7 +202,7 @@ async function changeCart(action, body) {
 
 // --- the assistant ----------------------------------------------------------------------
 
-const messages = document.getElementById("owl-messages");
+const chat = new ChatPanel();
 const statusBadge = document.getElementById("owl-status");
 const activityLine = document.getElementById("owl-activity");
 const form = document.getElementById("owl-form");
@@ -206,16 +210,20 @@ const input = document.getElementById("owl-input");
 const sendButton = document.getElementById("owl-send");
 
 let client = null;
-let agentBubble = null;
-const toolLines = new Map();
+// The answer of this turn being written, and how much of the turn's text
+// (the client reports all of it) earlier bubbles of the turn already show.
+let agentEntry = null;
+let shownBefore = 0;
+let turnText = "";
+// Tool lines of this turn that failed: their reason is left out when the
+// answer already says it.
+let turnFailures = [];
+const toolEntries = new Map();
 
-function showMessage(kind, text) {
-  const node = document.createElement("p");
-  node.className = "owl-msg owl-msg-" + kind;
-  node.textContent = text;
-  messages.appendChild(node);
-  messages.scrollTop = messages.scrollHeight;
-  return node;
+function showMessage(kind, text, options) {
+  const entry = chat.add({ kind, text }, options);
+  chat.save();
+  return entry;
 }
 
 // Everything changed here in one go leaves as one CONTEXT_UPDATE.
@@ -266,6 +274,19 @@ function toolLabel(name) {
   return name in TOOLS ? TOOLS[name][2] : "Using " + name;
 }
 
+// --- the status badge and the activity line ---
+
+const BADGE = { approval: "waiting for your approval" };
+
+/* The badge says what the connection does, unless the agent waits for the shopper. */
+function showStatus() {
+  if (!client) return;
+  const waiting = client.activity === "approval" && ["connected", "thinking"].includes(client.state);
+  const shown = waiting ? "approval" : client.state;
+  statusBadge.textContent = BADGE[shown] || shown;
+  statusBadge.dataset.state = shown;
+}
+
 function showActivity(event) {
   activityLine.dataset.activity = event.activity;
   activityLine.hidden = event.activity === "idle";
@@ -273,32 +294,87 @@ function showActivity(event) {
   else if (event.activity === "tool") activityLine.textContent = toolLabel(event.tool) + "…";
   else if (event.activity === "approval") activityLine.textContent = "Waiting for you: approve or decline.";
   else activityLine.textContent = "";
+  showStatus();
+  // The line takes room from the messages: keep the newest of them in view.
+  chat.scrollToEnd();
 }
 
+// --- the answer, in bubbles split by the tool calls ---
+
+function showAnswer(event) {
+  turnText = event.text;
+  // The closing frame may carry a text that is not the deltas' (a server
+  // that sends only the whole answer): then it all belongs to this bubble.
+  const from = event.text.length >= shownBefore ? shownBefore : 0;
+  const text = event.text.slice(from).trim();
+  if (!agentEntry && text) agentEntry = chat.add({ kind: "agent", text: "" });
+  if (agentEntry) {
+    agentEntry.text = text;
+    agentEntry.done = event.done;
+    chat.update(agentEntry);
+  }
+  if (event.done) {
+    if (agentEntry && !text) chat.remove(agentEntry);
+    finishTurn(event.text);
+  }
+}
+
+/* The text so far stays in its bubble; what follows the call gets a new one. */
+function closeBubble() {
+  // Not marked done: data-done is the turn's last bubble, its answer.
+  agentEntry = null;
+  shownBefore = turnText.length;
+}
+
+function finishTurn(finalText) {
+  for (const { entry, error } of turnFailures) {
+    if (error && finalText.includes(error)) {
+      entry.text = "✗ " + entry.summary + " failed";
+      chat.update(entry);
+    }
+  }
+  startTurn();
+  chat.save();
+}
+
+function startTurn() {
+  agentEntry = null;
+  shownBefore = 0;
+  turnText = "";
+  turnFailures = [];
+}
+
+// --- one line per tool call ---
+
 function toolStarted(event) {
-  const line = showMessage("tool", "");
-  line.dataset.callId = event.callId;
-  line.dataset.tool = event.name;
-  line.dataset.status = "running";
-  line.dataset.summary = event.name + describeArgs(event.args);
-  line.textContent = "→ " + line.dataset.summary + " …";
-  toolLines.set(event.callId, line);
+  closeBubble();
+  const summary = event.name + describeArgs(event.args);
+  const entry = chat.add({
+    kind: "tool", tool: event.name, callId: event.callId, status: "running", summary,
+    text: "→ " + summary + " …",
+  });
+  toolEntries.set(event.callId, entry);
+  chat.save();
 }
 
 function toolFinished(event) {
-  const line = toolLines.get(event.callId) || showMessage("tool", "");
-  toolLines.delete(event.callId);
-  const summary = line.dataset.summary || event.name;
+  const entry = toolEntries.get(event.callId) || chat.add({
+    kind: "tool", tool: event.name, callId: event.callId, status: "running", summary: event.name, text: "",
+  });
+  toolEntries.delete(event.callId);
   if (event.outcome.denied) {
-    line.dataset.status = "denied";
-    line.textContent = "✗ " + event.name + ": you declined";
+    entry.status = "denied";
+    entry.text = "✗ " + entry.summary + ": you declined";
   } else if ("error" in event.outcome) {
-    line.dataset.status = "error";
-    line.textContent = "✗ " + event.name + " failed: " + event.outcome.error;
+    entry.status = "error";
+    entry.text = "✗ " + entry.summary + " failed: " + event.outcome.error;
+    turnFailures.push({ entry, error: event.outcome.error });
   } else {
-    line.dataset.status = "success";
-    line.textContent = "✓ " + summary + " done";
+    entry.status = "success";
+    entry.text = "✓ " + entry.summary + " done";
   }
+  chat.update(entry);
+  chat.save();
 }
 
 /* Approvals use the client's dialog; a payment's also shows the amount and the cart. */
@@ -330,6 +406,10 @@ function describePayment(dialog, request) {
   dialog.querySelector(".owl-approval-args").replaceWith(details);
 }
 
+// The session is over for good (refused, ended by an operator, gave up):
+// nothing typed could be sent any more.
+const ENDED_STATES = ["closed", "error"];
+
 function connectAssistant() {
   const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
   client = new OwlLayerClient({
@@ -338,9 +418,10 @@ function connectAssistant() {
   let lostConnection = false;
 
   client.on("state", (state) => {
-    statusBadge.textContent = state;
-    statusBadge.dataset.state = state;
+    showStatus();
     sendButton.disabled = state !== "connected";
+    input.disabled = ENDED_STATES.includes(state);
+    if (input.disabled) input.placeholder = "This conversation has ended. Reload the page to start another.";
     if (state === "reconnecting" && !lostConnection) {
       lostConnection = true;
       showMessage("note", "Lost the connection to the assistant. Reconnecting…");
@@ -351,27 +432,24 @@ function connectAssistant() {
     lostConnection = false;
   });
   client.on("activity", showActivity);
-  client.on("agent", (event) => {
-    if (!agentBubble) agentBubble = showMessage("agent", "");
-    // Deltas grow the bubble; the final frame's complete text replaces it.
-    agentBubble.textContent = event.text;
-    messages.scrollTop = messages.scrollHeight;
-    if (event.done) {
-      agentBubble.dataset.done = "true";
-      if (!event.text) agentBubble.remove();
-      agentBubble = null;
-    }
+  client.on("agent", showAnswer);
+  client.on("error", (event) => {
+    // The server ending the session says goodbye: a notice, not a failure.
+    if (event.ended) showMessage("note", event.message);
+    else showMessage("error", plainError(event));
   });
-  client.on("error", (event) => showMessage("error", plainError(event)));
   // A turn cut off by a lost connection will not finish: start afresh, and
   // say so for the calls it left running (their answers can reach no one).
   client.on("close", () => {
-    agentBubble = null;
-    toolLines.forEach((line) => {
-      line.dataset.status = "lost";
-      line.textContent = "✗ " + (line.dataset.summary || line.dataset.tool) + ": the connection was lost";
+    if (agentEntry) closeBubble();
+    startTurn();
+    toolEntries.forEach((entry) => {
+      entry.status = "lost";
+      entry.text = "✗ " + entry.summary + ": the connection was lost";
+      chat.update(entry);
     });
-    toolLines.clear();
+    toolEntries.clear();
+    chat.save();
   });
   client.on("system", (event) => {
     if (event.kind === "waiting" && event.message) showMessage("note", event.message);
@@ -385,13 +463,17 @@ function connectAssistant() {
     if (client.sendText(text)) {
       showMessage("user", text.trim());
       input.value = "";
-      agentBubble = null;
+      startTurn();
     }
   });
   syncAssistant();
   client.connect();
 }
 
+if (chat.restore()) {
+  showMessage("note", "You reloaded the page: the conversation above is kept here, but the " +
+    "assistant starts a new one and does not remember it.", { keep: false });
+}
 if (config.apiKey) {
   connectAssistant();
 } else {
