@@ -192,6 +192,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _transcription(self, request: RecordedRequest, length: int) -> None:
         if length > MAX_FILE_BYTES:
             return self._error(413, "invalid_request_error", "Maximum content size limit exceeded.")
+        if not self.headers.get("content-type", "").startswith("multipart/form-data"):
+            return self._error(400, "invalid_request_error",
+                               "Invalid Content-Type header, expected multipart/form-data.")
         if not request.fields.get("model"):
             return self._error(400, "invalid_request_error", "you must provide a model parameter",
                                param="model")
@@ -255,8 +258,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, "application/json", json.dumps(data).encode("utf-8"))
 
     def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client stopped waiting (a timeout test): nothing to answer.
+            self.close_connection = True
