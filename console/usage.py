@@ -28,6 +28,11 @@ class DayUsage:
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    @property
+    def used(self) -> bool:
+        return bool(self.sessions or self.turns or self.tokens or self.cache_read_tokens
+                    or self.cache_write_tokens)
+
 
 def daily_usage(tenant: Tenant, *, today: date, days: int = USAGE_DAYS) -> list[DayUsage]:
     """One entry per day, oldest first, ending today; a day without a row is all zeros."""
@@ -67,6 +72,13 @@ class Bar:
 
 
 @dataclass(frozen=True)
+class Tick:
+    x: int  # the middle of its bar
+    text: str
+    anchor: str  # SVG text-anchor: start, middle or end
+
+
+@dataclass(frozen=True)
 class BarChart:
     width: int
     height: int
@@ -76,6 +88,7 @@ class BarChart:
     max_value: int
     first_label: str
     last_label: str
+    ticks: list[Tick]
 
 
 BAR_WIDTH = 16
@@ -83,10 +96,20 @@ BAR_GAP = 4
 PLOT_TOP = 14  # room for the maximum's label above the tallest bar
 PLOT_HEIGHT = 120
 LABEL_ROOM = 18  # room for the date labels under the baseline
+TICK_EVERY = 7  # one date label a week: each fits under its bar without touching the next
 
 
-def bar_chart(values: list[int], labels: list[str], *, unit: str) -> BarChart:
-    """Bars scaled to the largest value; a non-zero value is always at least 1px tall."""
+def day_label(day: date) -> str:
+    """A short date for the chart's axis: "Nov 3"."""
+    return f"{day:%b} {day.day}"
+
+
+def bar_chart(values: list[int], labels: list[str], *, unit: str,
+              tick_labels: list[str] | None = None, tick_every: int = TICK_EVERY) -> BarChart:
+    """Bars scaled to the largest value; a non-zero value is always at least 1px tall.
+    Every ``tick_every``-th bar counted back from the last one (which is
+    always labelled) gets its ``tick_labels`` entry (default: its label)
+    under it."""
     if len(values) != len(labels):
         raise ValueError("one label per value")
     top = max(values, default=0)
@@ -105,8 +128,18 @@ def bar_chart(values: list[int], labels: list[str], *, unit: str) -> BarChart:
                 title=f"{label}: {value} {unit}",
             )
         )
+    width = max(1, len(values) * (BAR_WIDTH + BAR_GAP) - BAR_GAP)
+    shown = tick_labels if tick_labels is not None and len(tick_labels) == len(labels) else labels
+    ticks = []
+    for index in range(len(values) - 1, -1, -max(1, tick_every)):
+        middle = index * (BAR_WIDTH + BAR_GAP) + BAR_WIDTH // 2
+        # The outermost labels are kept inside the picture.
+        anchor = "end" if index == len(values) - 1 else ("start" if middle < 30 else "middle")
+        ticks.append(Tick(x=width if anchor == "end" else (0 if anchor == "start" else middle),
+                          text=shown[index], anchor=anchor))
+    ticks.reverse()
     return BarChart(
-        width=max(1, len(values) * (BAR_WIDTH + BAR_GAP) - BAR_GAP),
+        width=width,
         height=baseline + LABEL_ROOM,
         plot_top=PLOT_TOP,
         baseline=baseline,
@@ -114,4 +147,5 @@ def bar_chart(values: list[int], labels: list[str], *, unit: str) -> BarChart:
         max_value=top,
         first_label=labels[0] if labels else "",
         last_label=labels[-1] if labels else "",
+        ticks=ticks,
     )

@@ -5,14 +5,17 @@ services to write; ``console.access.tenant_view`` decides who gets in.
 """
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, time
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.templatetags.static import static
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
@@ -24,7 +27,7 @@ from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
 from console.access import Access, render_page, tenant_view
 from console.forms import ApiKeyCreateForm, ApiKeyEditForm, MemberAddForm, MemberRoleForm
-from console.usage import bar_chart, daily_usage
+from console.usage import bar_chart, daily_usage, day_label
 from tenants.models import TenantMembership
 
 logger = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ def index(request: HttpRequest) -> HttpResponse:
 def usage(request: HttpRequest, access: Access) -> HttpResponse:
     days = daily_usage(access.tenant, today=timezone.localdate())
     labels = [day.date.isoformat() for day in days]
+    ticks = [day_label(day.date) for day in days]
     recent = (
         Session.objects.filter(tenant=access.tenant)
         .select_related("api_key")
@@ -71,9 +75,10 @@ def usage(request: HttpRequest, access: Access) -> HttpResponse:
     return render_page(
         request, access, "console/usage.html", title="Usage", section="usage",
         days=days,
-        newest_first=list(reversed(days)),
-        sessions_chart=bar_chart([d.sessions for d in days], labels, unit="sessions"),
-        tokens_chart=bar_chart([d.tokens for d in days], labels, unit="tokens"),
+        # The table lists the days something happened; the chart shows them all.
+        used_days=[day for day in reversed(days) if day.used],
+        sessions_chart=bar_chart([d.sessions for d in days], labels, unit="sessions", tick_labels=ticks),
+        tokens_chart=bar_chart([d.tokens for d in days], labels, unit="tokens", tick_labels=ticks),
         totals={
             "sessions": sum(d.sessions for d in days),
             "turns": sum(d.turns for d in days),
@@ -146,9 +151,40 @@ def key_create(request: HttpRequest, access: Access) -> HttpResponse:
         # browser to post again, which would make another key, never show
         # this one again.
         return render_page(request, access, "console/key_created.html", title=f"Key {key.prefix}",
-                           section="keys", key=key, raw_key=raw_key)
+                           section="keys", key=key, raw_key=raw_key,
+                           embed_snippet=embed_snippet(request, raw_key))
     return render_page(request, access, "console/key_form.html", title="New key", section="keys",
                        form=form, creating=True)
+
+
+def embed_snippet(request: HttpRequest, raw_key: str) -> str:
+    """The lines a page needs to talk to this server with the new key: the
+    browser client from this server and the socket's address, filled in."""
+    scheme = "wss" if request.is_secure() else "ws"
+    endpoint = f"{scheme}://{request.get_host()}{settings.OWLLAYER_WS_PATH}"
+    script = request.build_absolute_uri(static("owllayer/owllayer-client.js"))
+    return (
+        '<script type="module">\n'
+        f'  import {{ OwlLayerClient }} from {json.dumps(script)};\n'
+        "\n"
+        "  const client = new OwlLayerClient({\n"
+        f"    apiKey: {json.dumps(raw_key)},\n"
+        f"    endpoint: {json.dumps(endpoint)},\n"
+        "  });\n"
+        "  client.on(\"agent\", ({ text, done }) => {\n"
+        "    // the answer so far; done: the complete text\n"
+        "  });\n"
+        "  client.connect();\n"
+        "</script>\n"
+    )
+
+
+def _ended_by_origins(key: ApiKey, origins: list[str]) -> int:
+    """Live sessions of the key that a new list of allowed origins would end
+    (an empty list allows any origin)."""
+    if not origins:
+        return 0
+    return Session.objects.filter(_live_q(), api_key=key).exclude(origin__in=origins).count()
 
 
 @never_cache
@@ -169,20 +205,32 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
         return redirect("console:keys", slug=access.tenant.slug)
     initial = {"name": key.name, "allowed_origins": key.allowed_origins, "max_sessions": key.max_sessions}
     form = ApiKeyEditForm(request.POST or None, initial=initial)
+    ending = 0
     if request.method == "POST" and form.is_valid():
         changes = {
             field: form.cleaned_data[field]
             for field in ("name", "allowed_origins", "max_sessions")
             if form.cleaned_data[field] != initial[field]
         }
+        if "allowed_origins" in changes:
+            ending = _ended_by_origins(key, changes["allowed_origins"])
+        # Narrowing the origins ends the live sessions from the others: the
+        # owner is told how many and saves again to go ahead.
+        if ending and request.POST.get("confirm_ending") != str(ending):
+            return render_page(request, access, "console/key_form.html", title=f"Edit key {key.prefix}",
+                               section="keys", form=form, key=key, creating=False, ending=ending,
+                               live_sessions=Session.objects.filter(_live_q(), api_key=key).count())
         if changes:
             services.api_key_update(key=key, user=request.user, **changes)
-            messages.success(request, f"Key {key.prefix} updated.")
+            messages.success(request, f"Key {key.prefix} updated." + (
+                f" {ending} live session{'s' if ending != 1 else ''} from removed origins "
+                f"{'are' if ending != 1 else 'is'} being ended." if ending else ""))
         else:
             messages.info(request, "Nothing changed.")
         return redirect("console:keys", slug=access.tenant.slug)
     return render_page(request, access, "console/key_form.html", title=f"Edit key {key.prefix}",
-                       section="keys", form=form, key=key, creating=False)
+                       section="keys", form=form, key=key, creating=False,
+                       live_sessions=Session.objects.filter(_live_q(), api_key=key).count())
 
 
 @tenant_view(owner_only=True)
@@ -221,8 +269,10 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
         .select_related("user")
         .order_by("user__username")
     )
+    owners = sum(1 for row in rows if row.role == TenantMembership.Role.OWNER)
     return render_page(request, access, "console/members.html", title="Members", section="members",
-                       members=rows, form=form, roles=TenantMembership.Role.choices)
+                       members=rows, form=form, roles=TenantMembership.Role.choices,
+                       last_owner=owners == 1)
 
 
 @require_POST
@@ -260,6 +310,8 @@ def member_remove(request: HttpRequest, access: Access, membership_id: int) -> H
         if membership.user_id == request.user.pk:
             return redirect("console:index")  # no longer a member here
         return redirect("console:members", slug=access.tenant.slug)
+    last_owner = (membership.role == TenantMembership.Role.OWNER and not TenantMembership.objects.filter(
+        tenant=access.tenant, role=TenantMembership.Role.OWNER).exclude(pk=membership.pk).exists())
     return render_page(request, access, "console/member_remove.html",
                        title=f"Remove {membership.user.get_username()}", section="members",
-                       member=membership)
+                       member=membership, last_owner=last_owner)

@@ -221,3 +221,62 @@ def test_a_revoked_key_cannot_be_edited(owner_client, acme_key):
     acme_key.refresh_from_db()
     assert acme_key.max_sessions == 5
     assert not OperatorAction.objects.filter(action="key_updated").exists()
+
+
+def test_a_new_key_comes_with_an_embed_snippet_holding_the_key_and_the_endpoint(owner_client, acme):
+    response = create_key(owner_client)
+    raw_key = response.context["raw_key"]
+    snippet = response.context["embed_snippet"]
+    assert snippet.startswith('<script type="module">') and snippet.rstrip().endswith("</script>")
+    assert 'from "http://testserver/static/owllayer/owllayer-client.js"' in snippet
+    assert f'apiKey: "{raw_key}"' in snippet
+    assert 'endpoint: "ws://testserver/owllayer"' in snippet
+    html = response.content.decode()
+    assert 'data-embed-snippet>&lt;script type=&quot;module&quot;&gt;' in html
+    assert 'data-copy="new-key"' in html and 'data-copy="embed-snippet"' in html
+
+    later = owner_client.get(reverse("console:key_created", args=["acme", ApiKey.objects.get().pk]))
+    assert "embed-snippet" not in later.content.decode()
+
+
+def live_session_from(key, origin: str):
+    from django.utils import timezone
+
+    from tests.console.conftest import make_session
+
+    return make_session(key, origin=origin, last_seen_at=timezone.now())
+
+
+def test_narrowing_origins_asks_first_and_says_how_many_live_sessions_end(owner_client, acme_key):
+    live_session_from(acme_key, "https://shop.example")
+    live_session_from(acme_key, "https://shop.example")
+    live_session_from(acme_key, "https://new.example")
+    url = reverse("console:key_edit", args=["acme", acme_key.pk])
+    narrowed = {"name": "shop", "allowed_origins": "https://new.example", "max_sessions": "5"}
+
+    warning = owner_client.post(url, narrowed)
+
+    assert warning.status_code == 200
+    assert "2 live sessions will end." in warning.content.decode()
+    assert "Save and end 2 sessions" in warning.content.decode()
+    acme_key.refresh_from_db()
+    assert acme_key.allowed_origins == ["https://shop.example"]
+    assert not OperatorAction.objects.exists()
+
+    confirmed = owner_client.post(url, {**narrowed, "confirm_ending": "2"}, follow=True)
+
+    acme_key.refresh_from_db()
+    assert acme_key.allowed_origins == ["https://new.example"]
+    assert "2 live sessions from removed origins are being ended." in confirmed.content.decode()
+
+
+def test_an_origin_change_that_ends_no_live_session_saves_at_once(owner_client, acme_key):
+    live_session_from(acme_key, "https://shop.example")
+    url = reverse("console:key_edit", args=["acme", acme_key.pk])
+
+    response = owner_client.post(url, {"name": "shop", "max_sessions": "5",
+                                       "allowed_origins": "https://shop.example\nhttps://new.example"})
+
+    assert response.status_code == 302
+    acme_key.refresh_from_db()
+    assert acme_key.allowed_origins == ["https://shop.example", "https://new.example"]

@@ -102,6 +102,21 @@ def test_the_last_owner_cannot_be_removed(owner_client, olivia, victor):
     assert not OperatorAction.objects.exists()
 
 
+def test_remove_is_not_offered_for_the_last_owner(owner_client, olivia, victor):
+    html = owner_client.get(reverse("console:members", args=["acme"])).content.decode()
+    olivia_row = html.split(f'data-member="{TenantMembership.objects.get(user=olivia).pk}"')[1].split("</tr>")[0]
+    victor_row = html.split(f'data-member="{TenantMembership.objects.get(user=victor).pk}"')[1].split("</tr>")[0]
+    assert ">Remove<" not in olivia_row and "last owner" in olivia_row
+    assert ">Remove<" in victor_row
+
+
+def test_the_remove_page_of_the_last_owner_explains_and_offers_no_button(owner_client, olivia):
+    membership = TenantMembership.objects.get(user=olivia)
+    html = owner_client.get(reverse("console:member_remove", args=["acme", membership.pk])).content.decode()
+    assert "cannot be removed. Make someone else owner first." in html
+    assert 'type="submit">Remove<' not in html
+
+
 def test_the_last_owner_cannot_make_themselves_a_viewer(owner_client, olivia):
     membership = TenantMembership.objects.get(user=olivia)
     owner_client.post(reverse("console:member_role", args=["acme", membership.pk]), {"role": VIEWER})

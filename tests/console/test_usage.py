@@ -35,11 +35,28 @@ def test_the_usage_page_shows_thirty_days_ending_today_with_missing_days_as_zero
     assert sum(d.sessions for d in days) == 4
     assert sum(1 for d in days if d.sessions == 0 and d.tokens == 0) == 28
 
+    # The table lists the two days with use, newest first; the empty ones are left out.
     html = response.content.decode()
-    table = html.split('data-table="daily"')[1]
-    assert table.count("<tr><td>") == 30
-    assert (today - timedelta(days=29)).isoformat() in table
-    assert (today - timedelta(days=30)).isoformat() not in table
+    table = html.split('data-table="daily"')[1].split("</table>")[0]
+    assert table.count("<tr><td>") == 2
+    assert table.index(today.isoformat()) < table.index((today - timedelta(days=10)).isoformat())
+    assert (today - timedelta(days=29)).isoformat() not in table
+    assert "2 of the last 30 days had use" in html
+
+
+def test_a_month_without_use_says_so_instead_of_a_table_of_zeros(owner_client, acme):
+    html = owner_client.get(reverse("console:usage", args=["acme"])).content.decode()
+    assert 'data-table="daily"' not in html
+    assert "No use in the last 30 days." in html
+
+
+def test_the_chart_labels_a_day_each_week_ending_today(owner_client, acme):
+    today = timezone.localdate()
+    html = owner_client.get(reverse("console:usage", args=["acme"])).content.decode()
+    svg = html.split('data-chart="sessions"')[1].split("</svg>")[0]
+    labels = re.findall(r'<text class="tick"[^>]*>([^<]+)</text>', svg)
+    expected = [today - timedelta(days=days) for days in (28, 21, 14, 7, 0)]
+    assert labels == [f"{day:%b} {day.day}" for day in expected]
 
 
 def test_the_usage_chart_is_inline_svg_with_a_bar_per_day(owner_client, acme):
