@@ -188,7 +188,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
 
     async def _handle(self, event) -> None:
         if not isinstance(event, HandshakeRequested):
-            self.live.frame("in", _describe_inbound(event))
+            self.live.frame("in", lambda: _describe_inbound(event))
         if isinstance(event, HandshakeRequested):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):
@@ -256,6 +256,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
         self.live = live.LivePublisher(session)
+        self.live.start()
         self.live.session_changed("opened")
 
     async def _handshake_abandoned(self) -> bool:
@@ -388,6 +389,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             ))
         elif command == "approval_decided" and self.agent is not None:
             await self.agent.on_approval_decided(int(event["approval_id"]))
+        elif command == live.WATCHERS_COMMAND and self.live is not None:
+            await self.live.watchers_changed(event)
         await self._flush()
 
     async def _recheck_key(self) -> None:

@@ -10,6 +10,8 @@ Messages from the browser (JSON objects):
   {"type": "list"}                          -> {"type": "sessions", "sessions": [row, ...]}
   {"type": "subscribe", "session_id": id}   -> {"type": "subscribed", "session": row}
                                                then {"type": "frame", ...} as they pass
+                                               ("subscribed" once the connection holding
+                                               the session publishes its frames)
   {"type": "unsubscribe"}                   -> {"type": "unsubscribed"}
 Messages to the browser, besides the replies above:
   {"type": "session", "session": row}       a visible session changed
@@ -20,6 +22,7 @@ so the page can tell "not allowed" from a network failure and stop retrying.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from urllib.parse import urlsplit
@@ -37,6 +40,9 @@ logger = logging.getLogger(__name__)
 CLOSE_FORBIDDEN = 4403
 # The server is stopping; the page may reconnect (to another process).
 CLOSE_GOING_AWAY = 1001
+# The longest a subscription waits for the connection holding the session
+# to say it publishes its frames before "subscribed" goes out anyway.
+SUBSCRIBE_ANSWER_WAIT = 2.0
 # Browser messages are tiny; anything larger is not from our page.
 MAX_CLIENT_MESSAGE_CHARS = 4096
 
@@ -62,6 +68,8 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.user_id: int | None = None
         self.watch_groups: list[str] = []
         self.watching: str | None = None
+        self.pending_subscription: tuple[str, dict] | None = None
+        self.subscribe_timer: asyncio.Task | None = None
         user = self.scope.get("user")
         if not origin_allowed(self.scope):
             logger.warning("watch socket refused: foreign origin")
@@ -146,11 +154,38 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         await self._unsubscribe()
         await self.channel_layer.group_add(live.session_watch_group(session_id), self.channel_name)
         self.watching = session_id
-        # The page's connection publishes its frames only while watched.
-        await live.watchers_changed(session_id, watching=True)
-        await self._send({"type": "subscribed", "session": row})
+        # The page's connection publishes its frames only while watched:
+        # "subscribed" goes out once it answers (watch_ready), so the page's
+        # next frame reaches this socket; a connection that never answers
+        # (its process is gone, the session ended) holds it up for
+        # SUBSCRIBE_ANSWER_WAIT at most.
+        self.pending_subscription = (session_id, row)
+        await live.watchers_changed(session_id, watching=True, reply_to=self.channel_name)
+        self.subscribe_timer = asyncio.create_task(self._subscribed_anyway(session_id))
+
+    async def watch_ready(self, message: dict) -> None:
+        if message.get("session_id") == self.watching:
+            await self._confirm_subscription()
+
+    async def _subscribed_anyway(self, session_id: str) -> None:
+        await asyncio.sleep(SUBSCRIBE_ANSWER_WAIT)
+        if self.watching == session_id:
+            await self._confirm_subscription(from_timer=True)
+
+    async def _confirm_subscription(self, from_timer: bool = False) -> None:
+        pending, self.pending_subscription = self.pending_subscription, None
+        if pending is None or pending[0] != self.watching:
+            return
+        timer, self.subscribe_timer = self.subscribe_timer, None
+        if timer is not None and not from_timer:
+            timer.cancel()
+        await self._send({"type": "subscribed", "session": pending[1]})
 
     async def _unsubscribe(self) -> None:
+        self.pending_subscription = None
+        timer, self.subscribe_timer = self.subscribe_timer, None
+        if timer is not None:
+            timer.cancel()
         if self.watching is not None:
             session_id, self.watching = self.watching, None
             await self.channel_layer.group_discard(

@@ -8,7 +8,8 @@ the record):
 
 - the blocking receive retries with backoff while Redis is away, so open
   sockets stay open;
-- ``group_add``, ``group_discard``, ``group_send`` and ``send`` log and carry
+- ``group_add``, ``group_discard``, ``group_send``, ``send`` and
+  ``group_has_members`` (whether anyone listens, for aitp.live) log and carry
   on: a notification lost while Redis is away is a hint that was not given,
   and every receiver re-reads the database anyway;
 - each process remembers which of its channels joined which groups, and adds
@@ -303,6 +304,22 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             self._unreachable(error)
             return
         self._answered_by_notification()
+
+    async def group_has_members(self, group) -> bool:
+        """Whether any channel (of any process) is in the group: one ZCOUNT of
+        its unexpired members. True while Redis is away (not known)."""
+        if self._redis_known_away():
+            return True
+        index = self.consistent_hash(group)
+        try:
+            count = await self.connection(index).zcount(
+                self._group_key(group), int(time.time()) - self.group_expiry, "+inf"
+            )
+        except REDIS_DOWN_ERRORS as error:
+            self._unreachable(error)
+            return True
+        self._answered_by_notification()
+        return count > 0
 
     async def group_send(self, group, message):
         if self._redis_known_away():
