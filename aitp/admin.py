@@ -1,6 +1,8 @@
-"""Django admin for keys, sessions, the ledger, usage and operator actions.
+"""Django admin for sessions, the ledger, usage and operator actions (read only),
+and the tenant scoping every admin of the product builds on.
 
-Tenants and their members are administered in ``console.admin``.
+Tenants, their members and their keys are changed in ``console.admin``,
+through the console's services.
 
 Operators (staff, not superusers) see only their tenants' rows; the admin
 never shows a full key (only its lookup prefix exists after creation).
@@ -12,11 +14,8 @@ import json
 from django.contrib import admin
 from django.db.models import TextField
 from django.db.models.functions import Cast
-from django.template.response import TemplateResponse
-from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
-from aitp import services
 from aitp.models import (
     ApiKey,
     ConversationMessage,
@@ -94,81 +93,6 @@ class TenantScopedAdmin(admin.ModelAdmin):
             elif db_field.name == "api_key":
                 kwargs["queryset"] = ApiKey.objects.filter(tenant_id__in=tenant_ids)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-
-@admin.register(ApiKey)
-class ApiKeyAdmin(TenantScopedAdmin):
-    list_display = [
-        "prefix_display", "name", "tenant", "status", "origins", "max_sessions",
-        "expires_at", "last_used_at", "created_at",
-    ]
-    list_filter = ["status", "tenant"]
-    search_fields = ["prefix", "name", "tenant__slug"]
-    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
-    fields = [
-        "tenant", "name", "prefix", "status", "allowed_origins", "max_sessions", "expires_at",
-        "created_at", "last_used_at", "revoked_at",
-    ]
-    actions = ["revoke_keys", "disable_keys"]
-
-    @admin.display(description="key", ordering="prefix")
-    def prefix_display(self, obj: ApiKey) -> str:
-        return f"{obj.prefix}…"
-
-    @admin.display(description="allowed origins")
-    def origins(self, obj: ApiKey) -> str:
-        return ", ".join(obj.allowed_origins) or "any"
-
-    def save_model(self, request, obj: ApiKey, form, change):
-        if change:
-            status_changed = "status" in form.changed_data
-            new_status = obj.status
-            if status_changed:
-                obj.status = form.initial.get("status", obj.status)
-            super().save_model(request, obj, form, change)
-            if status_changed:
-                services.api_key_set_status(key=obj, status=new_status, user=request.user)
-            return
-        key, raw = services.api_key_create(
-            tenant=obj.tenant, name=obj.name, allowed_origins=obj.allowed_origins,
-            max_sessions=obj.max_sessions, expires_at=obj.expires_at,
-        )
-        obj.pk = key.pk
-        obj.prefix = key.prefix
-        # Kept on this request only: response_add shows it in its answer, so
-        # the plaintext never goes through the message store (a cookie or the
-        # session).
-        obj.raw_key_once = raw
-
-    def response_add(self, request, obj, post_url_continue=None):
-        raw = getattr(obj, "raw_key_once", None)
-        if raw is None:
-            return super().response_add(request, obj, post_url_continue)
-        response = TemplateResponse(request, "admin/aitp/apikey/created.html", {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": f"Key {obj.prefix}… created",
-            "key": obj,
-            "raw_key": raw,
-        })
-        add_never_cache_headers(response)
-        return response
-
-    def _owned(self, request, queryset):
-        owned = changeable_tenant_ids(request.user)
-        return queryset if owned is None else queryset.filter(tenant_id__in=owned)
-
-    @admin.action(description="Revoke selected keys (closes their live sessions)",
-                  permissions=["change"])
-    def revoke_keys(self, request, queryset):
-        for key in self._owned(request, queryset):
-            services.api_key_revoke(key=key, user=request.user)
-
-    @admin.action(description="Disable selected keys (closes their live sessions)",
-                  permissions=["change"])
-    def disable_keys(self, request, queryset):
-        for key in self._owned(request, queryset).exclude(status=ApiKey.Status.REVOKED):
-            services.api_key_set_status(key=key, status=ApiKey.Status.DISABLED, user=request.user)
 
 
 class ToolCallInline(admin.TabularInline):

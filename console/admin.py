@@ -1,19 +1,75 @@
-"""Django admin for tenants and their members.
+"""Django admin for tenants, their members and their keys.
+
+Every write goes through the same services as the console's pages
+(``console.services``, ``aitp.services``): an operator action is recorded
+with who made the change, and a key whose origins or expiry changed is
+re-checked by its live sessions at once, so a page from a removed origin is
+closed as it is when the change is made in the console.
 
 The tenant's own staff see only their tenants; only the service's operators
-(superusers) set a quota or delete a tenant.
+(superusers) set a quota, delete a tenant or put a staff account in one.
 """
 from __future__ import annotations
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.utils.cache import add_never_cache_headers
 
+from aitp import services as aitp_services
+from aitp.admin import TenantScopedAdmin
 from aitp.limits import tenant_quota_status
+from aitp.models import ApiKey
+from console import services
+from console.forms import MAX_SESSION_CAP
+from console.origins import MAX_ORIGINS, InvalidOrigin, normalize_origin
 from tenants.models import Tenant, TenantMembership
 from tenants.selectors import changeable_tenant_ids, tenant_ids_for_user
+
+# --- tenants and members ----------------------------------------------------------
+
+
+class MembershipForm(forms.ModelForm):
+    class Meta:
+        model = TenantMembership
+        fields = ["user", "role"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        user_field = self.fields.get("user")
+        if self.instance.pk is not None and user_field is not None:
+            # A member already there stays valid whoever may be added (a
+            # staff account a superuser put in); the account itself never changes.
+            user_field.queryset = user_field.queryset | type(self.instance.user).objects.filter(
+                pk=self.instance.user_id
+            )
+
+    def clean_user(self):
+        user = self.cleaned_data["user"]
+        if self.instance.pk is not None and user.pk != self.instance.user_id:
+            raise forms.ValidationError("remove this member and add the other account instead")
+        return user
+
+
+class MembershipFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        super().clean()
+        if any(self.errors) or self.instance.pk is None:
+            return
+        kept = [form for form in self.forms if form.cleaned_data and not form.cleaned_data.get("DELETE")]
+        owners_before = sum(
+            1 for form in self.forms
+            if form.instance.pk is not None and form.initial.get("role") == TenantMembership.Role.OWNER
+        )
+        owners_after = sum(1 for form in kept if form.cleaned_data.get("role") == TenantMembership.Role.OWNER)
+        if owners_before and not owners_after:
+            raise forms.ValidationError("a tenant needs at least one owner")
 
 
 class MembershipInline(admin.TabularInline):
     model = TenantMembership
+    form = MembershipForm
+    formset = MembershipFormSet
     extra = 0
     autocomplete_fields = ["user"]
 
@@ -64,3 +120,160 @@ class TenantAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         owned = changeable_tenant_ids(request.user)
         return super().has_delete_permission(request, obj) and (owned is None)
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not TenantMembership:
+            return super().save_formset(request, form, formset, change)
+        tenant, by = form.instance, request.user
+        owner = TenantMembership.Role.OWNER
+        deleted = [row for row in formset.deleted_forms if row.instance.pk is not None]
+        edited = [row for row in formset.forms if row not in formset.deleted_forms and row.has_changed()]
+        added = [row for row in edited if row.instance.pk is None]
+        promoted = [row for row in edited if row.instance.pk is not None and row.cleaned_data["role"] == owner]
+        demoted = [row for row in edited if row.instance.pk is not None and row.cleaned_data["role"] != owner]
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        try:
+            # Owners are added and promoted before any is demoted or removed,
+            # so handing a tenant over in one save never leaves it ownerless.
+            for row in added:
+                formset.new_objects.append(services.membership_add(
+                    tenant=tenant, user=row.cleaned_data["user"], role=row.cleaned_data["role"],
+                    by=by, operators_allowed=by.is_superuser,
+                ))
+            for row in promoted + demoted:
+                services.membership_set_role(membership=row.instance, role=row.cleaned_data["role"], by=by)
+                formset.changed_objects.append((row.instance, ["role"]))
+            for row in deleted:
+                services.membership_remove(membership=row.instance, by=by)
+                formset.deleted_objects.append(row.instance)
+        except services.LastOwnerError as exc:
+            # Another owner changed the members since this form was shown.
+            messages.error(request, f"Members not all saved: {exc}.")
+
+
+# --- keys -------------------------------------------------------------------------
+
+
+class ApiKeyAdminForm(forms.ModelForm):
+    """Origins are checked and normalised as in the console: a key only
+    matches the exact Origin header a browser sends."""
+
+    max_sessions = forms.IntegerField(min_value=1, max_value=MAX_SESSION_CAP)
+
+    class Meta:
+        model = ApiKey
+        fields = ["tenant", "name", "status", "allowed_origins", "max_sessions", "expires_at"]
+
+    def clean_allowed_origins(self):
+        value = self.cleaned_data["allowed_origins"] or []
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise forms.ValidationError('a list of origins, like ["https://shop.example"]')
+        origins: list[str] = []
+        errors: list[str] = []
+        for item in value:
+            try:
+                origin = normalize_origin(item)
+            except InvalidOrigin as exc:
+                errors.append(f"{item.strip()[:100]!r}: {exc}")
+                continue
+            if origin not in origins:
+                origins.append(origin)
+        if len(origins) > MAX_ORIGINS:
+            errors.append(f"at most {MAX_ORIGINS} origins per key")
+        if errors:
+            raise forms.ValidationError(errors)
+        return origins
+
+    def clean_status(self):
+        status = self.cleaned_data["status"]
+        if self.initial.get("status") == ApiKey.Status.REVOKED and status != ApiKey.Status.REVOKED:
+            raise forms.ValidationError("a revoked key cannot be re-activated")
+        return status
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(TenantScopedAdmin):
+    form = ApiKeyAdminForm
+    list_display = [
+        "prefix_display", "name", "tenant", "status", "origins", "max_sessions",
+        "expires_at", "last_used_at", "created_at",
+    ]
+    list_filter = ["status", "tenant"]
+    search_fields = ["prefix", "name", "tenant__slug"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = [
+        "tenant", "name", "prefix", "status", "allowed_origins", "max_sessions", "expires_at",
+        "created_at", "last_used_at", "revoked_at",
+    ]
+    actions = ["revoke_keys", "disable_keys"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A key stays with the tenant it was made for.
+        readonly = list(super().get_readonly_fields(request, obj))
+        return readonly if obj is None else [*readonly, "tenant"]
+
+    @admin.display(description="key", ordering="prefix")
+    def prefix_display(self, obj: ApiKey) -> str:
+        return f"{obj.prefix}…"
+
+    @admin.display(description="allowed origins")
+    def origins(self, obj: ApiKey) -> str:
+        return ", ".join(obj.allowed_origins) or "any"
+
+    def save_model(self, request, obj: ApiKey, form, change):
+        data = form.cleaned_data
+        if not change:
+            key, raw = services.key_create(
+                tenant=data["tenant"], by=request.user, name=data["name"],
+                allowed_origins=data["allowed_origins"], max_sessions=data["max_sessions"],
+                expires_at=data["expires_at"],
+            )
+            obj.pk, obj.prefix, obj.created_at = key.pk, key.prefix, key.created_at
+            # Kept on this request only: response_add shows it in its answer, so
+            # the plaintext never goes through the message store (a cookie or the
+            # session).
+            obj.raw_key_once = raw
+            if data["status"] != ApiKey.Status.ACTIVE:
+                aitp_services.api_key_set_status(key=key, status=data["status"], user=request.user)
+            return
+        key = ApiKey.objects.get(pk=obj.pk)
+        changes = {
+            field: data[field] for field in services.KEY_FIELDS
+            if field in form.changed_data and data[field] != getattr(key, field)
+        }
+        if changes:
+            services.key_update(key=key, by=request.user, changes=changes)
+        if "status" in form.changed_data:
+            # The service closes the key's live sessions on every process.
+            aitp_services.api_key_set_status(key=key, status=data["status"], user=request.user)
+            obj.revoked_at = key.revoked_at
+
+    def response_add(self, request, obj, post_url_continue=None):
+        raw = getattr(obj, "raw_key_once", None)
+        if raw is None:
+            return super().response_add(request, obj, post_url_continue)
+        response = TemplateResponse(request, "admin/aitp/apikey/created.html", {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Key {obj.prefix}… created",
+            "key": obj,
+            "raw_key": raw,
+        })
+        add_never_cache_headers(response)
+        return response
+
+    def _owned(self, request, queryset):
+        owned = changeable_tenant_ids(request.user)
+        return queryset if owned is None else queryset.filter(tenant_id__in=owned)
+
+    @admin.action(description="Revoke selected keys (closes their live sessions)",
+                  permissions=["change"])
+    def revoke_keys(self, request, queryset):
+        for key in self._owned(request, queryset):
+            aitp_services.api_key_revoke(key=key, user=request.user)
+
+    @admin.action(description="Disable selected keys (closes their live sessions)",
+                  permissions=["change"])
+    def disable_keys(self, request, queryset):
+        for key in self._owned(request, queryset).exclude(status=ApiKey.Status.REVOKED):
+            aitp_services.api_key_set_status(key=key, status=ApiKey.Status.DISABLED, user=request.user)

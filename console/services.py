@@ -1,8 +1,9 @@
-"""Console writes, each with its audit row.
+"""Console writes, each with its audit row: the console's pages and the
+Django admin (``console.admin``) both change keys and members through here.
 
-Keys are changed through ``aitp.services`` (the same functions the admin
-uses); ``key_create`` only adds the audit row that ``api_key_create`` does
-not write, in the same transaction.
+Keys are changed through ``aitp.services``; ``key_create`` only adds the
+audit row that ``api_key_create`` does not write, in the same transaction,
+and ``key_update`` also clears an expiry, which ``api_key_update`` cannot.
 """
 from __future__ import annotations
 
@@ -45,6 +46,31 @@ def key_create(
     return key, raw_key
 
 
+KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at")
+
+
+def key_update(*, key: ApiKey, by, changes: dict) -> ApiKey:
+    """Change a key's name, origins, cap or expiry, recording who did; live
+    sessions re-check the key when its origins or expiry changed (so one from
+    a removed origin closes at once). ``expires_at=None`` clears the expiry."""
+    unknown = set(changes) - set(KEY_FIELDS)
+    if unknown:
+        raise ValueError(f"not a key field: {', '.join(sorted(unknown))}")
+    clear_expiry = "expires_at" in changes and changes["expires_at"] is None
+    rest = {field: value for field, value in changes.items() if value is not None}
+    with transaction.atomic():
+        if clear_expiry and key.expires_at is not None:
+            key.expires_at = None
+            key.save(update_fields=["expires_at"])
+            OperatorAction.objects.create(
+                tenant_id=key.tenant_id, user=by, action="key_updated",
+                data={"prefix": key.prefix, "expires_at": None},
+            )
+        if rest:
+            aitp_services.api_key_update(key=key, user=by, **rest)
+    return key
+
+
 def _lock_owners(tenant_id: int) -> list[int]:
     # Locking every owner row serialises two owners demoting or removing each
     # other at once: the second sees the first's change and is refused.
@@ -63,8 +89,11 @@ def _audit(membership: TenantMembership, by, action: str, **data) -> None:
     )
 
 
-def membership_add(*, tenant: Tenant, user, role: str, by) -> TenantMembership:
-    if user.is_staff or user.is_superuser:
+def membership_add(*, tenant: Tenant, user, role: str, by,
+                   operators_allowed: bool = False) -> TenantMembership:
+    """``operators_allowed``: only a superuser (in the admin) puts staff
+    accounts into a tenant; a tenant's owner never can."""
+    if (user.is_staff or user.is_superuser) and not operators_allowed:
         raise ValueError("operator accounts are not added from the console")
     with transaction.atomic():
         membership = TenantMembership.objects.create(tenant=tenant, user=user, role=role)
