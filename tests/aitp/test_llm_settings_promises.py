@@ -203,14 +203,45 @@ def test_the_environment_sets_the_llm_bounds():
 
 
 async def test_a_retry_after_ms_under_the_cap_is_kept_as_the_server_asked(model, settings, retry_waits):
-    settings.OWLLAYER_LLM_MAX_RETRIES = 1
+    settings.OWLLAYER_LLM_MAX_RETRIES = 2
     settings.OWLLAYER_LLM_MAX_RETRY_WAIT = 5.0
     model.enqueue(error_response(429, retry_after_ms=1500, retry_after=RETRY_AFTER),
+                  error_response(429, retry_after_ms=600), text_response("Done."))
+
+    await run(AnthropicBackend())
+
+    assert retry_waits == [1.5, 0.6]
+
+
+async def test_a_retry_after_ms_that_is_not_a_number_gives_way_to_retry_after(
+        model, settings, retry_waits):
+    settings.OWLLAYER_LLM_MAX_RETRIES = 1
+    settings.OWLLAYER_LLM_MAX_RETRY_WAIT = 5.0
+    model.enqueue(replace(error_response(429), headers={"retry-after-ms": "soon",
+                                                        "retry-after": "3"}),
                   text_response("Done."))
 
     await run(AnthropicBackend())
 
-    assert retry_waits == [1.5]
+    assert retry_waits == [3.0]
+
+
+async def test_the_error_after_the_last_retry_says_what_the_api_asked_to_wait(
+        model, settings, retry_waits):
+    settings.OWLLAYER_LLM_MAX_RETRIES = 0
+    model.enqueue(error_response(429, retry_after=0))
+
+    with pytest.raises(LlmError) as caught:
+        await run(AnthropicBackend())
+
+    assert caught.value.retry_after == 0
+
+
+async def test_every_session_of_a_process_shares_one_client_while_the_settings_hold(model, settings):
+    first = get_client(AnthropicConfig.from_settings())
+    second = get_client(AnthropicConfig.from_settings())
+
+    assert second is first
 
 
 async def test_a_retry_after_date_is_honoured_up_to_the_cap(model, settings, retry_waits):

@@ -1,0 +1,412 @@
+"""What the approval services promise, each pinned by its own test.
+
+- Every ending the system writes (expired, cancelled, disconnected) is
+  stamped with when it happened, persisted, and audited as the system, with
+  the reason it was closed.
+- A decision on an approval whose page session has ended never approves it:
+  the approval is closed as disconnected instead, and the caller is told.
+- A page that answers a risky call without asking its user gets a violation
+  on record, once, for that call only, and the answer does not count.
+- The sweepers close exactly what they should and say how many.
+- Executions and reviews are audited with who acted and what was said, and
+  nothing more.
+- Every refusal carries a stable code and words a person can read.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from aitp.models import Session, ToolCall
+from approvals import services
+from approvals.models import Approval, AuditEvent
+from approvals.services import ApprovalError
+from tests.approvals.conftest import make_call, make_session
+
+pytestmark = pytest.mark.django_db
+
+TIMEOUT = 120.0
+
+
+def request_client(call) -> Approval:
+    return services.approval_request_client(
+        tool_call=call, tool_name=call.name, args=call.arguments, risk=call.risk,
+        message="Pay 299.98 USD with the saved card?", session_id=call.session_id,
+        timeout=TIMEOUT,
+    )
+
+
+def last_event(approval: Approval) -> AuditEvent:
+    return AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq").last()
+
+
+def end_session(session_id: str) -> None:
+    Session.objects.filter(pk=session_id).update(ended_at=timezone.now())
+
+
+def make_overdue(approval: Approval) -> None:
+    Approval.objects.filter(pk=approval.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+
+
+def assert_closed_by_the_system(approval: Approval, status: str, data=None) -> None:
+    """The approval ended as ``status``, stamped and audited by the system,
+    with ``data`` as the event's details (none: stored empty)."""
+    stored = Approval.objects.get(pk=approval.pk)
+    assert stored.status == status
+    assert stored.decided_at is not None
+    assert abs(timezone.now() - stored.decided_at) < timedelta(minutes=5)
+    event = last_event(approval)
+    assert (event.action, event.actor_kind, event.actor, event.channel) == (
+        status, "system", "system", "system")
+    assert event.data == (data or {})
+
+
+# --- endings written by the system ------------------------------------------------
+
+
+def test_an_expired_approval_records_when_it_expired_and_that_the_system_closed_it(payment_call):
+    approval = request_client(payment_call)
+
+    services.approval_expire(approval_id=approval.pk)
+
+    assert_closed_by_the_system(approval, "expired")
+
+
+@pytest.mark.parametrize("status", ["cancelled", "disconnected"])
+def test_a_closed_approval_records_when_it_was_closed_and_that_the_system_closed_it(
+        payment_call, status):
+    approval = request_client(payment_call)
+
+    services.approval_close(approval_id=approval.pk, status=status)
+
+    assert_closed_by_the_system(approval, status)
+
+
+def test_closing_as_a_status_that_is_not_an_ending_is_refused_by_name(payment_call):
+    approval = request_client(payment_call)
+
+    with pytest.raises(ValueError, match="^cannot close an approval as 'approved'$"):
+        services.approval_close(approval_id=approval.pk, status="approved")
+
+
+def test_a_user_answer_after_the_deadline_expires_the_approval_as_late_from_the_user(payment_call):
+    approval = request_client(payment_call)
+    make_overdue(approval)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_decide_user(approval_id=approval.pk, session_id=approval.session_id,
+                                      approved=True)
+
+    assert (caught.value.code, caught.value.message) == ("already_decided", "approval expired")
+    assert_closed_by_the_system(approval, "expired", {"late": "user"})
+
+
+def test_an_operator_decision_after_the_deadline_expires_the_approval_as_late_from_an_operator(
+        acme_session, olivia):
+    approval = server_approval(acme_session, "operator")
+    make_overdue(approval)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    assert (caught.value.code, caught.value.message) == ("already_decided", "approval expired")
+    assert_closed_by_the_system(approval, "expired", {"late": "operator"})
+
+
+def test_an_operator_decision_without_a_note_records_none(acme_session, olivia):
+    from aitp.models import OperatorAction
+
+    approval = server_approval(acme_session, "operator")
+
+    services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.operator_decision, stored.operator_note, stored.operator) == (
+        "approved", "", olivia)
+    event = last_event(approval)
+    assert (event.action, event.actor_kind, event.actor, event.channel) == (
+        "approved", "operator", olivia.get_username(), "admin")
+    assert event.data == {"party": "operator", "status": "approved"}
+    action = OperatorAction.objects.get(session_id=acme_session.id)
+    assert (action.action, action.data) == (
+        "approval_approved", {"approval_id": approval.pk, "tool": "refund", "note": ""})
+
+
+def test_an_operator_may_not_decide_for_the_page_user_and_is_told_so(payment_call, olivia):
+    approval = request_client(payment_call)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    assert (caught.value.code, caught.value.message) == (
+        "not_allowed", "this approval is for the page user")
+
+
+# --- a session that ended -----------------------------------------------------------------
+
+
+def server_approval(session, policy: str) -> Approval:
+    from approvals.models import ServerTool
+
+    tool = ServerTool.objects.create(
+        tenant=session.tenant, name="refund", description="Refund an order", risk="high",
+        kind=ServerTool.Kind.WEBHOOK, webhook_url="http://127.0.0.1:9/refund",
+        approval_policy=policy,
+    )
+    call = make_call(session, name="refund", args={"order": "A1"}, risk="high", origin="server")
+    return services.approval_request_server(
+        tool_call=call, tool=tool, args={"order": "A1"}, session_id=session.id, timeout=TIMEOUT
+    )
+
+
+def test_a_user_approval_after_the_session_ended_closes_it_as_disconnected(payment_call):
+    approval = request_client(payment_call)
+    end_session(approval.session_id)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_decide_user(approval_id=approval.pk, session_id=approval.session_id,
+                                      approved=True)
+
+    assert caught.value.code == "session_ended"
+    assert caught.value.message == "the page's session has ended; the call can no longer run"
+    assert_closed_by_the_system(approval, "disconnected", {"reason": "session ended"})
+
+
+def test_an_operator_approval_after_the_session_ended_closes_it_as_disconnected(
+        acme_session, olivia):
+    approval = server_approval(acme_session, "operator")
+    end_session(acme_session.id)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    assert caught.value.code == "session_ended"
+    assert_closed_by_the_system(approval, "disconnected", {"reason": "session ended"})
+
+
+def test_a_session_that_ended_is_not_mistaken_for_another_that_ended(acme_session):
+    other = make_session(acme_session.tenant)
+    approval = request_client(make_call(acme_session))
+    end_session(other.id)
+
+    decided = services.approval_decide_user(approval_id=approval.pk, session_id=acme_session.id,
+                                            approved=True)
+
+    assert decided.status == "approved"
+
+
+def test_the_sweeper_closes_only_pending_approvals_of_ended_sessions_and_counts_them(acme_session):
+    ended = make_session(acme_session.tenant)
+    stranded = [request_client(make_call(ended)) for _ in range(2)]
+    decided = request_client(make_call(ended))
+    services.approval_decide_user(approval_id=decided.pk, session_id=ended.id, approved=True)
+    live = request_client(make_call(acme_session))
+    end_session(ended.id)
+
+    assert services.approvals_close_of_ended_sessions() == 2
+
+    for approval in stranded:
+        assert_closed_by_the_system(approval, "disconnected", {"reason": "session ended"})
+    assert Approval.objects.get(pk=decided.pk).status == "approved"
+    assert Approval.objects.get(pk=live.pk).status == "pending"
+    assert services.approvals_close_of_ended_sessions() == 0
+
+
+def test_the_deadline_sweeper_expires_every_overdue_approval_and_counts_them(acme_session):
+    overdue = [request_client(make_call(acme_session)) for _ in range(3)]
+    fresh = request_client(make_call(acme_session))
+    for approval in overdue:
+        make_overdue(approval)
+
+    assert services.approval_expire_overdue() == 3
+
+    for approval in overdue:
+        assert_closed_by_the_system(approval, "expired")
+    assert Approval.objects.get(pk=fresh.pk).status == "pending"
+    assert services.approval_expire_overdue() == 0
+
+
+# --- violations ------------------------------------------------------------------------------
+
+
+def test_an_answer_without_asking_the_user_is_recorded_as_a_violation(payment_call):
+    before = timezone.now()
+
+    approval = services.approval_record_violation(
+        tool_call=payment_call, session_id=payment_call.session_id, risk="high",
+        reason="tool_result without approval")
+
+    stored = Approval.objects.get(pk=approval.pk)
+    assert stored.tool_call_id == payment_call.pk
+    assert (stored.tenant_id, stored.session_id) == (payment_call.session.tenant_id,
+                                                     payment_call.session_id)
+    assert (stored.tool_name, stored.arguments) == ("process_payment", {"amount": 299.98})
+    assert stored.args_hash == last_event(approval).args_hash != ""
+    assert (stored.status, stored.origin, stored.policy, stored.message) == (
+        "violation", "client", "user", "")
+    # The call's own risk counts when the page claims a lower one.
+    assert stored.risk == "critical"
+    assert before <= stored.created_at == stored.deadline == stored.decided_at <= timezone.now()
+    event = last_event(approval)
+    assert (event.action, event.actor_kind, event.actor, event.channel) == (
+        "violation", "page", payment_call.session_id, "page")
+    assert event.data == {"reason": "tool_result without approval", "risk": "critical"}
+    assert event.call_id == payment_call.call_id
+
+
+def test_a_violation_keeps_the_higher_risk_the_page_claims(acme_session):
+    call = make_call(acme_session, risk="low")
+
+    approval = services.approval_record_violation(
+        tool_call=call, session_id=acme_session.id, risk="high", reason="no request")
+
+    assert approval.risk == "high"
+
+
+def test_a_violation_is_recorded_only_for_the_session_holding_the_call(payment_call,
+                                                                        globex_session):
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_record_violation(
+            tool_call=payment_call, session_id=globex_session.id, risk="high", reason="x")
+
+    assert caught.value.code == "unknown_call"
+    assert not Approval.objects.exists()
+
+
+def test_a_violation_is_never_recorded_for_a_server_call(acme_session):
+    call = make_call(acme_session, name="refund", args={"order": "A1"}, origin="server")
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_record_violation(
+            tool_call=call, session_id=acme_session.id, risk="high", reason="x")
+
+    assert caught.value.code == "unknown_call"
+    assert not Approval.objects.exists()
+
+
+def test_a_call_whose_user_was_asked_is_no_violation(payment_call):
+    approval = request_client(payment_call)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_record_violation(
+            tool_call=payment_call, session_id=payment_call.session_id, risk="high", reason="x")
+
+    assert caught.value.code == "already_decided"
+    assert list(Approval.objects.values_list("pk", "status")) == [(approval.pk, "pending")]
+
+
+def test_a_violation_is_recorded_for_a_call_deleted_meanwhile_as_unknown(payment_call):
+    ToolCall.objects.filter(pk=payment_call.pk).delete()
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_record_violation(
+            tool_call=payment_call, session_id=payment_call.session_id, risk="high", reason="x")
+
+    assert caught.value.code == "unknown_call"
+
+
+# --- executions and reviews ----------------------------------------------------------------------
+
+
+def approved(call) -> Approval:
+    approval = request_client(call)
+    return services.approval_decide_user(approval_id=approval.pk, session_id=call.session_id,
+                                         approved=True)
+
+
+def test_a_successful_execution_is_audited_as_the_system_without_an_error(payment_call):
+    approval = approved(payment_call)
+
+    services.approval_record_execution(approval_id=approval.pk, ok=True)
+
+    event = last_event(approval)
+    assert (event.action, event.actor_kind, event.actor, event.channel) == (
+        "executed", "system", "system", "system")
+    assert event.data == {}
+
+
+def test_a_failed_execution_is_audited_as_the_system_with_its_error(payment_call):
+    approval = approved(payment_call)
+
+    services.approval_record_execution(approval_id=approval.pk, ok=False, error="card declined")
+
+    event = last_event(approval)
+    assert (event.action, event.actor, event.data) == ("failed", "system",
+                                                       {"error": "card declined"})
+
+
+def test_an_execution_that_was_never_approved_is_refused_in_words(payment_call):
+    approval = request_client(payment_call)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_record_execution(approval_id=approval.pk, ok=True)
+
+    assert (caught.value.code, caught.value.message) == ("not_allowed", "approval was not approved")
+
+
+def test_a_review_records_who_reviewed_and_when(payment_call, olivia):
+    approval = approved(payment_call)
+    before = timezone.now()
+
+    services.approval_review(approval_id=approval.pk, user=olivia, verdict="ok")
+
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.review_status, stored.review_verdict, stored.review_note) == (
+        "reviewed", "ok", "")
+    assert stored.reviewed_by == olivia
+    assert before <= stored.reviewed_at <= timezone.now()
+    event = last_event(approval)
+    assert (event.action, event.actor_kind, event.actor, event.channel) == (
+        "reviewed", "operator", olivia.get_username(), "admin")
+    assert event.data == {"verdict": "ok"}
+
+
+def test_a_review_from_the_console_is_audited_on_the_console(payment_call, olivia):
+    approval = approved(payment_call)
+
+    services.approval_review(approval_id=approval.pk, user=olivia, verdict="concern",
+                             note="odd", channel="console")
+
+    event = last_event(approval)
+    assert (event.channel, event.data) == ("console", {"verdict": "concern", "note": "odd"})
+
+
+def test_a_review_with_an_unknown_verdict_is_refused_by_name(payment_call, olivia):
+    approval = approved(payment_call)
+
+    with pytest.raises(ValueError, match="^unknown review verdict 'great'$"):
+        services.approval_review(approval_id=approval.pk, user=olivia, verdict="great")
+
+
+def test_a_pending_approval_cannot_be_reviewed_and_says_so(payment_call, olivia):
+    approval = request_client(payment_call)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_review(approval_id=approval.pk, user=olivia, verdict="ok")
+
+    assert caught.value.message == "a pending approval cannot be reviewed"
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "words"), sorted(ApprovalError.MESSAGES.items()))
+def test_each_refusal_code_carries_its_words(code, words):
+    error = ApprovalError(code)
+
+    assert (error.code, error.message, str(error)) == (code, words, words)
+
+
+def test_a_refusal_with_its_own_words_keeps_them():
+    error = ApprovalError("not_allowed", "this approval is for the page user")
+
+    assert (error.code, error.message, str(error)) == (
+        "not_allowed", "this approval is for the page user", "this approval is for the page user")
+
+
+def test_a_refusal_code_without_words_is_its_own_words():
+    error = ApprovalError("teapot")
+
+    assert (error.message, str(error)) == ("teapot", "teapot")
