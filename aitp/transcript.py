@@ -129,9 +129,11 @@ def page_block(text: str) -> Block | None:
     title = rest[len(TITLE_MARK):context_at]
     context_text = rest[context_at + len(CONTEXT_MARK):]
     try:
-        shown = pretty_json(json.loads(context_text))
+        context = json.loads(context_text)
     except (RecursionError, ValueError):
         shown = context_text
+    else:
+        shown = pretty_json(context) if context not in ({}, [], None, "") else ""
     return Block(kind="page", text=shown, name=title, ref=url)
 
 

@@ -134,7 +134,7 @@ def bar_chart(values: list[int], labels: list[str], *, unit: str,
     for index in range(len(values) - 1, -1, -max(1, tick_every)):
         middle = index * (BAR_WIDTH + BAR_GAP) + BAR_WIDTH // 2
         # The outermost labels are kept inside the picture.
-        anchor = "end" if index == len(values) - 1 else ("start" if middle < 30 else "middle")
+        anchor = "end" if index == len(values) - 1 else ("start" if middle < 15 else "middle")
         ticks.append(Tick(x=width if anchor == "end" else (0 if anchor == "start" else middle),
                           text=shown[index], anchor=anchor))
     ticks.reverse()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,6 +22,7 @@ from aitp import services
 from aitp.models import OperatorAction
 from approvals.models import Approval
 from demo.order_tools import demo_tools_install
+from tests.browser.conftest import ARTIFACTS
 from tests.operators.conftest import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -79,6 +81,14 @@ def shop(daphne_factory):
     print(f"--- daphne log ---\n{server.logs()}")
 
 
+async def screenshot(tab, request, step: str) -> None:
+    """Saves the tab's whole page as <step>.png in this test's folder under
+    test-artifacts/screenshots/ (OWLLAYER_TEST_ARTIFACTS picks the root)."""
+    folder = ARTIFACTS / "screenshots" / re.sub(r"[^\w.-]+", "_", request.node.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    await tab.screenshot(path=str(folder / f"{step}.png"), full_page=True)
+
+
 async def operator_tab(browser, server, user):
     client = Client()
     await sync_to_async(client.force_login)(user)
@@ -95,7 +105,7 @@ async def operator_tab(browser, server, user):
     return tab, errors
 
 
-async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_it(browser, shop):
+async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_it(browser, shop, request):
     server, raw_key, olivia = shop
     tab, errors = await operator_tab(browser, server, olivia)
     await tab.goto(f"{server.http_url}/admin/live/")
@@ -139,14 +149,45 @@ async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_
         approval = await Approval.objects.select_related("operator").aget(session_id=session_id)
         assert approval.status == "approved" and approval.operator.username == "olivia"
         await tab.wait_for_selector(".operator-decision >> text=customer asked by phone")
+        await tab.wait_for_selector(".messagelist >> text=Approved: cancel_order runs now.")
 
-        # Ending it closes the page's socket with 1008 and hides the actions.
+        # The user's words are shown as written; the page they were on is a
+        # detail that opens.
+        await tab.wait_for_selector("#conversation .turn-block.kind-text >> text=hello there")
+        assert "[page]" not in await tab.text_content("#conversation")
+        detail = "#conversation details.kind-page"
+        assert not await tab.is_visible(f"{detail} pre")
+        await tab.click(f"{detail} summary >> nth=0")
+        await tab.wait_for_selector(f"{detail} >> nth=0 >> pre")
+        await screenshot(tab, request, "01-live-session")
+
+        # Ending it asks first: declined, nothing is sent.
+        questions: list[str] = []
+
+        async def decline(dialog) -> None:
+            questions.append(dialog.message)
+            await dialog.dismiss()
+
         await tab.fill("#end-message", "Closing for maintenance.")
+        await tab.evaluate("""() => document.getElementById("command-end").addEventListener(
+            "submit", (event) => { window.endPrevented = event.defaultPrevented; })""")
+        tab.once("dialog", decline)
+        await tab.click("#command-end button")
+        await tab.wait_for_function("window.endPrevented === true")
+        assert "End this session?" in questions[0] and "Closing for maintenance." in questions[0]
+
+        # Confirmed, it closes the page's socket with 1008 and hides the actions.
+        async def confirm(dialog) -> None:
+            await dialog.accept()
+
+        tab.once("dialog", confirm)
         await tab.click("#command-end button")
         event = await page.recv_until("SYSTEM_EVENT", kind="disconnect")
         assert event["payload"]["message"] == "Closing for maintenance."
         await ws.wait_closed()
         assert ws.close_code == 1008
     await tab.wait_for_selector("#session-actions", state="hidden")
-    assert await OperatorAction.objects.filter(session_id=session_id, action="session_end").aexists()
+    await tab.wait_for_selector("#operator-actions >> text=Session ended")
+    await screenshot(tab, request, "02-session-ended")
+    assert await OperatorAction.objects.filter(session_id=session_id, action="session_end").acount() == 1
     assert not errors, f"page script errors: {errors}"

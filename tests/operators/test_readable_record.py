@@ -185,3 +185,34 @@ def test_a_webhook_tool_keeps_its_webhook_fields_and_no_handler(client, olivia, 
     assert 'name="webhook_url"' in html and "webhook secret" in html.lower()
     assert 'name="python_handler"' not in html
     assert ">null</textarea>" not in html
+
+
+# --- reading the page block (pure) ------------------------------------------------
+
+
+def test_a_page_block_is_read_whatever_line_breaks_its_title_holds():
+    from aitp.transcript import content_block
+
+    block = content_block({"type": "text", "text": "[page]\nurl: /a\ntitle: two\nlines\ncontext: {\"k\": 1}"})
+
+    assert (block.kind, block.ref, block.name) == ("page", "/a", "two\nlines")
+    assert json.loads(block.text) == {"k": 1}
+
+
+@pytest.mark.parametrize("text", [
+    "[page] where is my order?",  # the user's own words that merely start alike
+    "[page]\nurl: /a\nno title line\ncontext: {}",
+    "[page]\nurl: /a\ntitle: no context line",
+])
+def test_text_that_is_not_a_whole_page_block_stays_the_users_words(text):
+    from aitp.transcript import content_block
+
+    block = content_block({"type": "text", "text": text})
+
+    assert (block.kind, block.text) == ("text", text)
+
+
+def test_a_page_without_context_has_an_empty_detail():
+    from aitp.transcript import content_block
+
+    assert content_block({"type": "text", "text": "[page]\nurl: /a\ntitle: A\ncontext: {}"}).text == ""
