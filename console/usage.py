@@ -1,7 +1,7 @@
 """Usage per day and the server-side bar chart that draws it.
 
 The chart is plain SVG geometry computed here (integers only, so template
-localisation cannot change a coordinate); the console has no JavaScript.
+localisation cannot change a coordinate); the chart needs no JavaScript.
 """
 from __future__ import annotations
 
