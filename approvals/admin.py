@@ -338,7 +338,12 @@ class ServerToolAdmin(TenantScopedAdmin):
         if obj is None:
             return [f for f in fields if f != "handler_parameters"]
         unused = WEBHOOK_ONLY_FIELDS if obj.kind == ServerTool.Kind.PYTHON else PYTHON_ONLY_FIELDS
-        return [f for f in fields if f not in unused]
+        fields = [f for f in fields if f not in unused]
+        if "handler_parameters" in fields and "parameters" in fields:
+            # Beside the box it stands in for when that is left empty.
+            fields.remove("handler_parameters")
+            fields.insert(fields.index("parameters") + 1, "handler_parameters")
+        return fields
 
     @admin.display(description="handler's parameters")
     def handler_parameters(self, obj: ServerTool) -> str:
