@@ -7,9 +7,10 @@ calls of different sessions run side by side on ``OWLLAYER_DB_THREADS``
 threads; a service is one transaction and shares nothing with another
 thread, so nothing needs the single thread.
 
-Each call still goes through ``DatabaseSyncToAsync``: before and after it,
-``close_old_connections`` ends a connection that is broken or past
-``CONN_MAX_AGE``. With PostgreSQL's pool (``CONN_MAX_AGE`` 0) that hands the
+Before and after each call, ``close_old_connections`` ends a connection that
+is broken or past ``CONN_MAX_AGE`` (what Channels' ``DatabaseSyncToAsync``
+does, without its per-call wrapper object and thread-sensitivity machinery,
+which cost more CPU in the event loop than a short query). With PostgreSQL's pool (``CONN_MAX_AGE`` 0) that hands the
 connection back to the pool after every call instead of closing it, so a
 thread holds a connection only while it works; with SQLite each thread keeps
 its own connection open (``CONN_MAX_AGE`` None) and only drops a broken one.
@@ -18,15 +19,19 @@ Usage: ``await db_call(services.session_open, raw_key=..., info=...)``.
 """
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from channels.db import DatabaseSyncToAsync, aclose_old_connections
 from channels.consumer import get_handler_name
+from channels.db import aclose_old_connections
 from django.conf import settings
+from django.db import close_old_connections
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -55,8 +60,16 @@ async def db_call(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R
     (a thread cannot be interrupted): its transaction commits or rolls back
     whole, as before.
     """
-    runner = DatabaseSyncToAsync(fn, thread_sensitive=False, executor=executor())
-    return await runner(*args, **kwargs)
+    call = functools.partial(contextvars.copy_context().run, _in_thread, fn, args, kwargs)
+    return await asyncio.get_running_loop().run_in_executor(executor(), call)
+
+
+def _in_thread(fn: Callable[..., R], args: tuple, kwargs: dict) -> R:
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
 
 
 def shutdown(*, wait: bool = True) -> None:

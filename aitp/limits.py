@@ -37,7 +37,8 @@ from datetime import date, datetime
 
 from limits import RateLimitItem, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage, RedisStorage, Storage
-from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+from limits.aio.strategies import MovingWindowRateLimiter
+from limits.util import WindowStats
 
 from aitp import protocol as p
 from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
@@ -158,6 +159,41 @@ def shared_limits(config: LimitSettings) -> SharedLimits:
 # --- one connection ---------------------------------------------------------
 
 
+class ConnectionWindows:
+    """Fixed-window counters of one connection, in a plain dict: what limits'
+    ``FixedWindowRateLimiter`` over a ``MemoryStorage`` counts (a window opens
+    at its first hit and lasts the item's period; hits past the limit still
+    count), without that store's lock per key and expiry timer per
+    connection, which every frame of every session paid for."""
+
+    __slots__ = ("windows",)
+    # Expired windows are dropped when there are more than this many (the
+    # per-call counters of a long session).
+    PRUNE_ABOVE = 32
+
+    def __init__(self) -> None:
+        self.windows: dict[tuple, list] = {}  # key -> [hits, reset_at]
+
+    def hit(self, item: RateLimitItem, *identifiers: str) -> bool:
+        """Count one hit; True while the window holds at most item.amount."""
+        now = time.time()
+        key = (item.amount, item.GRANULARITY, item.multiples, identifiers)
+        window = self.windows.get(key)
+        if window is None or window[1] <= now:
+            if len(self.windows) > self.PRUNE_ABOVE:
+                self.windows = {k: w for k, w in self.windows.items() if w[1] > now}
+            window = self.windows[key] = [0, now + item.get_expiry()]
+        window[0] += 1
+        return window[0] <= item.amount
+
+    def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
+        now = time.time()
+        window = self.windows.get((item.amount, item.GRANULARITY, item.multiples, identifiers))
+        if window is None or window[1] <= now:
+            return WindowStats(now, item.amount)
+        return WindowStats(window[1], max(0, item.amount - window[0]))
+
+
 class ConnectionLimits:
     """What the consumer asks before acting on a frame. Each ``allow_*``
     queues its own answer on the session machine and returns False when the
@@ -167,7 +203,7 @@ class ConnectionLimits:
         self.config = config
         self.shared = shared
         # This connection's own counters: a small store it alone uses.
-        self._local = FixedWindowRateLimiter(MemoryStorage())
+        self._local = ConnectionWindows()
         self._frames = _item(RateLimitItemPerSecond, config.frames_per_second)
         self._drops = _item(RateLimitItemPerMinute, config.flood_close_drops)
         self._inputs = _item(RateLimitItemPerMinute, config.user_inputs_per_minute)
@@ -176,9 +212,9 @@ class ConnectionLimits:
 
     async def allow_frame(self, machine: SessionMachine) -> bool:
         """Every inbound frame, before it is parsed."""
-        if self._frames is None or await self._local.hit(self._frames, "frames"):
+        if self._frames is None or self._local.hit(self._frames, "frames"):
             return True
-        if self._drops is not None and not await self._local.hit(self._drops, "dropped"):
+        if self._drops is not None and not self._local.hit(self._drops, "dropped"):
             logger.warning("session %s: closed for flooding (over %d frames a second)",
                            machine.session_id, self.config.frames_per_second)
             machine.refuse(
@@ -187,8 +223,8 @@ class ConnectionLimits:
                 "again and again); the connection is closed.",
                 "too many messages",
             )
-        elif await self._local.hit(_NOTICE, "notice"):
-            stats = await self._local.get_window_stats(self._frames, "frames")
+        elif self._local.hit(_NOTICE, "notice"):
+            stats = self._local.get_window_stats(self._frames, "frames")
             machine.error(
                 RATE_LIMITED,
                 f"Too many messages: at most {self.config.frames_per_second} a second; "
@@ -201,8 +237,8 @@ class ConnectionLimits:
         """A USER_INPUT the machine accepted as a new turn. A refusal ends
         that turn at once: error, then an empty done (wire-compat section 6)."""
         refusal = None
-        if self._inputs is not None and not await self._local.hit(self._inputs, "inputs"):
-            stats = await self._local.get_window_stats(self._inputs, "inputs")
+        if self._inputs is not None and not self._local.hit(self._inputs, "inputs"):
+            stats = self._local.get_window_stats(self._inputs, "inputs")
             refusal = p.error_event(
                 RATE_LIMITED,
                 f"Too many messages: at most {self.config.user_inputs_per_minute} a minute. "
@@ -221,7 +257,7 @@ class ConnectionLimits:
     async def check_approval_request(self, call_id: str) -> p.Message | None:
         """An APPROVAL_REQUEST for a call this session holds: None while the
         call is under its limit, else the error to answer with."""
-        if self._approvals is None or await self._local.hit(self._approvals, "approvals", call_id):
+        if self._approvals is None or self._local.hit(self._approvals, "approvals", call_id):
             return None
         return p.error_event(
             RATE_LIMITED,
