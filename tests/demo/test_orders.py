@@ -13,8 +13,7 @@ from approvals.models import ServerTool
 from approvals.server_tools import ToolRunError, python_tool_def
 from demo.models import DemoOrder
 from demo.order_tools import demo_tools_install
-from tests.support.people import acme, globex, make_user, olivia  # noqa: F401 (fixtures)
-
+from tests.support.people import acme, globex, olivia  # noqa: F401 (fixtures)
 
 # --- the tools ------------------------------------------------------------------------
 
