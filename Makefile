@@ -39,10 +39,10 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
 	'aitp.llm.anthropic_backend.x_get_client__*'
 
-.PHONY: help setup chromium espeak nginx run test bench mutate lint clean distclean
+.PHONY: help setup chromium espeak nodejs nginx run test bench mutate lint clean distclean
 
 help:
-	@echo "make setup   create .venv, install requirements-dev.txt, Chromium and eSpeak NG"
+	@echo "make setup   create .venv, install requirements-dev.txt, Chromium, eSpeak NG and Node.js"
 	@echo "make run     migrate, ensure the demo key and sign-ins, serve on 127.0.0.1:\$${PORT:-8000}"
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
@@ -51,7 +51,7 @@ help:
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3, .demo-key and .demo-logins"
 
-setup: $(STAMP) chromium espeak
+setup: $(STAMP) chromium espeak nodejs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,20 @@ espeak:
 	else \
 		echo "note: /usr/bin/espeak-ng is missing and we are not root;" \
 			"voice is off and its tests are skipped (as root: apt-get install espeak-ng)"; \
+	fi
+
+# The browser client's argument checks run under Debian's Node.js against the
+# same cases as the server's (tests/test_tool_argument_cases.py).
+nodejs:
+	@if command -v node >/dev/null; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian nodejs"; \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs; \
+	else \
+		echo "note: node is missing and we are not root;" \
+			"the browser client's argument cases are skipped (as root: apt-get install nodejs)"; \
 	fi
 
 # Local use: debug mode unless a real secret is given (settings refuse to

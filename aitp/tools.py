@@ -1,9 +1,10 @@
 """Tool declarations, AITP schema <-> JSON Schema, and the session's tool surface.
 
-Pure: no Django, no Channels, no asyncio. Clients declare tools in
-CONTEXT_UPDATE.activeTools with upper-case AITP schemas (wire-compat 4); the
-model needs lower-case JSON Schema, and the arguments it produces are checked
-against that schema before a TOOL_CALL leaves the server.
+Pure: no Django, no Channels, no asyncio; the Python client (aitp_client)
+imports it too. Clients declare tools in CONTEXT_UPDATE.activeTools with
+upper-case AITP schemas (wire-compat 4); the model needs lower-case JSON
+Schema, and the arguments it produces are checked against that schema (by
+jsonschema) before a TOOL_CALL leaves the server.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from operator import attrgetter
 from typing import Any, Iterable
+
+from jsonschema import Draft202012Validator, validators
 
 TOOL_NAME_RE = r"^[a-zA-Z0-9_-]{1,64}$"
 _TOOL_NAME = re.compile(TOOL_NAME_RE)
@@ -239,47 +242,83 @@ def _convert(schema: dict) -> dict:
 
 
 # --- arguments ------------------------------------------------------------------
+# Checked by jsonschema against the converted schema. The server checks the
+# model's arguments with it before a TOOL_CALL leaves; the Python client
+# (aitp_client) checks the TOOL_CALLs it receives with the same function.
+
+
+def _finite_number(checker, value: Any) -> bool:
+    return _matches_type("number", value)
+
+
+# JSON Schema's own types, except that a number must be finite (NaN and
+# infinity have no JSON form) and a boolean is never a number or an integer.
+_ArgumentsValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("number", _finite_number),
+)
+
+# The order the keywords are checked in, and so the order of the messages:
+# the value's type, then its enum, then missing keys, then each property in
+# turn (depth first), then array items.
+_KEYWORD_ORDER = ("type", "enum", "required", "properties", "items")
+
+
+def _in_check_order(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    ordered: dict[str, Any] = {}
+    for keyword in _KEYWORD_ORDER:
+        if keyword not in schema:
+            continue
+        value = schema[keyword]
+        if keyword == "properties" and isinstance(value, dict):
+            value = {key: _in_check_order(child) for key, child in value.items()}
+        elif keyword == "items":
+            value = _in_check_order(value)
+        ordered[keyword] = value
+    return ordered
 
 
 def validate_arguments(schema: dict, args: Any) -> list[str]:
     """Check model-produced arguments against a JSON Schema from aitp_to_json_schema.
 
     Returns human messages ("quantity: expected number"); empty means valid.
-    Extra properties are allowed.
+    Extra properties are allowed. A value of the wrong type is reported once,
+    whatever else its schema says.
     """
     if not isinstance(args, dict):
         return ["arguments must be an object"]
-    errors: list[str] = []
-    _check_object(schema, args, "", errors)
-    return errors
+    validator = _ArgumentsValidator(_in_check_order(schema))
+    errors = list(validator.iter_errors(args))
+    mistyped = {tuple(e.absolute_path) for e in errors if e.validator == "type"}
+    messages: list[str] = []
+    missing_seen: dict[tuple, int] = {}
+    for error in errors:
+        where = tuple(error.absolute_path)
+        if error.validator != "type" and where in mistyped:
+            continue
+        if error.validator == "type":
+            messages.append(f"{_path(where)}: expected {error.validator_value}")
+        elif error.validator == "enum":
+            allowed = ", ".join(json.dumps(e, ensure_ascii=False) for e in error.validator_value)
+            messages.append(f"{_path(where)}: must be one of {allowed}")
+        elif error.validator == "required":
+            # One error per missing key, in the order the schema lists them.
+            missing = [key for key in error.validator_value if key not in error.instance]
+            index = missing_seen.get(where, 0)
+            missing_seen[where] = index + 1
+            messages.append(f"{_path((*where, missing[index]))}: is required")
+        else:  # a keyword aitp_to_json_schema never writes
+            messages.append(f"{_path(where)}: {error.message}")
+    return messages
 
 
-def _check(schema: dict, value: Any, path: str, errors: list[str]) -> None:
-    kind = schema.get("type")
-    kind = kind.lower() if isinstance(kind, str) else None
-    if kind is not None and not _matches_type(kind, value):
-        errors.append(f"{path}: expected {kind}")
-        return
-    enum_values = schema.get("enum")
-    if enum_values is not None and not any(_same_value(value, e) for e in enum_values):
-        allowed = ", ".join(json.dumps(e, ensure_ascii=False) for e in enum_values)
-        errors.append(f"{path}: must be one of {allowed}")
-        return
-    if kind == "object":
-        _check_object(schema, value, path, errors)
-    elif kind == "array" and isinstance(schema.get("items"), dict):
-        for index, item in enumerate(value):
-            _check(schema["items"], item, f"{path}[{index}]", errors)
-
-
-def _check_object(schema: dict, value: dict, path: str, errors: list[str]) -> None:
-    prefix = f"{path}." if path else ""
-    for key in schema.get("required") or ():
-        if key not in value:
-            errors.append(f"{prefix}{key}: is required")
-    for key, child in (schema.get("properties") or {}).items():
-        if key in value and isinstance(child, dict):
-            _check(child, value[key], f"{prefix}{key}", errors)
+def _path(parts: Iterable[Any]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
 
 
 def _matches_type(kind: str, value: Any) -> bool:
@@ -300,13 +339,6 @@ def _matches_type(kind: str, value: Any) -> bool:
     if kind == "array":
         return isinstance(value, list)
     return False
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    # Python says True == 1; JSON does not.
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    return a == b
 
 
 # --- the tool surface -------------------------------------------------------------

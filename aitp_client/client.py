@@ -27,6 +27,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from aitp.tools import ToolError, aitp_to_json_schema, validate_arguments
 from aitp_client.validate import InvalidFrame, check_frame
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,9 @@ class AitpClient:
         self.received: list[dict] = []
         # Every frame received, oldest first.
         self.history: list[dict] = []
+        # The tools of the last CONTEXT_UPDATE, by name: a TOOL_CALL for one
+        # of them is answered only when its arguments fit its parameters.
+        self.tools: dict[str, dict] = {}
 
     # --- connection -------------------------------------------------------
 
@@ -370,12 +374,14 @@ class AitpClient:
         context: dict | None = None,
     ) -> dict:
         """Send a full snapshot of the page (wire-compat 4: never a diff)."""
+        tools = list(tools)
+        self.tools = {tool["name"]: tool for tool in tools if isinstance(tool, dict) and "name" in tool}
         return await self.send(
             "CONTEXT_UPDATE",
             {
                 "url": url,
                 "title": title,
-                "activeTools": list(tools),
+                "activeTools": tools,
                 "context": context if context is not None else {},
             },
         )
@@ -444,12 +450,32 @@ class AitpClient:
                 return frames
 
     async def _answer_tool_call(self, payload: dict, handler: ToolHandler) -> None:
+        problems = arguments_problems(self.tools.get(payload["name"]), payload["args"])
+        if problems:
+            # As the browser does: the handler never sees arguments that do
+            # not fit the tool's declared parameters.
+            await self.tool_result(payload["callId"], error="invalid arguments: " + "; ".join(problems))
+            return
         try:
             result = await _maybe_await(handler(payload["name"], payload["args"]))
         except Exception as exc:  # the handler's failure is the tool's error, as in the browser
             await self.tool_result(payload["callId"], error=str(exc) or type(exc).__name__)
         else:
             await self.tool_result(payload["callId"], result=result)
+
+
+def arguments_problems(tool: dict | None, args: Any) -> list[str]:
+    """Why ``args`` do not fit a declared tool's parameters (empty: they do),
+    checked by the server's own function (``aitp.tools.validate_arguments``).
+    A tool this client never declared, or declared with parameters the
+    server refuses, is left to the handler."""
+    if tool is None:
+        return []
+    try:
+        schema = aitp_to_json_schema(tool.get("parameters"))
+    except ToolError:
+        return []
+    return validate_arguments(schema, args)
 
 
 async def _maybe_await(value: Any) -> Any:
