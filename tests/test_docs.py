@@ -130,3 +130,8 @@ def test_the_readme_points_to_the_protocol_reference_and_cites_no_file_outside_t
     readme = (ROOT / "README.md").read_text()
     assert "docs/protocol.md" in readme
     assert "aitp-spec.md" not in readme and "wire-compat.md" not in readme
+
+
+def test_every_setting_the_protocol_reference_names_is_one_the_settings_read():
+    named = set(re.findall(r"`(OWLLAYER_[A-Z_]+)`", PROTOCOL_DOC.read_text()))
+    assert named and sorted(named - environment_variables_read_by_settings()) == []
