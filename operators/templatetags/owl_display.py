@@ -11,6 +11,7 @@ from datetime import datetime, timezone as dt_timezone
 
 from django import template
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 
 register = template.Library()
@@ -47,7 +48,13 @@ def action_label(code) -> str:
 
 @register.filter(is_safe=True)
 def clock(moment) -> str:
-    """<time datetime="..." title="2026-12-01 02:30:12 UTC">02:30:12</time>; "-" for no time."""
+    """<time datetime="..." title="2026-12-01 02:30:12 UTC">02:30:12</time>; "-" for no time.
+    An ISO 8601 string (as stored in JSON, e.g. a page history) is read too."""
+    if isinstance(moment, str):
+        try:
+            moment = parse_datetime(moment)
+        except ValueError:
+            moment = None
     if not isinstance(moment, datetime):
         return "-"
     if timezone.is_aware(moment):

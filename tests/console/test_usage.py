@@ -140,7 +140,7 @@ def test_the_session_page_shows_the_conversation_tool_calls_pages_and_tokens(own
     assert "out of stock" in html and 'status status-error">Error<' in html
     assert "https://shop.example/cart" in html and "Cart" in html
     assert "1200 input, 345 output" in html
-    assert "session_reload" in html
+    assert "Page reloaded" in html
     assert OperatorAction.objects.filter(session=session).count() == 1
 
 
@@ -153,3 +153,25 @@ def test_a_conversation_stored_as_plain_strings_is_still_shown(owner_client, acm
     ConversationMessage.objects.create(session=session, seq=0, role="user", content="just text")
     response = owner_client.get(reverse("console:session", args=["acme", session.pk]))
     assert b"just text" in response.content
+
+
+def test_the_session_page_shows_the_users_words_with_the_page_as_a_detail_and_one_time_format(
+    owner_client, olivia, acme_key
+):
+    session = make_session(acme_key, page_history=[
+        {"url": "https://shop.example/cart", "title": "Cart", "at": "2026-01-01T10:01:00+00:00"},
+    ])
+    services.conversation_append(session_id=session.pk, seq=0, turn=1, role="user", content=[
+        {"type": "text", "text": "[page]\nurl: /cart\ntitle: Cart\ncontext: {\"items\": 2}"},
+        {"type": "text", "text": "is shipping free?"},
+    ])
+    services.session_command(session=session, user=olivia, command="end")
+
+    html = owner_client.get(reverse("console:session", args=["acme", session.pk])).content.decode()
+
+    assert re.findall(r'<div class="text">(.*?)</div>', html, re.S) == ["is shipping free?"]
+    detail = html.split('<details class="page-context">')[1].split("</details>")[0]
+    assert "on Cart" in detail and "&quot;items&quot;: 2" in detail
+    assert "[page]" not in html
+    assert 'title="2026-01-01 10:01:00 UTC">10:01:00</time>' in html  # the page history's time
+    assert "Session ended" in html and ">session_end<" not in html

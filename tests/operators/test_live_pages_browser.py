@@ -119,7 +119,7 @@ async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_
                                            "protocolVersion": "1.0.0"})
         session_id = (await page.recv_until("HANDSHAKE_ACK"))["payload"]["sessionId"]
         await page.send("CONTEXT_UPDATE", {"url": "/orders", "title": "Your orders",
-                                           "activeTools": [], "context": {}})
+                                           "activeTools": [], "context": {"open_orders": 3}})
         await page.recv_until("SYSTEM_EVENT", kind="tools_effective")
 
         # The row appears and follows the page, without a reload.
@@ -158,7 +158,7 @@ async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_
         detail = "#conversation details.kind-page"
         assert not await tab.is_visible(f"{detail} pre")
         await tab.click(f"{detail} summary >> nth=0")
-        await tab.wait_for_selector(f"{detail} >> nth=0 >> pre")
+        await tab.wait_for_selector(f"{detail} >> nth=0 >> pre >> text=open_orders")
         await screenshot(tab, request, "01-live-session")
 
         # Ending it asks first: declined, nothing is sent.
