@@ -71,13 +71,18 @@ def _exit(message: str, code: int) -> None:
 
 
 def _set_up(startup_errors) -> None:
-    """Django, then the database and Redis: each must answer before we serve."""
+    """Django, then the database (it must answer before we serve) and Redis (a warning)."""
     import django
 
     django.setup()
-    problem = startup_errors.database_unreachable() or startup_errors.redis_unreachable()
+    problem = startup_errors.database_unreachable()
     if problem is not None:
         raise startup_errors.StartupError(problem)
+    # Without Redis a process can still start: the channel layer keeps
+    # retrying and pages connect once Redis answers. Said once, plainly.
+    redis_problem = startup_errors.redis_unreachable()
+    if redis_problem is not None:
+        print(f"owllayer_site.serve: warning: {redis_problem}", file=sys.stderr, flush=True)
     from django.core.management import call_command
 
     from aitp import processes
