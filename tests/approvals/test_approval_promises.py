@@ -23,8 +23,9 @@ from django.db import connection, transaction
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.llm.offline import OfflineBackend
+from aitp.ledger import DECLINED_MESSAGE
 from aitp.models import ToolCall
-from aitp.tools import Risk, ToolSpec, ToolSurface
+from aitp.tools import Risk, ToolSpec, ToolSurface, canonical_json
 from approvals import services as approvals
 from approvals.audit import VerifyResult, append_event, compute_hash, verify_chain
 from approvals.models import Approval, AuditChainHead, AuditEvent
@@ -78,41 +79,71 @@ class Page:
 
 
 class Runs:
-    def __init__(self) -> None:
+    """The server tool's handler: records what it was asked and the call's
+    row while it runs; fails with ``fail`` when given."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
         self.calls: list[dict] = []
+        self.contexts: list[dict] = []
+        self.row_status: list[str] = []
+        self.fail = fail
 
     async def __call__(self, args: dict, *, session_id: str, tenant_id: int, call_id: str):
         self.calls.append(args)
+        self.contexts.append({"session_id": session_id, "tenant_id": tenant_id, "call_id": call_id})
+        self.row_status.append(await row_status_becomes(call_id, "running"))
+        if self.fail is not None:
+            raise self.fail
         return {"cancelled": args["number"]}
 
 
+async def row_status_becomes(call_id: str, status: str) -> str | None:
+    """The call row's status once it is ``status`` (it is written behind the
+    turn), or whatever it still is after PATIENCE."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + PATIENCE
+    while True:
+        current = await ToolCall.objects.filter(call_id=call_id).values_list(
+            "status", flat=True).afirst()
+        if current == status or loop.time() > give_up:
+            return current
+        await asyncio.sleep(0.05)
+
+
 class Turn:
-    def __init__(self, session, policy: str) -> None:
-        self.runs = Runs()
+    def __init__(self, session, policy: str, *, command: str = COMMAND,
+                 approval_timeout: float = APPROVAL_TIMEOUT, runs: Runs | None = None,
+                 tool_on_server: bool = True) -> None:
+        self.runs = runs or Runs()
+        self.command = command
         tool = ServerToolDef(spec=CANCEL_ORDER, policy=policy, tool_id=None, runner=self.runs)
         self.page = Page(ToolSurface.build([CANCEL_ORDER], []))
         self.agent = Agent(
             session_id=session.id, tenant_id=session.tenant_id, system_prompt="You help.",
             backend=OfflineBackend(),
-            config=AgentConfig(model="offline", approval_timeout=APPROVAL_TIMEOUT,
+            config=AgentConfig(model="offline", approval_timeout=approval_timeout,
                                stream_interval=0.001),
             io=self.page,
             store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
-            server_tools={"cancel_order": tool},
+            server_tools={"cancel_order": tool} if tool_on_server else {},
         )
         self.task: asyncio.Task | None = None
 
     async def start(self) -> Approval:
         """Run the turn up to the point where it waits for a human."""
-        self.task = asyncio.create_task(self.agent.run_turn(COMMAND))
+        self.task = asyncio.create_task(self.agent.run_turn(self.command))
         waiting = asyncio.create_task(self.page.waiting_approval.wait())
         await asyncio.wait({waiting, self.task}, timeout=PATIENCE,
                            return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
         assert self.page.waiting_approval.is_set(), "the turn never asked for approval"
         assert self.runs.calls == [], "the tool ran before anyone decided"
         return await Approval.objects.select_related("tool_call").aget(tool_name="cancel_order")
 
     async def finish(self) -> ToolCall:
+        """Run the turn to its end (all of it, when start() was not called)."""
+        if self.task is None:
+            self.task = asyncio.create_task(self.agent.run_turn(self.command))
         await asyncio.wait_for(self.task, PATIENCE)
         return await ToolCall.objects.aget(name="cancel_order")
 
@@ -121,6 +152,18 @@ class Turn:
                    if b.get("type") == "tool_result"]
         assert len(results) == 1, self.agent.history
         return results[0]
+
+    def approval_frames(self) -> list[tuple[str, dict]]:
+        """What the page was told about approving: the approval request, and
+        the system events that announce, wait for or end one."""
+        told = []
+        for message in self.page.frames:
+            kind = getattr(message.type, "value", message.type)
+            payload = message.payload.model_dump(exclude_none=True)
+            if kind == "APPROVAL_REQUEST" or payload.get("kind") in (
+                    "approval_required", "waiting", "error"):
+                told.append((kind, payload))
+        return told
 
 
 @pytest.fixture
@@ -164,8 +207,9 @@ async def test_a_server_tool_never_runs_unless_explicitly_approved(session, endi
     await turn.agent.on_approval_decided(approval.pk)
     call = await turn.finish()
     assert turn.runs.calls == []
-    assert call.status != "success"
+    assert call.status == "denied"
     assert turn.tool_result()["is_error"] is True
+    assert turn.tool_result()["content"] == DECLINED_MESSAGE
     assert (await Approval.objects.aget(pk=approval.pk)).status == ending
 
 
@@ -179,8 +223,9 @@ async def test_a_server_tool_never_runs_on_a_decision_other_than_approved(sessio
     call.decide(ending)
     stored = await turn.finish()
     assert turn.runs.calls == []
-    assert stored.status != "success"
+    assert stored.status == "denied"
     assert turn.tool_result()["is_error"] is True
+    assert turn.tool_result()["content"] == DECLINED_MESSAGE
 
 
 async def test_a_server_tool_never_runs_on_a_user_approval_when_an_operator_denies(session, olivia):
@@ -206,6 +251,149 @@ async def test_a_server_tool_runs_once_both_parties_approve(session, olivia):
     await turn.agent.on_approval_decided(approval.pk)
     await turn.finish()
     assert turn.runs.calls == [{"number": "A1003"}]
+
+
+# --- what the turn tells the page, the model and the record ------------------------
+
+
+def asked(args: dict) -> str:
+    return f"Allow cancel_order with {canonical_json(args)}?"
+
+
+async def test_a_server_tool_asks_the_page_user_with_the_call_and_its_arguments(session):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    call_id = approval.tool_call.call_id
+
+    assert turn.approval_frames() == [
+        ("SYSTEM_EVENT", {"kind": "approval_required", "message": asked({"number": "A1003"}),
+                          "data": {"callId": call_id}}),
+        ("APPROVAL_REQUEST", {"callId": call_id, "toolName": "cancel_order", "risk": "high",
+                              "args": {"number": "A1003"}, "message": asked({"number": "A1003"})}),
+    ]
+    assert approval.message == asked({"number": "A1003"})
+    # The approval lasts as long as the turn waits for it.
+    assert approval.deadline - approval.created_at == timedelta(seconds=APPROVAL_TIMEOUT)
+    await sync_to_async(decide_user)(approval, approved=False)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+
+
+async def test_the_question_quotes_at_most_300_characters_of_the_arguments(session):
+    number = "A" * 400
+    turn = Turn(session, policy="user", command='/tool cancel_order {"number": "%s"}' % number)
+    approval = await turn.start()
+
+    expected = f"Allow cancel_order with {canonical_json({'number': number})[:300]}?"
+    assert approval.message == expected
+    assert turn.approval_frames()[1][1]["message"] == expected
+    await sync_to_async(decide_user)(approval, approved=False)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+
+
+async def test_a_server_tool_under_operator_policy_tells_the_page_it_waits_for_an_operator(
+        session, olivia):
+    turn = Turn(session, policy="operator")
+    approval = await turn.start()
+
+    assert turn.approval_frames() == [
+        ("SYSTEM_EVENT", {"kind": "waiting",
+                          "message": "Waiting for an operator to approve this action.",
+                          "data": {"callId": approval.tool_call.call_id,
+                                   "reason": "operator_approval"}}),
+    ]
+    await sync_to_async(approvals.approval_decide_operator)(
+        approval_id=approval.pk, user=olivia, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+    assert turn.runs.calls == [{"number": "A1003"}]
+
+
+async def test_an_approved_server_tool_runs_for_its_session_with_its_row_marked_running(session):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    call = await turn.finish()
+
+    assert turn.runs.contexts == [{"session_id": session.id, "tenant_id": session.tenant_id,
+                                   "call_id": call.call_id}]
+    assert turn.runs.row_status == ["running"]
+    states = turn.page.states
+    assert "answering" in states[states.index("waiting_approval"):]
+    assert turn.tool_result()["content"] == '{"cancelled":"A1003"}'
+    assert turn.agent.ledger.open_calls() == []
+
+
+async def test_a_decision_whose_notice_was_lost_is_found_by_rereading_the_approval(session):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+
+    # Decided, but the process holding the turn is never told.
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.finish()
+
+    assert turn.runs.calls == [{"number": "A1003"}]
+
+
+async def test_an_approval_nobody_decides_is_waited_for_its_whole_timeout_then_expires(session):
+    timeout = 2.0
+    turn = Turn(session, policy="user", approval_timeout=timeout)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+
+    call = await turn.finish()
+
+    assert loop.time() - began >= timeout
+    assert turn.runs.calls == []
+    assert turn.approval_frames()[-1] == (
+        "SYSTEM_EVENT", {"kind": "error", "message": "The approval request expired.",
+                         "data": {"code": "approval_expired", "callId": call.call_id}})
+    assert turn.tool_result() == {
+        "type": "tool_result", "tool_use_id": turn.tool_result()["tool_use_id"],
+        "content": "Nobody approved the action in time; it did not run.", "is_error": True}
+    assert call.status == "expired"
+    approval = await Approval.objects.aget(tool_call__call_id=call.call_id)
+    assert approval.status == "expired"
+
+
+async def test_a_failing_server_tool_is_audited_as_failed_and_the_model_is_told_why(session):
+    turn = Turn(session, policy="user", runs=Runs(fail=RuntimeError("card declined")))
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    call = await turn.finish()
+
+    assert turn.tool_result()["content"] == "card declined"
+    assert turn.tool_result()["is_error"] is True
+    assert call.status == "error"
+    events = [(e.action, e.data) async for e in
+              AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq")]
+    assert events[-1] == ("failed", {"error": "card declined"})
+    assert [action for action, _ in events] == ["requested", "approved", "failed"]
+
+
+async def test_a_server_tool_failing_without_words_tells_the_model_it_failed(session):
+    turn = Turn(session, policy="user", runs=Runs(fail=RuntimeError()))
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+
+    assert turn.tool_result()["content"] == "The tool failed."
+
+
+async def test_a_server_tool_this_server_cannot_run_is_unavailable_and_never_asked_for(session):
+    turn = Turn(session, policy="user", tool_on_server=False)
+
+    call = await turn.finish()
+
+    assert turn.tool_result()["content"] == "The tool cancel_order is not available."
+    assert turn.tool_result()["is_error"] is True
+    assert call.status == "unavailable"
+    assert not await Approval.objects.aexists()
+    assert turn.approval_frames() == []
 
 
 # --- the audit chain covers who acted --------------------------------------------------
