@@ -73,6 +73,22 @@ async def test_the_catalogue_connects_and_tells_the_server_its_page_and_tools(st
     await nothing_dropped(page)
 
 
+async def test_the_offline_agent_explains_each_tool_with_the_parameters_it_takes(store, page, shot):
+    await open_store(page, store)
+
+    await say(page, "What can you do?")
+
+    answer = answers(page).last
+    await expect(answer.locator("li")).to_have_count(2)
+    await expect(answer.locator("li", has_text="open_product")).to_contain_text(
+        'open_product takes productId (one of "pro-headphones", "travel-speaker", "charging-dock", required)')
+    await expect(answer.locator("li", has_text="open_cart")).to_contain_text("open_cart takes no arguments")
+    # The one tool here that takes arguments, with one it accepts.
+    await expect(answer.locator("p").last).to_have_text(
+        'For example: /tool open_product {"productId": "pro-headphones"}')
+    await shot("offline-help")
+
+
 async def test_the_whole_journey_with_tool_commands(store, page, shot):
     from demo.order_tools import demo_tools_install
 
@@ -422,7 +438,7 @@ async def test_a_reload_keeps_the_conversation_on_the_page(store, page, shot):
     await expect(chat_entries(page)).to_have_count(len(before) + 1)
     assert (await entry_texts(page))[:len(before)] == before
     await expect(chat_entries(page).last).to_have_text(
-        "You reloaded the page: the conversation above is kept here, but the assistant "
+        "The page was reloaded: the conversation above is kept here, but the assistant "
         "starts a new one and does not remember it.")
     await shot("reloaded")
     # The server's session is a new one.

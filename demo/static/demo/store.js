@@ -471,7 +471,7 @@ function connectAssistant() {
 }
 
 if (chat.restore()) {
-  showMessage("note", "You reloaded the page: the conversation above is kept here, but the " +
+  showMessage("note", "The page was reloaded: the conversation above is kept here, but the " +
     "assistant starts a new one and does not remember it.", { keep: false });
 }
 if (config.apiKey) {
