@@ -196,12 +196,11 @@ class _Screen:
             self.write(f"[{data.get('role', '?')}] {data.get('text', '')}\n")
         else:
             self.write(f"[{kind}] {payload.get('message', '')}\n")
-        if kind == "error":
-            # A refused input gets an error and no turn; a failed turn gets
-            # an error then done:true. Either way the next line may go.
-            if not self.idle.is_set():
-                self.idle.set()
-                self.write(PROMPT)
+        # A refused input gets an error and no turn; a failed turn gets an
+        # error then done:true. Either way the next line may go.
+        if kind == "error" and not self.idle.is_set():
+            self.idle.set()
+            self.write(PROMPT)
 
 
 def _redact(text: str, secret: str | None) -> str:
@@ -219,7 +218,7 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
     except (AitpClosed, AitpUpgradeRefused, AitpProtocolError, TimeoutError, OSError) as exc:
         out.write(f"cannot connect: {_redact(str(exc), client.api_key)}\n")
         return 2
-    except Exception as exc:  # noqa: BLE001 - whatever the socket library raised: one line
+    except Exception as exc:
         out.write(f"cannot connect: {_redact(str(exc) or type(exc).__name__, client.api_key)}\n")
         return 2
     out.write(f"connected, session {ack['sessionId']}. type a message; /help for help, /quit or ctrl-d quits.\n")

@@ -7,7 +7,7 @@ action's code (``session_end``) into words ("Session ended").
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django import template
 from django.utils import timezone
@@ -58,6 +58,6 @@ def clock(moment) -> str:
     if not isinstance(moment, datetime):
         return "-"
     if timezone.is_aware(moment):
-        moment = moment.astimezone(dt_timezone.utc)
+        moment = moment.astimezone(UTC)
     return format_html('<time datetime="{}" title="{}">{}</time>', moment.isoformat(),
                        moment.strftime(FULL_FORMAT), moment.strftime(CLOCK_FORMAT))
