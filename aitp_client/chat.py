@@ -71,10 +71,19 @@ class _Screen:
         self.questions: deque[_Question] = deque()
         self.asking = asyncio.Event()
         self.answers: set[asyncio.Task] = set()
+        self.at_prompt = False
 
     def write(self, text: str) -> None:
+        # Something arriving while a prompt waits for a line starts on a line of its own.
+        if self.at_prompt and text:
+            text = "\n" + text
+        self.at_prompt = text.endswith((PROMPT, "[y/n] "))
         self.out.write(text)
         self.out.flush()
+
+    def line_read(self) -> None:
+        """The user pressed enter: the cursor is at the start of a line again."""
+        self.at_prompt = False
 
     async def run(self) -> None:
         while True:
@@ -111,9 +120,10 @@ class _Screen:
         question = _Question(call_id=payload["callId"], tool=payload["toolName"])
         self.questions.append(question)
         args = json.dumps(payload.get("args", {}), ensure_ascii=False)
+        message = payload.get("message") or f"The agent asks to run {question.tool}."
         self.write(
-            f"{self.line_break()}[approval] the agent wants to run {question.tool}({args})"
-            f" ({payload.get('risk', '?')} risk): {payload.get('message', '')}\n"
+            f"{self.line_break()}[approval] {message}\n"
+            f"  {question.tool}({args}), {payload.get('risk', '?')} risk\n"
         )
         task = asyncio.create_task(self._send_answer(question))
         self.answers.add(task)
@@ -191,6 +201,8 @@ class _Screen:
             tools = payload.get("data", {}).get("effectiveTools", [])
             names = [tool.get("name", "?") for tool in tools if isinstance(tool, dict)]
             self.write(f"[tools] {', '.join(names) or 'none'}\n")
+        elif kind == "approval_required":
+            return  # the APPROVAL_REQUEST that follows is the question asked
         elif kind == "transcript":
             data = payload.get("data", {})
             self.write(f"[{data.get('role', '?')}] {data.get('text', '')}\n")
@@ -236,6 +248,7 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
                 next_line.cancel()
                 return 1
             line = next_line.result()
+            screen.line_read()
             if line is None:
                 screen.answer_none()
                 break

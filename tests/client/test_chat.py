@@ -5,6 +5,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.client.conftest import Peer
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +140,7 @@ async def test_an_approval_request_asks_the_user_and_a_yes_approves(fake_server)
     code, output = await run_chat(server.url, "refund my order\ny\n")
 
     assert code == 0, output
-    assert "[approval] the agent wants to run refund" in output and "Allow refund? [y/n] " in output
+    assert '[approval] Refund order A1?\n  refund({"order": "A1"}), high risk\nAllow refund? [y/n] ' in output
     assert "told: allowed" in output
     assert server.peers[0].received[3]["type"] == "APPROVAL_RESPONSE"
     assert server.peers[0].received[3]["payload"] == {"callId": "tc_9", "approved": True}
@@ -219,3 +221,32 @@ async def test_a_server_that_cannot_be_reached_is_one_line_without_the_key():
     assert code == 2
     assert output.startswith("cannot connect:") and output.count("\n") == 1, output
     assert "secretsecret" not in output
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_against_a_real_server_an_approval_answered_yes_runs_the_tool(daphne_factory):
+    from asgiref.sync import sync_to_async
+
+    from aitp import services
+    from demo.order_tools import demo_tools_install
+
+    server = await sync_to_async(daphne_factory)()
+
+    def shop() -> str:
+        tenant = services.tenant_create(slug="acme", name="Acme Store")
+        _key, raw_key = services.api_key_create(tenant=tenant, name="terminal",
+                                                allowed_origins=[server.http_url])
+        demo_tools_install(tenant=tenant)  # cancel_order: high risk, the page user approves
+        return raw_key
+
+    raw_key = await sync_to_async(shop)()
+
+    code, output = await run_chat(server.ws_url(), '/tool cancel_order {"number": "A1003"}\ny\n',
+                                  "--key", raw_key, "--origin", server.http_url)
+    print(output)
+
+    assert code == 0, output + server.logs()
+    assert "Allow cancel_order? [y/n] " in output
+    assert "[approval] you allowed cancel_order" in output
+    assert "cancel_order succeeded" in output
+    assert raw_key not in output
