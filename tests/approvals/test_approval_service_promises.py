@@ -11,6 +11,8 @@
 - Executions and reviews are audited with who acted and what was said, and
   nothing more.
 - Every refusal carries a stable code and words a person can read.
+- The higher of two risks wins, however each is spelled; a policy names
+  exactly the parties who must approve.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ import pytest
 from django.utils import timezone
 
 from aitp.models import Session, ToolCall
+from aitp.tools import Risk
 from approvals import services
-from approvals.models import Approval, AuditEvent
+from approvals.models import Approval, AuditEvent, RiskLevel, higher_risk, policy_parties
 from approvals.services import ApprovalError
 from tests.approvals.conftest import make_call, make_session
 
@@ -87,7 +90,7 @@ def test_a_closed_approval_records_when_it_was_closed_and_that_the_system_closed
 def test_closing_as_a_status_that_is_not_an_ending_is_refused_by_name(payment_call):
     approval = request_client(payment_call)
 
-    with pytest.raises(ValueError, match="^cannot close an approval as 'approved'$"):
+    with pytest.raises(ValueError, match=r"^cannot close an approval as 'approved'$"):
         services.approval_close(approval_id=approval.pk, status="approved")
 
 
@@ -376,7 +379,7 @@ def test_a_review_from_the_console_is_audited_on_the_console(payment_call, olivi
 def test_a_review_with_an_unknown_verdict_is_refused_by_name(payment_call, olivia):
     approval = approved(payment_call)
 
-    with pytest.raises(ValueError, match="^unknown review verdict 'great'$"):
+    with pytest.raises(ValueError, match=r"^unknown review verdict 'great'$"):
         services.approval_review(approval_id=approval.pk, user=olivia, verdict="great")
 
 
@@ -410,3 +413,32 @@ def test_a_refusal_code_without_words_is_its_own_words():
     error = ApprovalError("teapot")
 
     assert (error.message, str(error)) == ("teapot", "teapot")
+
+
+# --- risk and policy ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("risks", "higher"), [
+    (("low", "high"), "high"),
+    (("critical", "high"), "critical"),
+    (("none", "low"), "low"),
+    ((Risk.HIGH, "low"), "high"),
+    (("none", Risk.CRITICAL), "critical"),
+    ((RiskLevel.LOW, Risk.NONE), "low"),
+])
+def test_the_higher_of_two_risks_is_kept_whichever_way_it_is_spelled(risks, higher):
+    assert higher_risk(*risks) == higher
+
+
+@pytest.mark.parametrize(("policy", "parties"), [
+    ("user", (True, False)),
+    ("operator", (False, True)),
+    ("user_and_operator", (True, True)),
+])
+def test_a_policy_names_exactly_the_parties_who_must_approve(policy, parties):
+    assert policy_parties(policy) == parties
+
+
+def test_an_unknown_policy_names_no_parties():
+    with pytest.raises(ValueError):
+        policy_parties("anyone")
