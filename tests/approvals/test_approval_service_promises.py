@@ -147,6 +147,70 @@ def test_an_operator_may_not_decide_for_the_page_user_and_is_told_so(payment_cal
         "not_allowed", "this approval is for the page user")
 
 
+def test_an_operator_denial_is_recorded_as_a_denial_by_that_operator(acme_session, olivia):
+    from aitp.models import OperatorAction
+
+    approval = server_approval(acme_session, "operator")
+    note = "n" * 600
+
+    services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=False,
+                                      note=note)
+
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.status, stored.operator_decision, stored.operator_note) == (
+        "denied", "denied", note)
+    assert stored.decided_at is not None and stored.operator_decided_at is not None
+    event = last_event(approval)
+    assert (event.action, event.actor) == ("denied", olivia.get_username())
+    # (The audit keeps a shortened copy of a long note.)
+    assert {**event.data, "note": None} == {"party": "operator", "status": "denied", "note": None}
+    assert event.data["note"].startswith("n" * 100)
+    action = OperatorAction.objects.get(session_id=acme_session.id)
+    assert (action.action, action.user, action.tenant_id) == (
+        "approval_denied", olivia, acme_session.tenant_id)
+    # The operator's record keeps the first 500 characters of the note.
+    assert action.data == {"approval_id": approval.pk, "tool": "refund", "note": "n" * 500}
+
+
+def test_an_operator_cannot_overturn_a_page_users_refusal(acme_session, olivia):
+    approval = server_approval(acme_session, "user_and_operator")
+    services.approval_decide_user(approval_id=approval.pk, session_id=acme_session.id,
+                                  approved=False)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    assert (caught.value.code, caught.value.message) == (
+        "already_decided", "approval already decided")
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.status, stored.operator_decision) == ("denied", None)
+
+
+def test_a_user_cannot_overturn_an_operators_refusal(acme_session, olivia):
+    approval = server_approval(acme_session, "user_and_operator")
+    services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=False)
+
+    with pytest.raises(ApprovalError) as caught:
+        services.approval_decide_user(approval_id=approval.pk, session_id=acme_session.id,
+                                      approved=True)
+
+    assert (caught.value.code, caught.value.message) == (
+        "already_decided", "approval already decided")
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.status, stored.user_decision) == ("denied", None)
+
+
+def test_the_first_party_to_approve_leaves_the_approval_pending_for_the_other(acme_session, olivia):
+    approval = server_approval(acme_session, "user_and_operator")
+
+    services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.status, stored.decided_at) == ("pending", None)
+    assert stored.operator_decided_at is not None
+    assert last_event(approval).data == {"party": "operator", "status": "pending"}
+
+
 # --- a session that ended -----------------------------------------------------------------
 
 
