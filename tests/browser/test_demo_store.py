@@ -209,8 +209,10 @@ async def test_a_payment_for_the_wrong_amount_shows_the_cart_total_and_charges_n
     await expect(dialog.locator(".pay-mismatch")).to_have_text("This is not your cart total ($79.00).")
     await dialog.get_by_role("button", name="Approve").click()
 
-    await expect(tool_line(page, "process_payment")).to_contain_text(
-        "The amount $10.00 does not match the cart total $79.00.")
+    await expect(answers(page).last).to_have_text(
+        "process_payment failed: The amount $10.00 does not match the cart total $79.00.")
+    await expect(tool_line(page, "process_payment")).to_have_attribute("data-status", "error")
+    await expect(chat_entries(page).filter(has_text="does not match the cart total")).to_have_count(1)
     await expect(page.locator("#cart-total")).to_have_text("$79.00")
     [call] = await tool_calls("process_payment")
     assert call.status == ToolCall.Status.ERROR
