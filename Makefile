@@ -39,7 +39,7 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
 	'aitp.llm.anthropic_backend.x_get_client__*'
 
-.PHONY: help setup chromium espeak nodejs nginx run test bench mutate lint clean distclean
+.PHONY: help setup chromium espeak nodejs nginx run test bench mutate lint lint-only clean distclean
 
 help:
 	@echo "make setup   create .venv, install requirements-dev.txt, Chromium, eSpeak NG and Node.js"
@@ -47,7 +47,7 @@ help:
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
 	@echo "make mutate  mutation testing of the promise-carrying code (tens of minutes)"
-	@echo "make lint    compile every module (syntax check)"
+	@echo "make lint    ruff over all Python code, mypy over the pure core"
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3, .demo-key and .demo-logins"
 
@@ -121,8 +121,11 @@ run: setup
 # Redis; without them it is skipped with a note, except in CI (CI=true).
 # pytest's exit 5 ("no tests ran") counts as a failure. Browser tests save
 # screenshots of each step under test-artifacts/<pass>/screenshots/.
+# Lint first: a lint failure fails the run, and the tests still run after it.
 test: setup
 	@set -uo pipefail; status=0; \
+	echo "=== lint"; \
+	if ! $(MAKE) --no-print-directory lint-only; then echo "=== lint: FAILED"; status=1; fi; \
 	run_pass() { \
 		local name="$$1"; shift; \
 		echo "=== $$name"; \
@@ -172,8 +175,12 @@ mutate: setup
 	$(VENV)/bin/mutmut results | grep -v ': not checked' || true; \
 	exit $$status
 
-lint: setup
-	$(PY) -m compileall -q aitp aitp_client approvals bench console demo operators owllayer_site tests
+# ruff.toml chooses the rules; mypy.ini names the modules type-checked.
+lint: setup lint-only
+
+lint-only:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

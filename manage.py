@@ -23,7 +23,7 @@ def main() -> None:
     try:
         # Loaded here, so that unusable settings are reported before Django's
         # command machinery turns them into a traceback.
-        settings.INSTALLED_APPS
+        _ = settings.INSTALLED_APPS
         execute_from_command_line(sys.argv)
     except Exception as exc:
         if startup_errors.wants_traceback(sys.argv):

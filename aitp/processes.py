@@ -39,8 +39,7 @@ import secrets
 import socket
 import weakref
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from django.conf import settings
@@ -182,7 +181,7 @@ def pid_state(pid: int) -> PidState:
     boot = _boot_time()
     if boot is None:
         return PidState(True, None)
-    started = datetime.fromtimestamp(boot + start_ticks / _clock_ticks(), tz=dt_timezone.utc)
+    started = datetime.fromtimestamp(boot + start_ticks / _clock_ticks(), tz=UTC)
     return PidState(True, started)
 
 

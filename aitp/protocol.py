@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -575,8 +575,9 @@ def system_event(kind: str, message: str | None = None, data: dict | None = None
     """SYSTEM_EVENT; kw goes to make_message (meta, now_ms, id)."""
     if kind not in SYSTEM_EVENT_KINDS:
         raise ValueError(f"unknown system event kind {kind!r}")
+    # Checked just above (and by the model): one of the Literal's values.
     return make_message(MessageType.SYSTEM_EVENT,
-                        SystemEvent(kind=kind, message=message, data=data), **kw)
+                        SystemEvent(kind=cast(Any, kind), message=message, data=data), **kw)
 
 
 def error_event(code: str, message: str, **data: Any) -> Message:
@@ -609,10 +610,10 @@ def approval_request(call_id: str, tool_name: str, risk: str, args: dict,
     # risk may be an aitp.tools.Risk (a str enum): send its plain value.
     risk_value = risk.value if isinstance(risk, enum.Enum) else risk
     return make_message(MessageType.APPROVAL_REQUEST, ApprovalRequest(
-        callId=call_id, toolName=tool_name, risk=risk_value, args=args, message=message,
+        callId=call_id, toolName=tool_name, risk=cast(Any, risk_value), args=args, message=message,
     ))
 
 
 def voice_state(event: str, reason: str | None = None) -> Message:
     return make_message(MessageType.VOICE_STATE_EVENT,
-                        VoiceStateEvent(event=event, reason=reason))
+                        VoiceStateEvent(event=cast(Any, event), reason=reason))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Union
+from typing import cast
 
 from aitp import protocol as p
 from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
@@ -84,14 +84,14 @@ class ApprovalResponseReceived:
     response: p.ApprovalResponse
 
 
-Event = Union[
-    HandshakeRequested,
-    ContextChanged,
-    UserTextReceived,
-    ToolResultReceived,
-    ApprovalRequestReceived,
-    ApprovalResponseReceived,
-]
+Event = (
+    HandshakeRequested
+    | ContextChanged
+    | UserTextReceived
+    | ToolResultReceived
+    | ApprovalRequestReceived
+    | ApprovalResponseReceived
+)
 
 
 @dataclass
@@ -146,7 +146,7 @@ class SessionMachine:
         if self.state is State.AWAITING_HANDSHAKE:
             if kind is p.MessageType.HANDSHAKE_INIT and not self.handshake_pending:
                 self.invalid_in_a_row = 0
-                return self._handshake(message.payload)
+                return self._handshake(cast(p.HandshakeInit, message.payload))
             self._invalid(
                 "handshake_required",
                 "send HANDSHAKE_INIT before any other message",
@@ -163,13 +163,13 @@ class SessionMachine:
             return self._user_input(message)
         if kind is p.MessageType.TOOL_RESULT:
             self.invalid_in_a_row = 0
-            return [ToolResultReceived(message.payload)]
+            return [ToolResultReceived(cast(p.ToolResult, message.payload))]
         if kind is p.MessageType.APPROVAL_REQUEST:
             self.invalid_in_a_row = 0
-            return [ApprovalRequestReceived(message.payload)]
+            return [ApprovalRequestReceived(cast(p.ApprovalRequest, message.payload))]
         if kind is p.MessageType.APPROVAL_RESPONSE:
             self.invalid_in_a_row = 0
-            return [ApprovalResponseReceived(message.payload)]
+            return [ApprovalResponseReceived(cast(p.ApprovalResponse, message.payload))]
         # AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT: no voice backend yet,
         # and HANDSHAKE_ACK did not offer "audio".
         self.invalid_in_a_row = 0
@@ -202,7 +202,7 @@ class SessionMachine:
         return [HandshakeRequested(api_key=api_key, init=init)]
 
     def _context_update(self, message: p.Message) -> list[Event]:
-        update: p.ContextUpdate = message.payload
+        update = cast(p.ContextUpdate, message.payload)
         if len(update.activeTools) > self.limits.max_active_tools:
             self._invalid(
                 "too_many_tools",
@@ -235,7 +235,7 @@ class SessionMachine:
         return [ContextChanged(update.url, update.title, update.context, tools, surface)]
 
     def _user_input(self, message: p.Message) -> list[Event]:
-        user_input: p.UserInput = message.payload
+        user_input = cast(p.UserInput, message.payload)
         if user_input.modality != "text":
             self.invalid_in_a_row = 0
             self.error(

@@ -15,10 +15,11 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from operator import attrgetter
-from typing import Any, Iterable
+from typing import Any
 
 from jsonschema import Draft202012Validator, validators
 

@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.typing import Origin
 
 from aitp.tools import ToolError, aitp_to_json_schema, validate_arguments
 from aitp_client.validate import InvalidFrame, check_frame
@@ -222,7 +224,7 @@ class AitpClient:
         try:
             self.ws = await ws_connect(
                 self.connect_url(key_in_query=key_in_query),
-                origin=self.origin,
+                origin=Origin(self.origin) if self.origin is not None else None,
                 user_agent_header=self.user_agent,
                 open_timeout=timeout,
                 max_size=self.max_size,

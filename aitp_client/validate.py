@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 MESSAGE_TYPES = frozenset(
     {
@@ -343,7 +343,7 @@ _PAYLOAD_CHECKS = {
 }
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return (
         isinstance(value, (int, float))
         and not isinstance(value, bool)

@@ -21,6 +21,7 @@ from aitp import admin as aitp_admin
 from aitp.selectors import session_conversation
 from aitp.transcript import conversation_rows, pretty_json
 from approvals import services
+from approvals.forms import DecisionForm, ReviewForm, decide_from_post
 from approvals.models import (
     RISKS_NEEDING_APPROVAL,
     Approval,
@@ -29,10 +30,8 @@ from approvals.models import (
     ReviewedApproval,
     ServerTool,
 )
-from approvals.forms import DecisionForm, ReviewForm, decide_from_post
 from approvals.selectors import awaiting_operator, changeable_tenant_ids, is_operator, may_change_tenant
 from approvals.server_tools import python_tool, python_tool_names
-
 
 
 class ScreenAdmin(admin.ModelAdmin):
@@ -94,9 +93,10 @@ class ApprovalAdmin(TenantScopedAdmin):
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
         return [
-            path("<path:object_id>/decide/", wrap(self.decide_view), name="%s_%s_decide" % info),
-            path("<path:object_id>/review/", wrap(self.review_view), name="%s_%s_review" % info),
-        ] + super().get_urls()
+            path("<path:object_id>/decide/", wrap(self.decide_view), name="{}_{}_decide".format(*info)),
+            path("<path:object_id>/review/", wrap(self.review_view), name="{}_{}_review".format(*info)),
+            *super().get_urls(),
+        ]
 
     def _get_visible(self, request, object_id) -> Approval:
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.db import connection
 from django.db.models import F, Max
@@ -32,7 +32,7 @@ def _canonical(value) -> str:
 
 
 def _iso(moment: datetime) -> str:
-    return moment.astimezone(dt_timezone.utc).isoformat(timespec="microseconds")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def compute_hash(
@@ -114,7 +114,7 @@ def append_event(
         data=_short_data(data),
         # Whole microseconds in UTC: what every supported database stores, so
         # the hash recomputed from the stored row matches.
-        created_at=timezone.now().astimezone(dt_timezone.utc),
+        created_at=timezone.now().astimezone(UTC),
         prev_hash=head.last_hash,
     )
     event.hash = _event_hash(event)

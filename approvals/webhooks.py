@@ -60,7 +60,7 @@ def check_url(url: str) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ToolRunError("webhook url must be http or https")
     try:
-        parts.port
+        _ = parts.port  # the port is only checked when read
     except ValueError:
         raise ToolRunError("webhook url must be http or https") from None
 

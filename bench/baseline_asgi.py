@@ -8,7 +8,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "owllayer_site.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup(set_prefix=False)
 

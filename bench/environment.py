@@ -154,7 +154,7 @@ def remove_backend(run_env: RunEnvironment) -> None:
         with _admin_connection(run_env.postgres_server) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
                 sql.Identifier(run_env.postgres_database)))
-    except Exception:  # noqa: BLE001 - cleanup must not hide the run's own outcome
+    except Exception:
         logger.warning("could not drop the benchmark database %s; drop it by hand",
                        run_env.postgres_database, exc_info=True)
     try:
@@ -166,7 +166,7 @@ def remove_backend(run_env: RunEnvironment) -> None:
                 client.delete(key)
         finally:
             client.close()
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("could not delete the Redis keys under %s", run_env.channel_prefix,
                        exc_info=True)
 

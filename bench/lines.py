@@ -20,8 +20,19 @@ from pathlib import Path
 from bench import fake_llm, measure
 from bench.drain import Drainer
 from bench.measure import (
-    ANSWER_TIMEOUT, BENCH_TOOL, BenchError, Observations, Peer, Target, TurnInProgress,
-    _close_all, alternating, echo_or, is_tools_effective, is_turn_done, one_turn,
+    ANSWER_TIMEOUT,
+    BENCH_TOOL,
+    BenchError,
+    Observations,
+    Peer,
+    Target,
+    TurnInProgress,
+    _close_all,
+    alternating,
+    echo_or,
+    is_tools_effective,
+    is_turn_done,
+    one_turn,
 )
 
 # How many sessions are opened at once when a line sets up its sessions.
@@ -349,7 +360,7 @@ async def paced_echoes(side: Side, api_key: str, log: Observations, *, sessions:
     latencies: list[float] = []
 
     async def work(peer: Peer, number: int) -> None:
-        for index in range(per_session):
+        for _ in range(per_session):
             started = measure.clock()
             await peer.exchange("USER_INPUT", {"modality": "text", "content": STREAM_PROMPT},
                                 echo_or(lambda frame: False), label="stream.delta",
@@ -390,5 +401,16 @@ def _dumps(frame: dict) -> str:
     return json.dumps(frame)
 
 
-__all__ = ["ANSWER_TIMEOUT", "Side", "Sample", "paired", "turns", "opens", "idle_memory",
-           "streamed_deltas", "paced_echoes", "delta_frame_size", "rss_bytes"]
+__all__ = [
+    "ANSWER_TIMEOUT",
+    "Sample",
+    "Side",
+    "delta_frame_size",
+    "idle_memory",
+    "opens",
+    "paced_echoes",
+    "paired",
+    "rss_bytes",
+    "streamed_deltas",
+    "turns",
+]

@@ -247,7 +247,7 @@ def render_table(report: dict) -> str:
     for number, row in enumerate(rows):
         cells = [
             cell.rjust(width) if column in right else cell.ljust(width)
-            for column, (cell, width) in enumerate(zip(row, widths))
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
         if number == 0:

@@ -296,7 +296,7 @@ class Run:
             # client); the size of a text delta frame, which the baseline echoes.
             sizes = await asyncio.gather(*(
                 lines.delta_frame_size(side, self.api_key, self.log) for side in sides.values()))
-            for (name, title, checks), size in zip(variants, sizes):
+            for (name, title, checks), size in zip(variants, sizes, strict=True):
                 side = sides[name]
                 _progress(f"{title}: {config.stream_sessions} sessions x "
                           f"{config.stream_turns} turns x {config.stream_deltas} deltas")
@@ -304,7 +304,8 @@ class Run:
                 self.log.shape["stream.delta"] = [size]
                 per_session = config.stream_turns * config.stream_deltas
 
-                async def run_one(target_side: Side, stream_side: Side = side) -> lines.Sample:
+                async def run_one(target_side: Side, stream_side: Side = side,
+                                  per_session: int = per_session) -> lines.Sample:
                     if target_side is stream_side:
                         return await lines.streamed_deltas(
                             target_side, self.api_key, self.log,
@@ -338,7 +339,7 @@ class Run:
         self.server_set.started.append(nginx)
         path = settings.OWLLAYER_WS_PATH
         url = f"ws://{servers.HOST}:{{port}}{path}"
-        pids = self.product.pids + [second.process.pid]
+        pids = [*self.product.pids, second.process.pid]
         sessions = self.config.turn_sessions_large
         try:
             via_echo = Side(Target("baseline via nginx", url.format(port=listen["echo"]),
@@ -547,7 +548,7 @@ def run_each_backend(argv: list[str], args: argparse.Namespace) -> tuple[list[di
              "--json", str(out)],
             stdout=subprocess.PIPE, text=True)
         try:
-            child_out, _ = child.communicate()
+            child.communicate()
         except KeyboardInterrupt:
             child.send_signal(signal.SIGTERM)
             child.wait()

@@ -115,7 +115,7 @@ def bar_chart(values: list[int], labels: list[str], *, unit: str,
     top = max(values, default=0)
     baseline = PLOT_TOP + PLOT_HEIGHT
     bars = []
-    for index, (value, label) in enumerate(zip(values, labels)):
+    for index, (value, label) in enumerate(zip(values, labels, strict=True)):
         height = 0
         if top > 0 and value > 0:
             height = max(1, round(value * PLOT_HEIGHT / top))

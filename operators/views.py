@@ -21,10 +21,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from aitp import services
 from aitp.models import Session
+from approvals.forms import decide_from_post
 from approvals.models import Approval
 from approvals.selectors import may_change_tenant
 from operators import selectors
-from approvals.forms import decide_from_post
 from operators.forms import SessionCommandForm
 from operators.routing import WATCH_PATH
 

@@ -18,7 +18,7 @@ REDACTED = "[redacted]"
 SECRET_PARAMETERS = ("apiKey", "api_key", "key", "token", "access_token", "secret", "password")
 
 _SECRET_VALUE = re.compile(
-    r"([?&;](?:%s)=)[^&;#\s\"]*" % "|".join(re.escape(name) for name in SECRET_PARAMETERS),
+    r"([?&;](?:" + "|".join(re.escape(name) for name in SECRET_PARAMETERS) + r")=)[^&;#\s\"]*",
     re.IGNORECASE,
 )
 

@@ -2,7 +2,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "owllayer_site.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.asgi import get_asgi_application
 
 # Django must be set up before any consumer (and its models) is imported.
 django_asgi_app = get_asgi_application()

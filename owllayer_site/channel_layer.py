@@ -260,7 +260,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
                 pipes[index] = self.connection(index).pipeline(transaction=False)
             pipe, key = pipes[index], self._group_key(group)
             if adds.get(group):
-                pipe.zadd(key, {channel: now for channel in adds[group]})
+                pipe.zadd(key, dict.fromkeys(adds[group], now))
                 pipe.expire(key, self.group_expiry)
             if removes.get(group):
                 pipe.zrem(key, *removes[group])

@@ -265,10 +265,10 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
-    from urllib.parse import urlsplit  # noqa: E402
+    from urllib.parse import urlsplit
 
     try:
-        urlsplit(REDIS_URL).port  # the port is only checked when read
+        _ = urlsplit(REDIS_URL).port  # the port is only checked when read
     except ValueError as exc:
         raise ImproperlyConfigured(f"REDIS_URL is not a usable redis:// URL: {exc}") from None
     # A consumer's channel receive is a blocking read of this many seconds;

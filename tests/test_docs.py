@@ -94,9 +94,9 @@ def error_codes_the_code_can_send() -> set[str]:
                 for keyword in node.keywords:
                     if keyword.arg == "code":
                         take(keyword.value)
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if node.target.id == "code" and node.value is not None:
-                    take(node.value)  # an exception's default code
+            elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                  and node.target.id == "code" and node.value is not None):
+                take(node.value)  # an exception's default code
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(isinstance(t, ast.Name) and t.id in CODE_TABLES for t in targets):

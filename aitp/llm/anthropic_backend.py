@@ -14,8 +14,9 @@ import logging
 import random
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anthropic
 import anyio

@@ -6,8 +6,9 @@ hand-written backend, and so the request and result shapes stay plain data
 """
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Union
+from typing import Protocol
 
 
 @dataclass
@@ -56,7 +57,7 @@ class MessageComplete:
         return "".join(block["text"] for block in self.content if block.get("type") == "text")
 
 
-StreamEvent = Union[TextDelta, MessageComplete]
+StreamEvent = TextDelta | MessageComplete
 
 
 # Sentences a page user may see. They say what happened and what to do, never

@@ -13,7 +13,7 @@ import asyncio
 import json
 import re
 import secrets
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from .base import LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 

@@ -10,8 +10,9 @@ import asyncio
 import contextvars
 import functools
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

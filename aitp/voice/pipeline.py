@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from .base import Audio, TextToSpeech
 from .speaking import Sentence, SentenceSplitter

@@ -116,8 +116,8 @@ def connect():
         pages.append(page)
         return page
 
-    yield _connect
     # Communicators are closed by each test (they need the running loop).
+    return _connect
 
 
 async def open_page(connect, api_key, tools=(), url="/", context=None) -> Page:

@@ -81,7 +81,7 @@ class Plan:
         for index, ids in enumerate(self.rounds):
             if index == MAX_ROUNDS:
                 # Past the round limit: recorded, never run.
-                expected.update({i: "cancelled" for i in ids})
+                expected.update(dict.fromkeys(ids, "cancelled"))
                 break
             gone = False
             for tool_use_id in ids:
@@ -263,7 +263,7 @@ def check_requests(world: World, requests: list) -> int:
         by_session.setdefault(world.session_of_turn[number], []).append(request)
     checked = 0
     for session_requests in by_session.values():
-        for request, following in zip(session_requests, session_requests[1:] + [None]):
+        for request, following in zip(session_requests, [*session_requests[1:], None], strict=True):
             assert_well_formed(request)
             served = getattr(request, "served", None)
             emitted = [b.id for b in getattr(served, "blocks", []) if hasattr(b, "input")]

@@ -76,8 +76,8 @@ def error_codes(frames: list[dict]) -> list[str]:
 
 def quiet(**overrides) -> LimitSettings:
     """Every limit off but the ones a test sets."""
-    off = dict(frames_per_second=0, flood_close_drops=0, user_inputs_per_minute=0,
-               approval_requests_per_call=0, session_opens_per_key_per_minute=0)
+    off = {"frames_per_second": 0, "flood_close_drops": 0, "user_inputs_per_minute": 0,
+           "approval_requests_per_call": 0, "session_opens_per_key_per_minute": 0}
     return LimitSettings(**{**off, **overrides})
 
 

@@ -23,11 +23,11 @@ from dataclasses import replace
 
 import anthropic
 import anyio
+import anyio.lowlevel
 import pytest
 from anthropic import _base_client
 
-from aitp.llm import LlmError, LlmRequest
-from aitp.llm import anthropic_backend
+from aitp.llm import LlmError, LlmRequest, anthropic_backend
 from aitp.llm.anthropic_backend import (
     CONNECT_TIMEOUT,
     FIRST_RETRY_WAIT,
@@ -66,7 +66,7 @@ class _RecordingAnyio:
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
     def __getattr__(self, name):
         return getattr(anyio, name)

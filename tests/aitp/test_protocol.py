@@ -100,8 +100,7 @@ MINIMAL_PAYLOADS = {
     MessageType.VOICE_STATE_EVENT: {"event": "turn_complete"},
     MessageType.SYSTEM_EVENT: {"kind": "waiting"},
 }
-ALL_PAYLOADS = [(t, p) for t, p in FULL_PAYLOADS.items()] + [
-    (t, p) for t, p in MINIMAL_PAYLOADS.items()]
+ALL_PAYLOADS = [*FULL_PAYLOADS.items(), *MINIMAL_PAYLOADS.items()]
 
 
 def parser_for(message_type):
@@ -147,8 +146,8 @@ def test_there_are_fourteen_types_each_named_by_its_value():
 
 
 def test_directions_follow_the_spec_table():
-    assert CLIENT_TYPES | SERVER_TYPES == set(MessageType)
-    assert CLIENT_TYPES & SERVER_TYPES == {MessageType.APPROVAL_REQUEST, MessageType.AUDIO_STREAM}
+    assert set(MessageType) == CLIENT_TYPES | SERVER_TYPES
+    assert {MessageType.APPROVAL_REQUEST, MessageType.AUDIO_STREAM} == CLIENT_TYPES & SERVER_TYPES
     assert len(CLIENT_TYPES) == 9 and len(SERVER_TYPES) == 7
 
 

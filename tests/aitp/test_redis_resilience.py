@@ -337,6 +337,7 @@ async def test_fifty_sessions_held_open_then_running_turns_keep_a_true_record(da
         seen = dict(zip(
             (page.session_id for page in pages),
             await asyncio.gather(*(turns(page) for page in pages)),
+            strict=True,
         ))
         assert_open(pages)
     finally:

@@ -508,7 +508,7 @@ def test_args_hash_ignores_key_order_but_not_values():
 
 
 def test_args_hash_is_the_sha256_of_the_canonical_call():
-    expected = hashlib.sha256('{"args":{"q":2},"name":"t"}'.encode()).hexdigest()
+    expected = hashlib.sha256(b'{"args":{"q":2},"name":"t"}').hexdigest()
     assert args_hash("t", {"q": 2}) == expected
 
 

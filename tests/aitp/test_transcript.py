@@ -1,7 +1,7 @@
 """Stored conversation content -> what the session and approval pages show (pure)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 from aitp.transcript import Block, content_block, conversation_rows, message_blocks, pretty_json, result_text
@@ -58,7 +58,7 @@ def test_a_message_of_one_bare_block_reads_as_a_list_of_one():
 
 
 def test_conversation_rows_keep_the_order_given_and_each_messages_facts():
-    at = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    at = datetime(2025, 1, 1, tzinfo=UTC)
     messages = [
         SimpleNamespace(seq=3, turn=1, role="assistant", created_at=at,
                         content=[{"type": "text", "text": "b"}]),

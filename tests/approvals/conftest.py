@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.people import acme, globex, mallory, olivia, root  # noqa: F401 (fixtures)
 # Also helpers for the tests, which import them from here.
-from tests.support.people import make_session, make_tool_call, make_user  # noqa: F401
+from tests.support.people import acme, globex, make_session, make_tool_call, make_user, mallory, olivia, root  # noqa: F401 (fixtures)  # noqa: F401
 
 
 def make_call(session, name="process_payment", args=None, risk="critical", origin="client"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from datetime import timezone as dt_timezone
 
 import pytest
@@ -22,8 +22,8 @@ from django.db import connection, transaction
 
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
-from aitp.llm.offline import OfflineBackend
 from aitp.ledger import DECLINED_MESSAGE
+from aitp.llm.offline import OfflineBackend
 from aitp.models import ToolCall
 from aitp.tools import Risk, ToolSpec, ToolSurface, canonical_json
 from approvals import services as approvals
@@ -281,7 +281,7 @@ async def test_a_server_tool_asks_the_page_user_with_the_call_and_its_arguments(
 
 async def test_the_question_quotes_at_most_300_characters_of_the_arguments(session):
     number = "A" * 400
-    turn = Turn(session, policy="user", command='/tool cancel_order {"number": "%s"}' % number)
+    turn = Turn(session, policy="user", command=f'/tool cancel_order {{"number": "{number}"}}')
     approval = await turn.start()
 
     expected = f"Allow cancel_order with {canonical_json({'number': number})[:300]}?"
@@ -434,10 +434,10 @@ def test_changing_who_acted_on_a_stored_event_breaks_the_chain_there(acme, colum
 
 @pytest.mark.parametrize("field", ["actor", "actor_kind", "channel"])
 def test_the_audit_hash_depends_on_who_acted(field):
-    fields = dict(seq=1, tenant_id=1, approval_id=2, session_id="ses", call_id="tc",
-                  action="approved", actor_kind="operator", actor="olivia", channel="admin",
-                  args_hash="h", data={}, created_at=datetime(2026, 1, 1, tzinfo=dt_timezone.utc),
-                  prev_hash="0" * 64)
+    fields = {"seq": 1, "tenant_id": 1, "approval_id": 2, "session_id": "ses", "call_id": "tc",
+              "action": "approved", "actor_kind": "operator", "actor": "olivia", "channel": "admin",
+              "args_hash": "h", "data": {}, "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+              "prev_hash": "0" * 64}
     other = {"actor": "mallory", "actor_kind": "page", "channel": "console"}[field]
     assert compute_hash(**fields) != compute_hash(**{**fields, field: other})
 
@@ -544,13 +544,13 @@ def test_an_event_beyond_the_head_is_reported_by_its_number(acme):
 # --- the hash of history never changes, and covers every field --------------------------
 
 
-GOLDEN_FIELDS = dict(
-    seq=7, tenant_id=3, approval_id=11, session_id="ses_golden", call_id="tc_golden",
-    action="approved", actor_kind="operator", actor="olivia", channel="console",
-    args_hash="a" * 64, data={"note": "café", "party": "operator", "n": 1.5},
-    created_at=datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=dt_timezone(timedelta(hours=2))),
-    prev_hash="b" * 64,
-)
+GOLDEN_FIELDS = {
+    "seq": 7, "tenant_id": 3, "approval_id": 11, "session_id": "ses_golden", "call_id": "tc_golden",
+    "action": "approved", "actor_kind": "operator", "actor": "olivia", "channel": "console",
+    "args_hash": "a" * 64, "data": {"note": "café", "party": "operator", "n": 1.5},
+    "created_at": datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=dt_timezone(timedelta(hours=2))),
+    "prev_hash": "b" * 64,
+}
 # Computed once when the chain format was fixed: a stored chain stays
 # verifiable only while the same fields hash to the same value.
 GOLDEN_HASH = "667c9a59a142df6213f9045b457655029c68ab51865dbfc9c07bb3c7144895a7"
@@ -632,5 +632,5 @@ def test_an_event_of_an_unknown_kind_is_refused_by_name(acme, field, value, name
 
 
 def test_appending_outside_a_transaction_says_why(acme):
-    with pytest.raises(RuntimeError, match="^the audit chain can only be locked inside a transaction$"):
+    with pytest.raises(RuntimeError, match=r"^the audit chain can only be locked inside a transaction$"):
         append_event(tenant_id=acme.pk, action="requested", actor_kind="system", channel="system")

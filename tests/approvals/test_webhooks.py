@@ -9,7 +9,6 @@ from approvals.webhooks import ToolRunError, call_webhook, sign
 from tests.approvals.webhook_receiver import SECRET, Receiver
 
 
-
 async def call(url: str, *, timeout: float = 5.0, max_bytes: int = 4096, secret: str = SECRET):
     return await call_webhook(
         url=url, secret=secret, tool="refund", arguments={"order": "A1001", "amount": 5},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -326,7 +327,7 @@ def test_pooled_repeats_add_counts_and_seconds_and_keep_every_latency():
 def test_the_lines_read_the_one_sample_clock_the_fakes_replace():
     # Guard: the lines read the sample clock through bench.measure, so the
     # fakes above replace it everywhere.
-    source = open(lines.__file__).read()
+    source = Path(lines.__file__).read_text()
     assert "time.perf_counter" not in source
     assert asyncio.iscoroutinefunction(lines.paired)
 

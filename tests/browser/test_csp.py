@@ -28,7 +28,7 @@ async def watched(page: Page):
     console: list[str] = []
     page.on("console", lambda message: console.append(message.text))
     await page.add_init_script(WATCH_VIOLATIONS)
-    yield page, console
+    return page, console
 
 
 async def violations(page: Page, console: list[str]) -> list[str]:

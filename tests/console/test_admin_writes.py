@@ -90,7 +90,7 @@ async def _remove_origin_in_admin(client, key):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("remove_origin", [_remove_origin_in_console, _remove_origin_in_admin],
                          ids=["console", "admin"])
-async def test_a_page_from_an_origin_removed_is_closed_at_once(connect, django_user_model,  # noqa: F811
+async def test_a_page_from_an_origin_removed_is_closed_at_once(connect, django_user_model,
                                                                 remove_origin):
     key, owner = await sync_to_async(_two_origin_key)(django_user_model)
     page = await open_page(connect, key)

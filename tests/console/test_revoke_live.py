@@ -28,7 +28,7 @@ def _setup(django_user_model):
     return key, owner
 
 
-async def test_revoking_a_key_in_the_console_closes_its_live_page(connect, django_user_model):  # noqa: F811
+async def test_revoking_a_key_in_the_console_closes_its_live_page(connect, django_user_model):
     key, owner = await sync_to_async(_setup)(django_user_model)
     page = await open_page(connect, key)
     client = AsyncClient()

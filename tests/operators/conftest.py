@@ -10,9 +10,8 @@ import json
 
 import pytest
 
-from tests.support.people import acme, globex, mallory, olivia, root  # noqa: F401 (fixtures)
 # Also helpers for the tests, which import them from here.
-from tests.support.people import make_session, make_tool_call, make_user
+from tests.support.people import acme, globex, make_session, make_tool_call, make_user, mallory, olivia, root  # noqa: F401 (fixtures)
 
 ORIGIN = "https://shop.example"
 # How long a real consumer may take to accept or to tear down on a loaded

@@ -49,7 +49,7 @@ def admin(daphne_factory):
     print(f"--- daphne log ---\n{server.logs()}")
 
 
-async def test_the_review_queue_moves_on_after_each_verdict(browser, admin, request):  # noqa: F811
+async def test_the_review_queue_moves_on_after_each_verdict(browser, admin, request):
     server, olivia, older, newer = admin
     tab, errors = await operator_tab(browser, server, olivia)
 
@@ -73,7 +73,7 @@ async def test_the_review_queue_moves_on_after_each_verdict(browser, admin, requ
     assert not errors, f"page script errors: {errors}"
 
 
-async def test_a_built_in_server_tool_shows_no_webhook_fields(browser, admin, request):  # noqa: F811
+async def test_a_built_in_server_tool_shows_no_webhook_fields(browser, admin, request):
     server, olivia, _older, _newer = admin
     tool = await ServerTool.objects.aget(name="order_status")
     tab, errors = await operator_tab(browser, server, olivia)

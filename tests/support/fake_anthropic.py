@@ -32,9 +32,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Union
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ToolUseBlock:
 class StreamedMessage:
     """A 200 answer: streamed as SSE for stream requests, one JSON message otherwise."""
 
-    blocks: list[Union[TextBlock, ToolUseBlock]]
+    blocks: list[TextBlock | ToolUseBlock]
     stop_reason: str = "end_turn"
     usage: dict = field(default_factory=dict)
     model: str | None = None  # None: echo the request's model
@@ -99,7 +99,7 @@ class ErrorReply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-Response = Union[StreamedMessage, ErrorReply]
+Response = StreamedMessage | ErrorReply
 Responder = Callable[[dict], Response]
 
 _STATUS_ERROR_TYPES = {
@@ -160,7 +160,7 @@ def split_json_pieces(text: str, byte_offsets: list[int]) -> list[JsonPiece]:
             cuts.setdefault(start, offset - start)
     bounds = sorted(starts)
     return [
-        JsonPiece(raw[a:b].decode("utf-8"), cuts.get(a)) for a, b in zip(bounds, bounds[1:]) if b > a
+        JsonPiece(raw[a:b].decode("utf-8"), cuts.get(a)) for a, b in itertools.pairwise(bounds) if b > a
     ]
 
 
@@ -200,7 +200,7 @@ def tool_use_response(
     ensure_ascii=True writes non-ASCII as \\uXXXX escapes, so offsets can fall
     inside an escape.
     """
-    blocks: list[Union[TextBlock, ToolUseBlock]] = []
+    blocks: list[TextBlock | ToolUseBlock] = []
     if text is not None:
         blocks.append(TextBlock(_split_even(text, 2)))
     for call in calls:
@@ -273,7 +273,7 @@ def _json(data: object) -> str:
 
 
 def _frame(event_type: str, data: dict) -> bytes:
-    return f"event: {event_type}\ndata: {_json(data)}\n\n".encode("utf-8")
+    return f"event: {event_type}\ndata: {_json(data)}\n\n".encode()
 
 
 def message_json(response: StreamedMessage, model: str) -> dict:
@@ -562,7 +562,7 @@ class _Handler(BaseHTTPRequestHandler):
             logger.debug("connection closed before the handler finished")
 
     def log_message(self, format: str, *args: object) -> None:
-        logger.debug("fake anthropic: " + format, *args)
+        logger.debug("fake anthropic: %s", format % args)
 
     def do_GET(self) -> None:
         if self.path == "/health":

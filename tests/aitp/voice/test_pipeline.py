@@ -135,7 +135,7 @@ async def test_the_cut_point_follows_the_audio_sent_from_the_pipeline():
 async def test_espeak_speaks_the_first_sentence_while_the_model_is_still_writing():
     pipeline = SpeechPipeline(EspeakTts(EspeakConfig()))
     spoken = pipeline.spoken()
-    for word in "I added two Pro Headphones to your cart. Anything".split(" "):
+    for word in ["I", "added", "two", "Pro", "Headphones", "to", "your", "cart.", "Anything"]:
         pipeline.feed(word + " ")
     sentence, audio = await next_spoken(spoken)
     assert sentence.text == "I added two Pro Headphones to your cart."

@@ -57,7 +57,7 @@ def test_a_run_on_sentence_is_split_at_a_pause_so_speech_starts_early():
 def test_each_sentence_knows_where_it_sits_in_the_agents_text():
     splitter = SentenceSplitter()
     text = "First one. Second **bold** one! Third"
-    sentences = splitter.feed(text) + [splitter.flush()]
+    sentences = [*splitter.feed(text), splitter.flush()]
     assert [text[s.start:s.end].strip() for s in sentences] == [
         "First one.", "Second **bold** one!", "Third"]
     assert texts(sentences) == ["First one.", "Second bold one!", "Third"]

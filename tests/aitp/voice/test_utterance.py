@@ -9,8 +9,8 @@ ONE_SECOND = b"\1\0" * 16000
 
 
 def limits(**overrides) -> VoiceLimits:
-    values = dict(max_utterance_seconds=3.0, bytes_per_second=64000, idle_seconds=5.0,
-                  server_vad=False, vad_silence_seconds=0.8)
+    values = {"max_utterance_seconds": 3.0, "bytes_per_second": 64000, "idle_seconds": 5.0,
+              "server_vad": False, "vad_silence_seconds": 0.8}
     values.update(overrides)
     return VoiceLimits(**values)
 
