@@ -10,8 +10,9 @@ thread, so nothing needs the single thread.
 Before and after each call, ``close_old_connections`` ends a connection that
 is broken or past ``CONN_MAX_AGE`` (what Channels' ``DatabaseSyncToAsync``
 does, without its per-call wrapper object and thread-sensitivity machinery,
-which cost more CPU in the event loop than a short query). With PostgreSQL's pool (``CONN_MAX_AGE`` 0) that hands the
-connection back to the pool after every call instead of closing it, so a
+which cost more CPU in the event loop than a short query). With
+PostgreSQL's pool (``CONN_MAX_AGE`` 0) that hands the connection back to the
+pool after every call instead of closing it, so a
 thread holds a connection only while it works; with SQLite each thread keeps
 its own connection open (``CONN_MAX_AGE`` None) and only drops a broken one.
 
@@ -22,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from channels.consumer import get_handler_name
@@ -36,20 +37,84 @@ from django.db import close_old_connections
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_executor: ThreadPoolExecutor | None = None
+
+class DatabaseThreads:
+    """A fixed set of threads taking calls from one queue.
+
+    ``concurrent.futures.ThreadPoolExecutor`` would do, but each of its
+    submits takes a semaphore and a condition lock that its threads hold in
+    turn, and with thousands of sessions the event loop stalls on them (a
+    lock convoy with the GIL). Here a submit is one put on a lock-free
+    ``SimpleQueue``; the result comes back with ``call_soon_threadsafe``.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [
+            threading.Thread(target=self._work, name=f"owllayer-db_{n}", daemon=True)
+            for n in range(workers)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, loop: asyncio.AbstractEventLoop, call: Callable[[], R]) -> asyncio.Future:
+        future = loop.create_future()
+        self.jobs.put((loop, future, call))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            loop, future, call = job
+            if future.cancelled():
+                continue  # its caller stopped waiting before it started
+            try:
+                result, error = call(), None
+            except BaseException as exc:  # handed to the caller, as an executor would
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+            del job, loop, future, call, result, error
+
+    def shutdown(self, *, wait: bool = True) -> None:
+        for _ in self.threads:
+            self.jobs.put(None)
+        if wait:
+            for thread in self.threads:
+                thread.join()
+
+
+def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+_threads: DatabaseThreads | None = None
 _lock = threading.Lock()
+_exit_hook_set = False
 
 
-def executor() -> ThreadPoolExecutor:
-    """This process's database threads, started on first use."""
-    global _executor
-    if _executor is None:
+def threads() -> DatabaseThreads:
+    """This process's database threads, started on first use. At exit, what
+    they have taken finishes before the interpreter goes (as with
+    ``ThreadPoolExecutor``, whose exit hook this uses too)."""
+    global _threads, _exit_hook_set
+    if _threads is None:
         with _lock:
-            if _executor is None:
-                _executor = ThreadPoolExecutor(
-                    max_workers=settings.OWLLAYER_DB_THREADS, thread_name_prefix="owllayer-db"
-                )
-    return _executor
+            if _threads is None:
+                _threads = DatabaseThreads(settings.OWLLAYER_DB_THREADS)
+                if not _exit_hook_set:
+                    threading._register_atexit(shutdown)
+                    _exit_hook_set = True
+    return _threads
 
 
 async def db_call(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -58,10 +123,11 @@ async def db_call(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R
 
     A cancelled caller stops waiting, but a call already running finishes
     (a thread cannot be interrupted): its transaction commits or rolls back
-    whole, as before.
+    whole, as before. A call whose caller was cancelled before it started
+    does not run.
     """
     call = functools.partial(contextvars.copy_context().run, _in_thread, fn, args, kwargs)
-    return await asyncio.get_running_loop().run_in_executor(executor(), call)
+    return await threads().submit(asyncio.get_running_loop(), call)
 
 
 def _in_thread(fn: Callable[..., R], args: tuple, kwargs: dict) -> R:
@@ -74,9 +140,9 @@ def _in_thread(fn: Callable[..., R], args: tuple, kwargs: dict) -> R:
 
 def shutdown(*, wait: bool = True) -> None:
     """Stop the database threads (tests; a process that is about to exit)."""
-    global _executor
+    global _threads
     with _lock:
-        pool, _executor = _executor, None
+        pool, _threads = _threads, None
     if pool is not None:
         pool.shutdown(wait=wait)
 
