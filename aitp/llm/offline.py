@@ -228,7 +228,7 @@ def _words(value: object) -> str:
     if isinstance(value, (int, float)):
         return json.dumps(value)
     if isinstance(value, dict):
-        return ", ".join(f"{_label(key)} {_words(item)}" for key, item in value.items()) or "nothing"
+        return ", ".join(_field_words(key, item) for key, item in value.items()) or "nothing"
     if isinstance(value, list):
         if not value:
             return "none"
@@ -236,6 +236,13 @@ def _words(value: object) -> str:
             return "; ".join(f"({_words(item)})" for item in value)
         return ", ".join(_words(item) for item in value)
     return str(value)
+
+
+def _field_words(key: object, value: object) -> str:
+    """One field of a nested object: "total 299.98", "no items"."""
+    if value == [] or value == {}:
+        return f"no {_label(key)}"
+    return f"{_label(key)} {_words(value)}"
 
 
 def _cut(text: str) -> str:

@@ -192,7 +192,7 @@ async def test_summarises_tool_results_as_text_even_when_tool_choice_is_none():
 
 async def test_a_json_result_is_told_as_its_fields_in_words_not_as_json():
     result = {"added": True, "productId": "pro-headphones", "quantity": 2,
-              "cart": {"itemCount": 2, "total": 299.98, "coupon": None,
+              "cart": {"itemCount": 2, "total": 299.98, "coupon": None, "notes": [],
                        "items": [{"name": "Pro Headphones", "quantity": 2}]}}
     messages = [
         {"role": "assistant", "content": [
@@ -207,7 +207,7 @@ async def test_a_json_result_is_told_as_its_fields_in_words_not_as_json():
         "- Added: yes\n"
         "- Product id: pro-headphones\n"
         "- Quantity: 2\n"
-        "- Cart: item count 2, total 299.98, coupon none, items (name Pro Headphones, quantity 2)"
+        "- Cart: item count 2, total 299.98, coupon none, no notes, items (name Pro Headphones, quantity 2)"
     )
 
 

@@ -57,6 +57,7 @@ export class ChatPanel {
   setOpen(open, remember = true) {
     this.panel.dataset.open = String(open);
     this.launcher.hidden = open;
+    this.launcher.setAttribute("aria-expanded", String(open));
     if (open) {
       delete this.launcher.dataset.unread;
       this.scrollToEnd();
