@@ -207,6 +207,11 @@ class ApiKeyAdmin(TenantScopedAdmin):
     ]
     actions = ["revoke_keys", "disable_keys"]
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # A key is revoked, never deleted: its sessions, transcripts and
+        # ledger stay, and its live pages are closed by the revocation.
+        return False
+
     def get_readonly_fields(self, request, obj=None):
         # A key stays with the tenant it was made for.
         readonly = list(super().get_readonly_fields(request, obj))

@@ -200,6 +200,21 @@ def test_a_key_disabled_in_the_admin_is_recorded_once(admin_client, staff_owner,
     assert list(OperatorAction.objects.values_list("action", flat=True)) == ["key_disabled"]
 
 
+def test_a_key_is_revoked_in_the_admin_never_deleted(django_user_model, acme_key):
+    root = django_user_model.objects.create_superuser(username="root", password="x")
+    client = signed_in(root)
+
+    page = client.get(reverse("admin:aitp_apikey_delete", args=[acme_key.pk]))
+    bulk = client.post(reverse("admin:aitp_apikey_changelist"),
+                       {"action": "delete_selected", "_selected_action": [acme_key.pk]})
+
+    assert page.status_code == 403
+    assert bulk.status_code == 302  # back to the list: no such action
+    listing = client.get(reverse("admin:aitp_apikey_changelist")).content.decode()
+    assert "delete_selected" not in listing and "revoke_keys" in listing
+    assert ApiKey.objects.filter(pk=acme_key.pk).exists()
+
+
 # --- members -------------------------------------------------------------------------------
 
 
