@@ -90,7 +90,7 @@ class TenantAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # The quota bounds what a tenant costs: only the service's operators
         # (superusers) set it, never a tenant's own staff.
-        readonly = [*super().get_readonly_fields(request, obj), "tokens_this_month"]
+        readonly = [*super().get_readonly_fields(request, obj), "created_at", "tokens_this_month"]
         if not request.user.is_superuser:
             readonly.append("monthly_token_quota")
         return readonly
@@ -120,6 +120,17 @@ class TenantAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         owned = changeable_tenant_ids(request.user)
         return super().has_delete_permission(request, obj) and (owned is None)
+
+    def save_model(self, request, obj: Tenant, form, change):
+        if not change:
+            return super().save_model(request, obj, form, change)
+        current = Tenant.objects.get(pk=obj.pk)
+        changes = {
+            field: form.cleaned_data[field] for field in services.TENANT_FIELDS
+            if field in form.changed_data and form.cleaned_data[field] != getattr(current, field)
+        }
+        services.tenant_update(tenant=current, by=request.user, changes=changes)
+        return None
 
     def save_formset(self, request, form, formset, change):
         if formset.model is not TenantMembership:

@@ -46,6 +46,29 @@ def key_create(
     return key, raw_key
 
 
+TENANT_FIELDS = ("slug", "name", "system_prompt", "monthly_token_quota")
+
+
+def tenant_update(*, tenant: Tenant, by, changes: dict) -> Tenant:
+    """Change a tenant's slug, name, system prompt or monthly quota, recording
+    who did and what changed (the prompt by name only: it may be long)."""
+    unknown = set(changes) - set(TENANT_FIELDS)
+    if unknown:
+        raise ValueError(f"not a tenant field: {', '.join(sorted(unknown))}")
+    if not changes:
+        return tenant
+    with transaction.atomic():
+        for field, value in changes.items():
+            setattr(tenant, field, value)
+        tenant.save(update_fields=list(changes))
+        data: dict = {"fields": sorted(changes)}
+        for field in ("slug", "name", "monthly_token_quota"):
+            if field in changes:
+                data[field] = changes[field]
+        OperatorAction.objects.create(tenant=tenant, user=by, action="tenant_updated", data=data)
+    return tenant
+
+
 KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at")
 
 

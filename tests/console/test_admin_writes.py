@@ -218,6 +218,23 @@ def test_a_key_is_revoked_in_the_admin_never_deleted(django_user_model, acme_key
 # --- members -------------------------------------------------------------------------------
 
 
+def test_a_tenant_changed_in_the_admin_is_recorded(django_user_model, acme):
+    root = django_user_model.objects.create_superuser(username="root", password="x")
+    form = {**members_form(acme, []), "name": "Acme Shop", "monthly_token_quota": "5000",
+            "system_prompt": "Be brief."}
+
+    response = signed_in(root).post(reverse("admin:tenants_tenant_change", args=[acme.pk]), form)
+
+    assert response.status_code == 302
+    acme.refresh_from_db()
+    assert (acme.name, acme.monthly_token_quota, acme.system_prompt) == ("Acme Shop", 5000, "Be brief.")
+    action = OperatorAction.objects.get(action="tenant_updated")
+    assert (action.user, action.data) == (root, {
+        "fields": ["monthly_token_quota", "name", "system_prompt"], "name": "Acme Shop",
+        "monthly_token_quota": 5000,
+    })
+
+
 def test_a_member_added_in_the_admin_is_recorded(admin_client, staff_owner, acme, django_user_model):
     mia = django_user_model.objects.create_user(username="mia", password="x")
     olivia_row = TenantMembership.objects.get(user=staff_owner)
