@@ -24,7 +24,7 @@ from aitp.models import (
     Session,
     ToolCall,
 )
-from aitp.transcript import pretty_json
+from aitp.transcript import action_words, pretty_json
 from tenants.models import Tenant
 from tenants.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user
 
@@ -206,11 +206,29 @@ class DailyUsageAdmin(TenantScopedAdmin):
         return False
 
 
+class OperatorActionFilter(admin.SimpleListFilter):
+    """The actions recorded so far, named in words."""
+
+    title = "action"
+    parameter_name = "action"
+
+    def lookups(self, request, model_admin):
+        codes = model_admin.get_queryset(request).order_by("action").values_list("action", flat=True)
+        return [(code, action_words(code)) for code in codes.distinct()]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(action=self.value()) if self.value() else queryset
+
+
 @admin.register(OperatorAction)
 class OperatorActionAdmin(TenantScopedAdmin):
-    list_display = ["created_at", "tenant", "session", "user", "action"]
-    list_filter = ["action", "tenant"]
+    list_display = ["created_at", "tenant", "session", "user", "action_shown"]
+    list_filter = [OperatorActionFilter, "tenant"]
     readonly_fields = [f.name for f in OperatorAction._meta.fields]
+
+    @admin.display(description="action", ordering="action")
+    def action_shown(self, obj: OperatorAction) -> str:
+        return action_words(obj.action)
 
     def has_add_permission(self, request):
         return False

@@ -12,6 +12,7 @@ The agent stores, beside the user's words, a text block describing the page
 they were on (``[page]`` then url, title and context lines; aitp.agent). It is
 read here as a block of its own kind, "page", so pages show the words as the
 user wrote them and the page as a detail; the stored rows are unchanged.
+``action_words`` names a recorded operator action ("session_end") in words.
 """
 from __future__ import annotations
 
@@ -169,3 +170,27 @@ def conversation_rows(messages: Iterable[Any]) -> list[dict]:
          "created_at": message.created_at, "blocks": message_blocks(message.content)}
         for message in messages
     ]
+
+
+# What operators and tenant members did (OperatorAction.action), in words.
+ACTION_LABELS = {
+    "session_end": "Session ended",
+    "session_reload": "Page reloaded",
+    "session_redirect": "Page sent elsewhere",
+    "approval_approved": "Approved a tool call",
+    "approval_denied": "Denied a tool call",
+    "key_created": "Key created",
+    "key_updated": "Key changed",
+    "key_active": "Key re-activated",
+    "key_disabled": "Key disabled",
+    "key_revoked": "Key revoked",
+    "member_added": "Member added",
+    "member_role_changed": "Member's role changed",
+    "member_removed": "Member removed",
+    "tenant_updated": "Tenant changed",
+}
+
+
+def action_words(code: str) -> str:
+    """A recorded action in words; an unknown code is shown readable, not hidden."""
+    return ACTION_LABELS.get(code) or (code.replace("_", " ").capitalize() if code else "-")

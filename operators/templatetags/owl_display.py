@@ -14,31 +14,12 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 
+from aitp.transcript import action_words
+
 register = template.Library()
 
 CLOCK_FORMAT = "%H:%M:%S"
 FULL_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
-
-ACTION_LABELS = {
-    "session_end": "Session ended",
-    "session_reload": "Page reloaded",
-    "session_redirect": "Page sent elsewhere",
-    "approval_approved": "Approved a tool call",
-    "approval_denied": "Denied a tool call",
-    "key_created": "Key created",
-    "key_updated": "Key changed",
-    "key_active": "Key re-activated",
-    "key_disabled": "Key disabled",
-    "key_revoked": "Key revoked",
-    "member_added": "Member added",
-    "member_role_changed": "Member's role changed",
-    "member_removed": "Member removed",
-}
-
-
-def action_words(code: str) -> str:
-    """A recorded action in words; an unknown code is shown readable, not hidden."""
-    return ACTION_LABELS.get(code) or (code.replace("_", " ").capitalize() if code else "-")
 
 
 @register.filter

@@ -216,3 +216,12 @@ def test_a_page_without_context_has_an_empty_detail():
     from aitp.transcript import content_block
 
     assert content_block({"type": "text", "text": "[page]\nurl: /a\ntitle: A\ncontext: {}"}).text == ""
+
+
+def test_the_admins_list_of_operator_actions_names_them_in_words(client, root, acme_session):
+    services.session_command(session=acme_session, user=root, command="redirect", url="/help")
+    client.force_login(root)
+
+    html = client.get(reverse("admin:aitp_operatoraction_changelist")).content.decode()
+
+    assert "Page sent elsewhere" in html and ">session_redirect<" not in html
