@@ -119,6 +119,9 @@ run: setup
 
 # Pass 1 always runs on the embedded default. Pass 2 needs PostgreSQL and
 # Redis; without them it is skipped with a note, except in CI (CI=true).
+# The two passes share nothing (own test databases, own Redis prefix, own
+# artifacts) and run at the same time; pass 2's output is printed after
+# pass 1's, from test-artifacts/pass-2.log.
 # pytest's exit 5 ("no tests ran") counts as a failure. Browser tests save
 # screenshots of each step under test-artifacts/<pass>/screenshots/.
 # Lint first: a lint failure fails the run, and the tests still run after it.
@@ -132,20 +135,28 @@ test: setup
 		env "$$@" $(PYTEST) $(PYTEST_ARGS); \
 		local code=$$?; \
 		if [ $$code = 5 ]; then echo "=== $$name: no tests ran"; fi; \
-		if [ $$code != 0 ]; then echo "=== $$name: FAILED (exit $$code)"; status=1; fi; \
+		if [ $$code != 0 ]; then echo "=== $$name: FAILED (exit $$code)"; fi; \
+		return $$code; \
 	}; \
-	run_pass "pass 1: SQLite + in-memory channel layer" -u DATABASE_URL -u REDIS_URL \
-		OWLLAYER_TEST_ARTIFACTS="$(CURDIR)/test-artifacts/embedded"; \
+	pass2=""; mkdir -p test-artifacts; pass2_log="test-artifacts/pass-2.log"; \
 	if $(PY) -m tests.support.services "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)"; then \
 		run_pass "pass 2: PostgreSQL + Redis" \
 			DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
 			OWLLAYER_CHANNEL_PREFIX="owllayer-test-$$$$" \
-			OWLLAYER_TEST_ARTIFACTS="$(CURDIR)/test-artifacts/postgres-redis"; \
+			OWLLAYER_TEST_ARTIFACTS="$(CURDIR)/test-artifacts/postgres-redis" \
+			> "$$pass2_log" 2>&1 & pass2=$$!; \
+		echo "=== pass 2 runs beside pass 1; its output follows pass 1's"; \
 	elif [ "$${CI:-}" = true ]; then \
 		echo "=== pass 2: PostgreSQL and Redis must answer in CI: FAILED"; status=1; \
 	else \
 		echo "=== pass 2: skipped: PostgreSQL and Redis do not both answer" \
 			"(start them, or see .ci/run)"; \
+	fi; \
+	run_pass "pass 1: SQLite + in-memory channel layer" -u DATABASE_URL -u REDIS_URL \
+		OWLLAYER_TEST_ARTIFACTS="$(CURDIR)/test-artifacts/embedded" || status=1; \
+	if [ -n "$$pass2" ]; then \
+		tail -n +1 -f --pid="$$pass2" "$$pass2_log"; \
+		wait "$$pass2" || status=1; \
 	fi; \
 	exit $$status
 
