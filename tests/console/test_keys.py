@@ -280,3 +280,11 @@ def test_an_origin_change_that_ends_no_live_session_saves_at_once(owner_client, 
     assert response.status_code == 302
     acme_key.refresh_from_db()
     assert acme_key.allowed_origins == ["https://shop.example", "https://new.example"]
+
+
+def test_the_client_script_the_snippet_imports_may_be_loaded_from_any_origin(client):
+    # A module script from another origin needs CORS: the shop's page is not this site.
+    response = client.get("/static/owllayer/owllayer-client.js", HTTP_ORIGIN="https://shop.example")
+    assert response.status_code == 200
+    assert response["Access-Control-Allow-Origin"] == "*"
+    assert "javascript" in response["Content-Type"]
