@@ -30,8 +30,9 @@ from approvals.models import (
     ReviewedApproval,
     ServerTool,
 )
-from approvals.selectors import awaiting_operator, changeable_tenant_ids, is_operator, may_change_tenant
+from approvals.selectors import awaiting_operator, is_operator
 from approvals.server_tools import python_tool, python_tool_names
+from tenants.selectors import changeable_tenant_ids, may_change_tenant
 
 
 class ScreenAdmin(admin.ModelAdmin):

@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.models import RISKS_NEEDING_APPROVAL, Approval
-from tenants.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user
+from tenants.selectors import scope_to_user, tenant_ids_for_user
 
 
 def approval_for_call(*, call_id: str) -> Approval | None:
@@ -22,11 +22,6 @@ def is_operator(user) -> bool:
         return False
     tenant_ids = tenant_ids_for_user(user)
     return tenant_ids is None or bool(tenant_ids)
-
-
-def may_change_tenant(user, tenant_id: int) -> bool:
-    tenant_ids = changeable_tenant_ids(user)
-    return tenant_ids is None or tenant_id in tenant_ids
 
 
 def awaiting_operator(queryset: QuerySet[Approval]) -> QuerySet[Approval]:

@@ -22,7 +22,7 @@ from aitp.models import OperatorAction, Session, ToolCall
 from aitp.tools import args_hash as compute_args_hash
 from approvals.audit import append_event, lock_chain
 from approvals.models import Approval, AuditEvent, Policy, ServerTool, higher_risk, policy_parties
-from approvals.selectors import may_change_tenant
+from tenants.selectors import may_change_tenant
 
 if TYPE_CHECKING:
     from approvals.server_tools import ServerToolDef

@@ -23,10 +23,10 @@ from aitp import services
 from aitp.models import Session
 from approvals.forms import decide_from_post
 from approvals.models import Approval
-from approvals.selectors import may_change_tenant
 from operators import selectors
 from operators.forms import SessionCommandForm
 from operators.routing import WATCH_PATH
+from tenants.selectors import may_change_tenant
 
 logger = logging.getLogger(__name__)
 

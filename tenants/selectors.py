@@ -40,3 +40,8 @@ def changeable_tenant_ids(user) -> set[int] | None:
         TenantMembership.objects.filter(user=user, role=TenantMembership.Role.OWNER)
         .values_list("tenant_id", flat=True)
     )
+
+
+def may_change_tenant(user, tenant_id: int) -> bool:
+    tenant_ids = changeable_tenant_ids(user)
+    return tenant_ids is None or tenant_id in tenant_ids
