@@ -211,6 +211,19 @@ def test_the_first_party_to_approve_leaves_the_approval_pending_for_the_other(ac
     assert last_event(approval).data == {"party": "operator", "status": "pending"}
 
 
+def test_a_user_decision_records_when_it_was_made(acme_session):
+    approval = server_approval(acme_session, "user_and_operator")
+    before = timezone.now()
+
+    services.approval_decide_user(approval_id=approval.pk, session_id=acme_session.id,
+                                  approved=True)
+
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.status, stored.user_decision, stored.decided_at) == ("pending", "approved", None)
+    assert before <= stored.user_decided_at <= timezone.now()
+    assert last_event(approval).data == {"party": "user", "status": "pending"}
+
+
 # --- a session that ended -----------------------------------------------------------------
 
 
