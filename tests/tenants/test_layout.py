@@ -58,3 +58,32 @@ def test_permissions_on_tenants_belong_to_the_tenants_app():
         .values_list("content_type__app_label", flat=True)
     )
     assert labels == {"tenants"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_from_before_the_move_keeps_its_tenants_members_and_permissions(django_user_model):
+    from django.contrib.auth.models import Permission
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from tenants.models import TenantMembership
+
+    # Back to the last state with Tenant in the protocol app (state only:
+    # the tables stay), and a staff account given rights on tenants there.
+    executor = MigrationExecutor(connection)
+    executor.migrate([("tenants", None)])
+    old = executor.loader.project_state([("aitp", "0003_tenant_token_quota")]).apps
+    tenant = old.get_model("aitp", "Tenant").objects.create(slug="acme", name="Acme")
+    user = django_user_model.objects.create_user(username="olivia", is_staff=True)
+    old.get_model("aitp", "TenantMembership").objects.create(tenant_id=tenant.pk, user_id=user.pk, role="owner")
+    change_tenant = Permission.objects.get(codename="change_tenant")
+    assert change_tenant.content_type.app_label == "aitp"
+    user.user_permissions.add(change_tenant)
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+    membership = TenantMembership.objects.select_related("tenant").get(user=user)
+    assert (membership.tenant.slug, membership.role) == ("acme", "owner")
+    user = django_user_model.objects.get(pk=user.pk)  # a fresh permission cache
+    assert user.has_perm("tenants.change_tenant")
