@@ -1,4 +1,13 @@
-"""The Redis channel layer, made to outlive Redis trouble.
+"""The channel layers: the Redis one, made to outlive Redis trouble, and the
+in-memory one of the embedded default, made to scale with sessions.
+
+In memory: Channels' ``InMemoryChannelLayer`` sweeps every channel and every
+group for expired messages and memberships on each receive and each group
+send, so with thousands of sessions every message costs a walk over all of
+them. Here the sweep runs at most once per ``sweep_interval`` seconds (one
+by default): expiries are counted in whole seconds anyway.
+
+Redis:
 
 channels-redis assumes Redis is always there: one failed command inside a
 consumer's channel receive ends Channels' dispatch loop, and daphne closes
@@ -29,6 +38,7 @@ import logging
 import random
 import time
 
+from channels.layers import InMemoryChannelLayer as ChannelsInMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
 from channels_redis.utils import create_pool
 from redis.asyncio.retry import Retry
@@ -60,6 +70,20 @@ def _raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
+
+
+class InMemoryChannelLayer(ChannelsInMemoryChannelLayer):
+    def __init__(self, *args, sweep_interval: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sweep_interval = sweep_interval
+        self.swept_at: float | None = None
+
+    def _clean_expired(self) -> None:
+        now = time.monotonic()
+        if self.swept_at is not None and now - self.swept_at < self.sweep_interval:
+            return
+        self.swept_at = now
+        super()._clean_expired()
 
 
 class ResilientRedisChannelLayer(RedisChannelLayer):

@@ -304,7 +304,9 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' in-memory layer, sweeping expired messages once a second
+    # instead of on every message (owllayer_site/channel_layer.py).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "owllayer_site.channel_layer.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
