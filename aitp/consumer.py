@@ -413,8 +413,11 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(settings.OWLLAYER_HEARTBEAT_INTERVAL)
-            await db_call(services.session_heartbeat, session_id=self.session_row.id)
-            await self._recheck_key()
+            # Seen, and the key re-checked: gathered with the other sessions'.
+            refusal = await processes.session_heartbeat(self.session_row.id)
+            if refusal is not None and self.machine.state is State.OPEN:
+                self.machine.refuse(refusal.code, refusal.message, refusal.reason)
+                await self._flush()
 
     # --- teardown -------------------------------------------------------------------
 

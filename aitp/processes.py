@@ -25,6 +25,11 @@ by reconnecting (to another process behind the proxy); running turns are
 cancelled with every tool call given its final status; then the rows left
 are closed and the process is marked stopped.
 
+The heartbeats of this process's sessions (each marks its row seen and
+re-checks its key every heartbeat interval) are gathered: the sessions that
+beat within a fifth of a second share one database call
+(``session_heartbeat``).
+
 Served by something other than ``owllayer_site.serve`` (tests'
 in-process communicators, another ASGI server), no process is registered:
 sessions carry no process and only the heartbeat rule applies to them.
@@ -250,6 +255,85 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
 
 
 # --- live connections and the drain -------------------------------------------------
+
+
+# --- the heartbeats of this process's sessions, one query for many ------------
+
+
+def sessions_heartbeat(session_ids: list[str]) -> dict[str, object]:
+    """Mark these sessions seen now and re-check their keys, in two queries
+    whatever their number: {session_id: the Refusal that ends it} for those
+    that must end (an unknown session, a key revoked, expired, or no longer
+    allowing its origin)."""
+    from aitp import services
+
+    now = timezone.now()
+    Session.objects.filter(id__in=session_ids, ended_at__isnull=True).update(last_seen_at=now)
+    rows = {row.id: row for row in Session.objects.select_related("api_key").filter(id__in=session_ids)}
+    refusals: dict[str, object] = {}
+    for session_id in session_ids:
+        row = rows.get(session_id)
+        if row is None:
+            refusals[session_id] = services.Refusal(
+                "session_ended", "This session no longer exists.", "session ended")
+            continue
+        refusal = services.api_key_refusal(row.api_key, origin=row.origin, now=now)
+        if refusal is not None:
+            refusals[session_id] = refusal
+    return refusals
+
+
+class SessionHeartbeats:
+    """The heartbeats of this process's sessions, gathered: each session asks
+    on its own clock, and the asks of one ``window`` are answered by one
+    ``sessions_heartbeat`` call (at 5,000 sessions, a few calls a second
+    instead of hundreds). Per event loop, as the futures belong to one."""
+
+    WINDOW = 0.2
+    BATCH = 500
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[asyncio.Future]] = {}
+        self.flusher: asyncio.Task | None = None
+
+    async def beat(self, session_id: str):
+        """This session was seen; the Refusal that must end it, or None."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(session_id, []).append(future)
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.create_task(self._flush_soon())
+        return await future
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self.WINDOW)
+        while self.waiting:
+            ids = list(self.waiting)[: self.BATCH]
+            futures = {session_id: self.waiting.pop(session_id) for session_id in ids}
+            try:
+                refusals = await db_call(sessions_heartbeat, ids)
+            except Exception as exc:
+                for waiting in futures.values():
+                    for future in waiting:
+                        if not future.done():
+                            future.set_exception(exc)
+                continue
+            for session_id, waiting in futures.items():
+                for future in waiting:
+                    if not future.done():
+                        future.set_result(refusals.get(session_id))
+
+
+_heartbeats: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def session_heartbeat(session_id: str):
+    """One session's heartbeat (see SessionHeartbeats): the Refusal that must
+    end it, or None. Raises what the database raised."""
+    loop = asyncio.get_running_loop()
+    heartbeats = _heartbeats.get(loop)
+    if heartbeats is None:
+        heartbeats = _heartbeats[loop] = SessionHeartbeats()
+    return await heartbeats.beat(session_id)
 
 
 class Connection(Protocol):
