@@ -22,7 +22,25 @@
  *             (the "activity" event, with the tool and callId for the last two).
  *
  * Events: state, activity, connected, close, error, frame, agent, tools,
- * transcript.delta, system, tool.start, tool, approval, approval.decided.
+ * transcript.delta, system, tool.start, tool, approval, approval.decided,
+ * voice, voice.event.
+ *
+ * Voice, offered only when the server's HANDSHAKE_ACK lists the "audio"
+ * capability (client.voiceAvailable; wire-compat 7):
+ *   await client.startListening();   // the microphone, AUDIO_STREAM chunks
+ *   client.stopListening();          // VOICE_INPUT_END {reason: "user_stop"}
+ *   client.interrupt();              // stop the agent's voice, VOICE_INTERRUPT
+ *   client.closeMicrophone();        // release the microphone
+ * The microphone goes through an AudioWorklet (owllayer-voice-worklet.js,
+ * beside this file) as 16 kHz mono 16-bit PCM, 256 ms a chunk. The agent's
+ * AUDIO_STREAM chunks (audio/pcm;rate=24000) are played in order, end to
+ * end. Once the microphone is open it keeps listening for the user's voice
+ * (nothing is sent): speaking over the agent stops its voice at once, sends
+ * VOICE_INTERRUPT and starts the next utterance (barge-in).
+ * The "voice" event carries the voice state: off (no audio offered), ready,
+ * listening (the user's turn), waiting (for the agent's answer), speaking
+ * (the agent's voice plays). "voice.event" carries each VOICE_STATE_EVENT
+ * ({event, reason}); "transcript.delta" each transcript ({role, text}).
  */
 
 export const SDK_VERSION = "0.4.0";
@@ -38,6 +56,19 @@ const PERMANENT_CLOSE_CODES = [1008, 1003, 1011];
 const DENIED_BY_USER = "Action denied by user";
 // Keeps the test log of a long session bounded.
 const MAX_LOGGED_FRAMES = 1000;
+// wire-compat 7: the microphone goes up as 16 kHz 16-bit mono PCM, ~256 ms a chunk.
+const MIC_RATE = 16000;
+const MIC_MIME = "audio/pcm;rate=" + MIC_RATE;
+const MIC_CHUNK_SAMPLES = 4096;
+const AGENT_RATE = 24000;
+const WORKLET_URL = new URL("./owllayer-voice-worklet.js", import.meta.url).href;
+// The longest utterance before the client ends it itself (reason "timeout").
+const DEFAULT_MAX_UTTERANCE_MS = 60000;
+// Barge-in: the level (RMS, full scale 1) and how long it must last.
+const DEFAULT_BARGE_IN_LEVEL = 0.02;
+const DEFAULT_BARGE_IN_MS = 120;
+// The first agent chunk starts this far ahead, so that the next can follow without a gap.
+const PLAYBACK_LEAD_S = 0.05;
 
 const RISKS = ["none", "low", "high", "critical"];
 const APPROVAL_RISKS = ["high", "critical"];
@@ -236,6 +267,31 @@ function errorText(err) {
   return String(err || "the tool failed");
 }
 
+// Base64 both ways in chunks: String.fromCharCode over a whole chunk at once overflows the stack.
+function base64FromBytes(bytes) {
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    binary += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(binary);
+}
+
+function bytesFromBase64(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+/* The sample rate of an "audio/pcm;rate=N" mime type (24 kHz when absent), or 0. */
+function pcmRate(mimeType) {
+  if (mimeType === undefined) return AGENT_RATE;
+  const match = /^audio\/pcm(?:\s*;\s*rate=(\d+))?\s*$/i.exec(mimeType);
+  if (!match) return 0;
+  const rate = match[1] ? Number(match[1]) : AGENT_RATE;
+  return rate >= 3000 && rate <= 384000 ? rate : 0;
+}
+
 function defaultEndpoint() {
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   return scheme + "//" + location.host + "/owllayer";
@@ -370,10 +426,34 @@ export class OwlLayerClient {
     // it stays on one still open instead of claiming "thinking" too early.
     this.openCalls = new Map();
     this.activityDetail = { activity: "idle" };
+    this.capabilities = [];
+    this.voiceOptions = {
+      maxUtteranceMs: options.maxUtteranceMs || DEFAULT_MAX_UTTERANCE_MS,
+      bargeInLevel: options.bargeInLevel || DEFAULT_BARGE_IN_LEVEL,
+      bargeInMs: options.bargeInMs || DEFAULT_BARGE_IN_MS,
+    };
+    // The microphone (stream, context, worklet node), once opened.
+    this.mic = null;
+    this.micOpening = null;
+    this.listening = false;
+    this.ending = false;
+    this.utteranceTimer = null;
+    // The agent's voice: its context, the sources scheduled and when the next starts.
+    this.player = null;
+    this.playing = new Set();
+    this.playAt = 0;
+    this.agentTurnOpen = false;
+    // After a barge-in, agent audio still on its way is not played.
+    this.muted = false;
     // What tests and the page can read; kept current by the client.
     this.wire = {
       state: "idle", activity: "idle", frames: [], sent: [], dropped: 0, droppedReasons: [],
       connects: 0, closes: [], retryInMs: null, sessionId: null,
+      voice: {
+        state: "off", micRate: null, sentChunks: 0, sentBytes: 0, utterances: 0,
+        receivedChunks: 0, scheduledChunks: 0, playedChunks: 0, played: [], stoppedChunks: 0,
+        ignoredChunks: 0, gaps: 0, interrupts: 0, bargeIns: 0,
+      },
     };
     if (options.expose !== false) globalThis.__owl = this.wire;
   }
@@ -532,6 +612,11 @@ export class OwlLayerClient {
     this.wire.closes.push({ code, reason });
     this.acknowledged = false;
     this.dismissApprovals();
+    // The voice turn belonged to this connection: silence and release.
+    this.capabilities = [];
+    this.closeMicrophone();
+    this.stopPlayback();
+    this.setVoiceState("off");
     // The calls belonged to this connection; none of them can be answered.
     this.rest();
     this.emit("close", { code, reason });
@@ -710,7 +795,9 @@ export class OwlLayerClient {
       case "APPROVAL_REQUEST": return this.onServerApproval(payload);
       case "AGENT_RESPONSE": return this.onAgentResponse(payload);
       case "SYSTEM_EVENT": return this.onSystemEvent(payload);
-      default: return undefined; // voice frames: this client has no microphone
+      case "AUDIO_STREAM": return this.onAgentAudio(payload);
+      case "VOICE_STATE_EVENT": return this.onVoiceState(payload);
+      default: return undefined;
     }
   }
 
@@ -722,6 +809,8 @@ export class OwlLayerClient {
     this.sessionId = payload.sessionId;
     this.wire.sessionId = payload.sessionId;
     this.maxActiveTools = payload.maxActiveTools || DEFAULT_MAX_ACTIVE_TOOLS;
+    this.capabilities = payload.capabilities.slice();
+    this.setVoiceState(this.voiceAvailable ? "ready" : "off");
     this.setState("connected");
     this.emit("connected", { sessionId: payload.sessionId });
     this.contextDirty = true;
@@ -799,6 +888,269 @@ export class OwlLayerClient {
       return;
     }
     location.assign(target.href);
+  }
+
+  // --- voice (wire-compat 7) ---
+
+  get voiceAvailable() {
+    return this.acknowledged && this.capabilities.includes("audio");
+  }
+
+  get voiceState() {
+    return this.wire.voice.state;
+  }
+
+  setVoiceState(state) {
+    if (this.wire.voice.state === state) return;
+    this.wire.voice.state = state;
+    this.emit("voice", state);
+  }
+
+  /* The state the voice rests in when nothing changes it. */
+  settleVoice() {
+    if (!this.voiceAvailable) return this.setVoiceState("off");
+    if (this.listening) return this.setVoiceState("listening");
+    if (this.playing.size) return this.setVoiceState("speaking");
+    if (this.agentTurnOpen) return this.setVoiceState("waiting");
+    return this.setVoiceState("ready");
+  }
+
+  /*
+   * Open the microphone (once) and start an utterance: AUDIO_STREAM chunks
+   * go up until stopListening(). Speaking while the agent's voice plays is
+   * a barge-in. Resolves true when listening; false, with an "error" event,
+   * when voice is not offered or the microphone is refused.
+   */
+  async startListening() {
+    if (!this.voiceAvailable) {
+      this.emit("error", { message: "The assistant does not take voice on this connection." });
+      return false;
+    }
+    // A user gesture may be calling: let the agent's voice play later.
+    this.ensurePlayer();
+    if (this.listening) return true;
+    try {
+      await this.openMicrophone();
+    } catch (err) {
+      this.emit("error", { message: "The microphone is not available: " + errorText(err), data: { code: "microphone" } });
+      return false;
+    }
+    if (!this.voiceAvailable) return false;
+    if (this.playing.size) this.interrupt();
+    this.beginUtterance();
+    return true;
+  }
+
+  beginUtterance() {
+    if (this.listening || !this.mic) return;
+    this.listening = true;
+    this.ending = false;
+    this.wire.voice.utterances += 1;
+    this.mic.node.port.postMessage({ type: "start" });
+    clearTimeout(this.utteranceTimer);
+    this.utteranceTimer = setTimeout(() => this.stopListening("timeout"), this.voiceOptions.maxUtteranceMs);
+    this.settleVoice();
+  }
+
+  /* End the utterance: what is left goes up, then VOICE_INPUT_END {reason}. */
+  stopListening(reason = "user_stop") {
+    if (!this.listening) return false;
+    this.listening = false;
+    clearTimeout(this.utteranceTimer);
+    this.utteranceTimer = null;
+    // The answer to this utterance is a new agent turn: its audio plays.
+    this.muted = false;
+    this.agentTurnOpen = true;
+    this.endReason = reason;
+    if (this.mic) {
+      this.ending = true;
+      this.mic.node.port.postMessage({ type: "flush" });
+    } else {
+      this.sendInputEnd();
+    }
+    this.settleVoice();
+    return true;
+  }
+
+  sendInputEnd() {
+    this.ending = false;
+    this.send("VOICE_INPUT_END", { reason: this.endReason || "user_stop" });
+    this.setState("thinking");
+    this.setActivity("thinking");
+  }
+
+  async openMicrophone() {
+    if (this.mic) return this.mic;
+    if (!this.micOpening) {
+      this.micOpening = this.createMicrophone().finally(() => {
+        this.micOpening = null;
+      });
+    }
+    return this.micOpening;
+  }
+
+  async createMicrophone() {
+    const generation = this.generation;
+    const stream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+    });
+    let context;
+    try {
+      // A 16 kHz context lets the browser resample; the worklet copes with any rate.
+      try {
+        context = new AudioContext({ sampleRate: MIC_RATE });
+      } catch (err) {
+        context = new AudioContext();
+      }
+      await context.audioWorklet.addModule(WORKLET_URL);
+      const source = context.createMediaStreamSource(stream);
+      const node = new AudioWorkletNode(context, "owllayer-capture", {
+        numberOfInputs: 1, numberOfOutputs: 0, channelCount: 1, channelCountMode: "explicit",
+        processorOptions: {
+          chunkSamples: MIC_CHUNK_SAMPLES, threshold: this.voiceOptions.bargeInLevel,
+          speechMs: this.voiceOptions.bargeInMs,
+        },
+      });
+      node.port.onmessage = (event) => this.onMicMessage(event.data);
+      source.connect(node);
+      if (context.state === "suspended") await context.resume();
+      if (generation !== this.generation) throw new Error("the connection changed");
+      this.mic = { stream, context, source, node };
+      this.wire.voice.micRate = context.sampleRate;
+      return this.mic;
+    } catch (err) {
+      stream.getTracks().forEach((track) => track.stop());
+      if (context) context.close().catch(() => {});
+      throw err;
+    }
+  }
+
+  onMicMessage(message) {
+    if (!message) return;
+    if (message.type === "chunk") {
+      if ((this.listening || this.ending) && message.pcm.byteLength) {
+        const data = base64FromBytes(new Uint8Array(message.pcm));
+        if (this.send("AUDIO_STREAM", { data, mimeType: MIC_MIME })) {
+          this.wire.voice.sentChunks += 1;
+          this.wire.voice.sentBytes += message.pcm.byteLength;
+        }
+      }
+      if (message.final && this.ending) this.sendInputEnd();
+    } else if (message.type === "speech") {
+      // Barge-in: the user speaks over the agent's voice.
+      if (this.playing.size && !this.listening) {
+        this.wire.voice.bargeIns += 1;
+        this.interrupt();
+        this.beginUtterance();
+      }
+    }
+  }
+
+  /* Release the microphone; an utterance still open ends as the user's stop. */
+  closeMicrophone() {
+    if (this.listening) this.stopListening("user_stop");
+    if (this.ending) this.sendInputEnd();
+    clearTimeout(this.utteranceTimer);
+    const mic = this.mic;
+    this.mic = null;
+    if (mic) {
+      mic.node.port.onmessage = null;
+      mic.source.disconnect();
+      mic.stream.getTracks().forEach((track) => track.stop());
+      mic.context.close().catch(() => {});
+    }
+    this.settleVoice();
+  }
+
+  /* Barge-in: silence the agent at once and tell the server. */
+  interrupt() {
+    const wasSpeaking = this.playing.size > 0 || this.agentTurnOpen;
+    this.stopPlayback();
+    this.muted = true;
+    this.agentTurnOpen = false;
+    if (wasSpeaking && this.send("VOICE_INTERRUPT", { reason: "barge_in" })) this.wire.voice.interrupts += 1;
+    this.settleVoice();
+    return wasSpeaking;
+  }
+
+  ensurePlayer() {
+    if (!this.player) {
+      // The device's own rate: the 24 kHz buffers are resampled by the browser.
+      this.player = new AudioContext();
+    }
+    if (this.player.state === "suspended") this.player.resume().catch(() => {});
+    return this.player;
+  }
+
+  onAgentAudio(payload) {
+    const voice = this.wire.voice;
+    voice.receivedChunks += 1;
+    const rate = pcmRate(payload.mimeType);
+    if (this.muted || !rate) {
+      voice.ignoredChunks += 1;
+      return;
+    }
+    let bytes;
+    try {
+      bytes = bytesFromBase64(payload.data);
+    } catch (err) {
+      voice.ignoredChunks += 1;
+      return;
+    }
+    const samples = Math.floor(bytes.length / 2);
+    if (!samples) return;
+    const player = this.ensurePlayer();
+    const buffer = player.createBuffer(1, samples, rate);
+    const channel = buffer.getChannelData(0);
+    const view = new DataView(bytes.buffer, bytes.byteOffset, samples * 2);
+    for (let i = 0; i < samples; i++) channel[i] = view.getInt16(i * 2, true) / 0x8000;
+    const source = player.createBufferSource();
+    source.buffer = buffer;
+    source.connect(player.destination);
+    // Each chunk starts where the previous one ends; one late is a gap.
+    const now = player.currentTime;
+    if (this.playAt < now) {
+      if (this.playing.size) voice.gaps += 1;
+      this.playAt = now + PLAYBACK_LEAD_S;
+    }
+    const number = ++voice.scheduledChunks;
+    source.onended = () => {
+      if (!this.playing.delete(source)) return;
+      voice.playedChunks += 1;
+      voice.played.push(number);
+      if (voice.played.length > MAX_LOGGED_FRAMES) voice.played.shift();
+      this.settleVoice();
+    };
+    source.start(this.playAt);
+    this.playAt += buffer.duration;
+    this.playing.add(source);
+    this.agentTurnOpen = true;
+    this.settleVoice();
+  }
+
+  stopPlayback() {
+    for (const source of this.playing) {
+      source.onended = null;
+      try {
+        source.stop();
+      } catch (err) {
+        // Never started: nothing to stop.
+      }
+      this.wire.voice.stoppedChunks += 1;
+    }
+    this.playing.clear();
+    this.playAt = 0;
+  }
+
+  onVoiceState(payload) {
+    if (payload.event === "interrupted") {
+      this.stopPlayback();
+      this.muted = false;
+    }
+    // turn_complete: what is scheduled still plays to its end.
+    if (payload.event !== "waiting_for_input") this.agentTurnOpen = false;
+    this.emit("voice.event", Object.assign({}, payload));
+    this.settleVoice();
   }
 
   // --- tool calls and approvals ---

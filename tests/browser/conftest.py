@@ -45,6 +45,9 @@ CHROMIUM_ARGS = [
 CLIENT_JS = Path(__file__).resolve().parents[2] / "static" / "owllayer" / "owllayer-client.js"
 # Where the fake server serves the client module; pages import it from there.
 CLIENT_PATH = "/owllayer-client.js"
+# The microphone's AudioWorklet, which the client loads from beside itself.
+WORKLET_JS = CLIENT_JS.with_name("owllayer-voice-worklet.js")
+WORKLET_PATH = "/owllayer-voice-worklet.js"
 # Upper bound for anything the page or the server should do "soon"; only a
 # broken build waits this long.
 SOON = 15.0
@@ -252,6 +255,8 @@ class FakeAitpServer:
             return None  # the WebSocket handshake goes on
         if path == CLIENT_PATH:
             return self._respond(connection, CLIENT_JS.read_text(), "text/javascript; charset=utf-8")
+        if path == WORKLET_PATH:
+            return self._respond(connection, WORKLET_JS.read_text(), "text/javascript; charset=utf-8")
         if path not in self.pages:
             return connection.respond(404, "not found\n")
         return self._respond(connection, self.pages[path], "text/html; charset=utf-8")
