@@ -95,6 +95,22 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
+class RecordAdmin(TenantScopedAdmin):
+    """A record the product writes (a session, its calls and messages, the
+    daily usage, the operator actions): read here, never added, changed or
+    deleted, whatever model permissions a user was given. Sessions are ended
+    from the live pages, through the services."""
+
+    def has_add_permission(self, request, *args) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 class ToolCallInline(admin.TabularInline):
     model = ToolCall
     extra = 0
@@ -116,7 +132,7 @@ class ToolCallInline(admin.TabularInline):
 
 
 @admin.register(Session)
-class SessionAdmin(TenantScopedAdmin):
+class SessionAdmin(RecordAdmin):
     list_display = [
         "id", "tenant", "api_key", "origin", "current_url", "state", "turns", "total_tokens",
         "started_at", "ended_at", "close_code",
@@ -153,12 +169,9 @@ class SessionAdmin(TenantScopedAdmin):
     def page_history_shown(self, obj: Session) -> str:
         return json_text_shown(obj.page_history_text)
 
-    def has_add_permission(self, request):
-        return False
-
 
 @admin.register(ToolCall)
-class ToolCallAdmin(TenantScopedAdmin):
+class ToolCallAdmin(RecordAdmin):
     tenant_field = "session__tenant"
     list_display = ["call_id", "session", "name", "risk", "origin", "status", "created_at", "duration_ms"]
     list_filter = ["status", "risk", "origin"]
@@ -171,12 +184,9 @@ class ToolCallAdmin(TenantScopedAdmin):
     arguments_shown = ToolCallInline.arguments_shown
     result_shown = ToolCallInline.result_shown
 
-    def has_add_permission(self, request):
-        return False
-
 
 @admin.register(ConversationMessage)
-class ConversationMessageAdmin(TenantScopedAdmin):
+class ConversationMessageAdmin(RecordAdmin):
     tenant_field = "session__tenant"
     list_display = ["session", "seq", "turn", "role", "created_at"]
     list_filter = ["role"]
@@ -190,20 +200,14 @@ class ConversationMessageAdmin(TenantScopedAdmin):
     def content_shown(self, obj: ConversationMessage) -> str:
         return json_shown(obj.content)
 
-    def has_add_permission(self, request):
-        return False
-
 
 @admin.register(DailyUsage)
-class DailyUsageAdmin(TenantScopedAdmin):
+class DailyUsageAdmin(RecordAdmin):
     list_display = ["tenant", "date", "sessions", "turns", "input_tokens", "output_tokens",
                     "cache_read_tokens", "cache_write_tokens"]
     list_filter = ["tenant"]
     date_hierarchy = "date"
     readonly_fields = [f.name for f in DailyUsage._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
 
 
 class OperatorActionFilter(admin.SimpleListFilter):
@@ -221,7 +225,7 @@ class OperatorActionFilter(admin.SimpleListFilter):
 
 
 @admin.register(OperatorAction)
-class OperatorActionAdmin(TenantScopedAdmin):
+class OperatorActionAdmin(RecordAdmin):
     list_display = ["created_at", "tenant", "session", "user", "action_shown"]
     list_filter = [OperatorActionFilter, "tenant"]
     readonly_fields = [f.name for f in OperatorAction._meta.fields]
@@ -229,12 +233,3 @@ class OperatorActionAdmin(TenantScopedAdmin):
     @admin.display(description="action", ordering="action")
     def action_shown(self, obj: OperatorAction) -> str:
         return action_words(obj.action)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
