@@ -2,8 +2,9 @@
 
 Access follows tenancy rather than Django's per-model permissions: staff
 users see and act on the rows of the tenants they are members of, superusers
-on all. Every decision goes through approvals.services, which checks the
-membership again inside its transaction.
+on all. Every decision, and every server tool created, changed or removed,
+goes through approvals.services, which checks the membership again inside
+its transaction and records who acted.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from aitp import admin as aitp_admin
@@ -334,10 +336,17 @@ class ServerToolAdmin(TenantScopedAdmin):
     search_fields = ("name", "description")
     readonly_fields = ("masked_secret", "handler_parameters")
 
+    def get_readonly_fields(self, request, obj=None):
+        # A tool stays with the tenant it was made for.
+        readonly = list(super().get_readonly_fields(request, obj))
+        return readonly if obj is None else [*readonly, "tenant"]
+
     def get_fields(self, request, obj=None):
         fields = list(super().get_fields(request, obj))
         if obj is None:
             return [f for f in fields if f != "handler_parameters"]
+        fields.remove("tenant")
+        fields.insert(0, "tenant")
         unused = WEBHOOK_ONLY_FIELDS if obj.kind == ServerTool.Kind.PYTHON else PYTHON_ONLY_FIELDS
         fields = [f for f in fields if f not in unused]
         if "handler_parameters" in fields and "parameters" in fields:
@@ -386,13 +395,41 @@ class ServerToolAdmin(TenantScopedAdmin):
             return "shown once, after saving"
         return format_html("<code>{}…</code>", obj.webhook_secret[:10])
 
+    # Writes go through approvals.services, which checks ownership again and
+    # records who made each change; the form has validated the fields already.
+
+    def save_model(self, request, obj: ServerTool, form, change):
+        data = form.cleaned_data
+        fields = {field: data[field] for field in services.SERVER_TOOL_FIELDS if field in data}
+        if not change:
+            tool = services.server_tool_create(tenant=data["tenant"], by=request.user, fields=fields)
+            obj.pk, obj.created_at, obj.webhook_secret = tool.pk, tool.created_at, tool.webhook_secret
+            obj._state.adding = False
+            return
+        services.server_tool_update(
+            tool=obj, by=request.user,
+            changes={field: value for field, value in fields.items() if field in form.changed_data},
+        )
+
+    def delete_model(self, request, obj: ServerTool):
+        services.server_tool_delete(tool=obj, by=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for tool in queryset:
+            services.server_tool_delete(tool=tool, by=request.user)
+
     def response_add(self, request, obj, post_url_continue=None):
         # The only time the whole secret is shown: the receiver needs it to
-        # check signatures; afterwards the admin shows a prefix.
-        if obj.kind == ServerTool.Kind.WEBHOOK:
-            messages.warning(
-                request,
-                format_html("Webhook secret for {} (shown once, copy it now): <code>{}</code>",
-                            obj.name, obj.webhook_secret),
-            )
-        return super().response_add(request, obj, post_url_continue)
+        # check signatures; afterwards the admin shows a prefix. It goes out
+        # in this answer only, never through the message store (a cookie or
+        # the session).
+        if obj.kind != ServerTool.Kind.WEBHOOK:
+            return super().response_add(request, obj, post_url_continue)
+        response = TemplateResponse(request, "admin/approvals/servertool/created.html", {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Server tool {obj.name} created",
+            "tool": obj,
+        })
+        add_never_cache_headers(response)
+        return response

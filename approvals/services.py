@@ -6,6 +6,10 @@ Every transaction starts by locking the audit chain head (see
 serialised across processes, and of two racing answers the first one wins
 and the second sees the approval already decided.
 
+Server tools are declared here too (``server_tool_create``, ``_update``,
+``_delete``), by the admin as by anyone: each change is one transaction
+holding the row and the ``OperatorAction`` that records who made it.
+
 Async callers wrap each call in one ``database_sync_to_async``.
 """
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
@@ -488,3 +493,100 @@ def approval_review(*, approval_id, user, verdict: str, note: str = "",
         _audit(approval, Action.REVIEWED, actor_kind=ActorKind.OPERATOR,
                actor=user.get_username(), channel=channel, data=data)
     return approval
+
+
+# --- server tools -------------------------------------------------------------
+
+# What an owner sets on a server tool, in the admin or anywhere else. The
+# webhook secret is made with the row and never set here; a tool stays with
+# the tenant it was made for.
+SERVER_TOOL_FIELDS = ("name", "description", "kind", "webhook_url", "timeout_seconds",
+                      "python_handler", "parameters", "risk", "approval_policy", "enabled")
+# Recorded with their values; the description and the parameters by name
+# only (they may be long).
+_TOOL_FIELDS_RECORDED = ("name", "kind", "webhook_url", "timeout_seconds", "python_handler",
+                         "risk", "approval_policy", "enabled")
+
+
+def _check_tool_fields(fields: dict) -> None:
+    unknown = set(fields) - set(SERVER_TOOL_FIELDS)
+    if unknown:
+        raise ValueError(f"not a server tool field: {', '.join(sorted(unknown))}")
+
+
+def _check_tool_owner(user, tenant_id: int) -> None:
+    # Owners of the tenant (or superusers): a viewer changes no tool.
+    if not may_change_tenant(user, tenant_id):
+        raise PermissionDenied("only the tenant's owners change its server tools")
+
+
+def _tool_record(tool: ServerTool, fields) -> dict:
+    data: dict = {"tool": tool.name, "fields": sorted(fields)}
+    for field in _TOOL_FIELDS_RECORDED:
+        if field in fields:
+            data[field] = getattr(tool, field)
+    return data
+
+
+def server_tool_create(*, tenant, by, fields: dict) -> ServerTool:
+    """Declare a tenant's server tool, recording who did. The row gets a new
+    webhook secret, which the caller shows once. Raises ``ValidationError``
+    for what the model refuses (a webhook without a url, an unknown handler,
+    a schema that does not convert, a name the tenant already uses)."""
+    _check_tool_fields(fields)
+    _check_tool_owner(by, tenant.pk)
+    tool = ServerTool(tenant=tenant, **fields)
+    tool.full_clean()
+    with transaction.atomic():
+        tool.save(force_insert=True)
+        OperatorAction.objects.create(
+            tenant=tenant, user=by, action="server_tool_created",
+            data=_tool_record(tool, [field for field in SERVER_TOOL_FIELDS if field in fields]),
+        )
+    logger.info("server tool created tenant=%s tool=%s user=%s", tenant.pk, tool.name, by.pk)
+    return tool
+
+
+def server_tool_update(*, tool: ServerTool, by, changes: dict) -> ServerTool:
+    """Change a server tool's fields, recording who did and what changed
+    (under the name it had before). Values equal to the stored ones are no
+    change; with none left, nothing is written or recorded. Sessions opened
+    from now on load the new declaration."""
+    _check_tool_fields(changes)
+    with transaction.atomic():
+        current = ServerTool.objects.select_for_update().filter(pk=tool.pk).first()
+        if current is None:
+            raise ServerTool.DoesNotExist(f"no server tool #{tool.pk}")
+        _check_tool_owner(by, current.tenant_id)
+        changed = {field: value for field, value in changes.items() if getattr(current, field) != value}
+        if not changed:
+            return current
+        before = current.name
+        for field, value in changed.items():
+            setattr(current, field, value)
+        current.full_clean()
+        current.save(update_fields=list(changed))
+        data = _tool_record(current, changed)
+        data["tool"] = before
+        OperatorAction.objects.create(
+            tenant_id=current.tenant_id, user=by, action="server_tool_updated", data=data,
+        )
+    logger.info("server tool changed tenant=%s tool=%s user=%s fields=%s", current.tenant_id,
+                current.name, by.pk, ",".join(sorted(changed)))
+    return current
+
+
+def server_tool_delete(*, tool: ServerTool, by) -> None:
+    """Remove a server tool, recording who did. Its past calls, approvals and
+    audit events keep the tool's name, not the row, and stay."""
+    with transaction.atomic():
+        current = ServerTool.objects.select_for_update().filter(pk=tool.pk).first()
+        if current is None:
+            return  # already removed by someone else
+        _check_tool_owner(by, current.tenant_id)
+        OperatorAction.objects.create(
+            tenant_id=current.tenant_id, user=by, action="server_tool_deleted",
+            data={"tool": current.name, "kind": current.kind},
+        )
+        current.delete()
+    logger.info("server tool removed tenant=%s tool=%s user=%s", tool.tenant_id, tool.name, by.pk)

@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from aitp.models import ConversationMessage
+from aitp.models import ConversationMessage, OperatorAction
 from approvals import services
 from approvals.models import Approval, AuditEvent, ServerTool
 from tests.approvals.conftest import make_call, make_user
@@ -22,6 +22,13 @@ def operator_approval(session, *, name="refund", args=None, risk="critical") -> 
     call = make_call(session, name=name, args=args, risk=risk, origin="server")
     return services.approval_request_server(tool_call=call, tool=tool, args=args,
                                             session_id=session.id, timeout=120)
+
+
+def webhook_tool(tenant, name="refund") -> ServerTool:
+    return ServerTool.objects.create(
+        tenant=tenant, name=name, description="Refund an order", risk="high", kind="webhook",
+        webhook_url="https://hooks.example/refund", approval_policy="operator",
+    )
 
 
 def logged_in(user, **client_options) -> Client:
@@ -243,20 +250,119 @@ def test_an_operator_sees_only_her_tenants_audit_events(acme_session, globex_ses
     assert {e.tenant_id for e in page.context["cl"].result_list} == {acme_session.tenant_id}
 
 
+def tool_form(tenant, **changes) -> dict:
+    """The admin's add form for a webhook tool, with some fields changed."""
+    fields = {
+        "tenant": tenant.pk, "name": "refund", "description": "Refund an order", "kind": "webhook",
+        "webhook_url": "https://hooks.example/refund", "timeout_seconds": "5", "python_handler": "",
+        "parameters": "", "risk": "high", "approval_policy": "operator", "enabled": "on",
+    }
+    return {**fields, **changes}
+
+
+def tool_change_form(tool: ServerTool, **changes) -> dict:
+    """The change form of a webhook tool as it stands (its tenant is not on it)."""
+    fields = {
+        "name": tool.name, "description": tool.description, "kind": tool.kind,
+        "webhook_url": tool.webhook_url, "timeout_seconds": str(tool.timeout_seconds),
+        "parameters": "", "risk": tool.risk, "approval_policy": tool.approval_policy,
+    }
+    if tool.enabled:
+        fields["enabled"] = "on"
+    return {**fields, **changes}
+
+
 def test_the_webhook_secret_is_shown_once_then_masked(acme, olivia):
     client = logged_in(olivia)
 
-    created = client.post(url("servertool_add"), {
-        "tenant": acme.pk, "name": "refund", "description": "Refund an order", "kind": "webhook",
-        "webhook_url": "https://hooks.example/refund", "timeout_seconds": "5", "python_handler": "",
-        "parameters": "null", "risk": "high", "approval_policy": "operator", "enabled": "on",
-    }, follow=True)
+    created = client.post(url("servertool_add"), tool_form(acme))
     tool = ServerTool.objects.get(name="refund")
     later = client.get(url("servertool_change", tool.pk))
 
+    assert created.status_code == 200
     assert tool.webhook_secret in created.content.decode()
     assert tool.webhook_secret not in later.content.decode()
     assert tool.webhook_secret[:10] in later.content.decode()
+
+
+def test_the_webhook_secret_never_travels_in_a_cookie(acme, olivia):
+    client = logged_in(olivia)
+
+    created = client.post(url("servertool_add"), tool_form(acme))
+
+    secret = ServerTool.objects.get(name="refund").webhook_secret
+    assert "no-store" in created["Cache-Control"]
+    assert not any(secret in morsel.value for morsel in client.cookies.values())
+
+
+def test_a_server_tool_made_in_the_admin_is_recorded_as_made_by_its_author(acme, olivia):
+    logged_in(olivia).post(url("servertool_add"), tool_form(acme))
+
+    action = OperatorAction.objects.get(action="server_tool_created")
+    assert (action.user, action.tenant) == (olivia, acme)
+    assert action.data["tool"] == "refund"
+    assert (action.data["risk"], action.data["approval_policy"]) == ("high", "operator")
+    assert ServerTool.objects.get(name="refund").webhook_secret not in str(action.data)
+
+
+def test_a_server_tool_the_model_refuses_is_neither_made_nor_recorded(acme, olivia):
+    response = logged_in(olivia).post(url("servertool_add"), tool_form(acme, webhook_url=""))
+
+    assert response.status_code == 200
+    assert "a webhook tool needs a url" in str(response.context["adminform"].form.errors)
+    assert not ServerTool.objects.exists() and not OperatorAction.objects.exists()
+
+
+def test_a_server_tool_changed_in_the_admin_records_what_changed(acme, olivia):
+    tool = webhook_tool(acme)
+
+    response = logged_in(olivia).post(url("servertool_change", tool.pk),
+                                      tool_change_form(tool, name="refund_order", risk="critical"))
+
+    assert response.status_code == 302, response.context and response.context["adminform"].form.errors
+    tool.refresh_from_db()
+    assert (tool.name, tool.risk) == ("refund_order", "critical")
+    action = OperatorAction.objects.get(action="server_tool_updated")
+    assert (action.user, action.data) == (olivia, {
+        "tool": "refund", "fields": ["name", "risk"], "name": "refund_order", "risk": "critical",
+    })
+
+
+def test_a_server_tool_stays_with_the_tenant_it_was_made_for(acme, globex, olivia):
+    from tenants.models import TenantMembership
+
+    TenantMembership.objects.create(tenant=globex, user=olivia, role="owner")
+    tool = webhook_tool(acme)
+
+    response = logged_in(olivia).post(url("servertool_change", tool.pk),
+                                      {**tool_change_form(tool), "tenant": globex.pk})
+
+    assert response.status_code == 302
+    assert ServerTool.objects.get(pk=tool.pk).tenant_id == acme.pk
+    assert not OperatorAction.objects.exists()  # nothing changed, nothing recorded
+
+
+def test_a_server_tool_removed_in_the_admin_is_recorded(acme, olivia):
+    tool = webhook_tool(acme)
+
+    response = logged_in(olivia).post(url("servertool_delete", tool.pk), {"post": "yes"})
+
+    assert response.status_code == 302
+    assert not ServerTool.objects.filter(pk=tool.pk).exists()
+    action = OperatorAction.objects.get(action="server_tool_deleted")
+    assert (action.user, action.data) == (olivia, {"tool": "refund", "kind": "webhook"})
+
+
+def test_server_tools_removed_together_in_the_admin_are_each_recorded(acme, olivia):
+    tools = [webhook_tool(acme, name) for name in ("refund", "resend")]
+
+    response = logged_in(olivia).post(url("servertool_changelist"), {
+        "action": "delete_selected", "_selected_action": [t.pk for t in tools], "post": "yes",
+    })
+
+    assert response.status_code == 302
+    assert not ServerTool.objects.exists()
+    assert sorted(OperatorAction.objects.values_list("data__tool", flat=True)) == ["refund", "resend"]
 
 
 def test_a_viewer_member_may_look_at_server_tools_but_not_change_them(acme):
