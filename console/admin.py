@@ -7,7 +7,8 @@ re-checked by its live sessions at once, so a page from a removed origin is
 closed as it is when the change is made in the console.
 
 The tenant's own staff see only their tenants; only the service's operators
-(superusers) set a quota, delete a tenant or put a staff account in one.
+(superusers) create a tenant, set a quota, delete a tenant or put a staff
+account in one.
 """
 from __future__ import annotations
 
@@ -117,13 +118,25 @@ class TenantAdmin(admin.ModelAdmin):
         allowed = owned is None or (bool(owned) if obj is None else obj.pk in owned)
         return super().has_change_permission(request, obj) and allowed
 
+    def has_add_permission(self, request) -> bool:
+        # A tenant's own staff see only their tenants: one they made would be
+        # out of their sight, with no member.
+        return super().has_add_permission(request) and request.user.is_superuser
+
     def has_delete_permission(self, request, obj=None) -> bool:
         owned = changeable_tenant_ids(request.user)
         return super().has_delete_permission(request, obj) and (owned is None)
 
     def save_model(self, request, obj: Tenant, form, change):
         if not change:
-            return super().save_model(request, obj, form, change)
+            data = form.cleaned_data
+            tenant = services.tenant_create(
+                by=request.user, **{field: data[field] for field in services.TENANT_FIELDS if field in data},
+            )
+            # The members' inline is saved next, onto this object.
+            obj.pk, obj.name, obj.created_at = tenant.pk, tenant.name, tenant.created_at
+            obj._state.adding = False
+            return None
         current = Tenant.objects.get(pk=obj.pk)
         changes = {
             field: form.cleaned_data[field] for field in services.TENANT_FIELDS

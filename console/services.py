@@ -1,5 +1,6 @@
 """Console writes, each with its audit row: the console's pages and the
-Django admin (``console.admin``) both change keys and members through here.
+Django admin (``console.admin``) both change keys and members through here,
+and the admin creates and changes tenants through here.
 
 Keys are changed through ``aitp.services``; ``key_create`` only adds the
 audit row that ``api_key_create`` does not write, in the same transaction,
@@ -47,6 +48,30 @@ def key_create(
 
 
 TENANT_FIELDS = ("slug", "name", "system_prompt", "monthly_token_quota")
+
+
+def tenant_create(*, slug: str, by, name: str = "", system_prompt: str | None = None,
+                  monthly_token_quota: int | None = None) -> Tenant:
+    """Create a tenant, recording who did (the prompt by name only). It has no
+    members yet: the service's operators, who alone create tenants, see every
+    tenant without one and add its first owner."""
+    with transaction.atomic():
+        tenant = aitp_services.tenant_create(slug=slug, name=name)
+        given = {
+            field: value for field, value in
+            (("system_prompt", system_prompt), ("monthly_token_quota", monthly_token_quota))
+            if value is not None
+        }
+        if given:
+            for field, value in given.items():
+                setattr(tenant, field, value)
+            tenant.save(update_fields=list(given))
+        OperatorAction.objects.create(tenant=tenant, user=by, action="tenant_created", data={
+            "fields": sorted({"slug", "name", *given}), "slug": tenant.slug, "name": tenant.name,
+            "monthly_token_quota": tenant.monthly_token_quota,
+        })
+    logger.info("tenant created tenant=%s user=%s", tenant.slug, by.pk)
+    return tenant
 
 
 def tenant_update(*, tenant: Tenant, by, changes: dict) -> Tenant:

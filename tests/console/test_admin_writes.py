@@ -1,5 +1,5 @@
-"""The admin changes keys and members through the console's services: the
-same operator actions are recorded, and a page from an origin just removed
+"""The admin creates and changes tenants, keys and members through the
+console's services: the same operator actions are recorded, and a page from an origin just removed
 is closed at once, with the same error and close code as from the console."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from aitp import services
 from aitp.models import ApiKey, OperatorAction, Session
-from tenants.models import TenantMembership
+from tenants.models import Tenant, TenantMembership
 from tests.aitp.conftest import ORIGIN, connect, open_page  # noqa: F401 (connect is a fixture)
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
 
@@ -295,3 +295,65 @@ def test_a_member_removed_in_the_admin_is_recorded(admin_client, staff_owner, ac
     assert response.status_code == 302
     assert not TenantMembership.objects.filter(pk=mia_row.pk).exists()
     assert OperatorAction.objects.get(action="member_removed").data == {"member": "mia", "role": VIEWER}
+
+
+# --- tenants -------------------------------------------------------------------------------
+
+
+def new_tenant_form(**fields) -> dict:
+    """The admin's add form for a tenant, with its first members as rows of the inline."""
+    members = fields.pop("members", [])
+    prefix = "memberships"
+    form = {
+        "slug": "delta", "name": "Delta Goods", "system_prompt": "Be kind.", "monthly_token_quota": "",
+        f"{prefix}-TOTAL_FORMS": len(members), f"{prefix}-INITIAL_FORMS": 0,
+        f"{prefix}-MIN_NUM_FORMS": 0, f"{prefix}-MAX_NUM_FORMS": 1000, **fields,
+    }
+    for i, row in enumerate(members):
+        form[f"{prefix}-{i}-user"] = row["user"]
+        form[f"{prefix}-{i}-role"] = row["role"]
+    return form
+
+
+def test_a_tenant_made_in_the_admin_is_recorded_as_made_by_its_author(django_user_model):
+    root = django_user_model.objects.create_superuser(username="root", password="x")
+
+    response = signed_in(root).post(reverse("admin:tenants_tenant_add"),
+                                    new_tenant_form(monthly_token_quota="9000"))
+
+    assert response.status_code == 302
+    tenant = Tenant.objects.get(slug="delta")
+    assert (tenant.name, tenant.system_prompt, tenant.monthly_token_quota) == ("Delta Goods", "Be kind.", 9000)
+    action = OperatorAction.objects.get(action="tenant_created")
+    assert (action.user, action.tenant, action.data) == (root, tenant, {
+        "fields": ["monthly_token_quota", "name", "slug", "system_prompt"], "slug": "delta",
+        "name": "Delta Goods", "monthly_token_quota": 9000,
+    })
+
+
+def test_a_tenant_made_in_the_admin_with_its_first_owner_records_both(django_user_model):
+    root = django_user_model.objects.create_superuser(username="root", password="x")
+    dora = django_user_model.objects.create_user(username="dora", password="x")
+
+    response = signed_in(root).post(reverse("admin:tenants_tenant_add"),
+                                    new_tenant_form(members=[{"user": dora.pk, "role": OWNER}]))
+
+    assert response.status_code == 302
+    tenant = Tenant.objects.get(slug="delta")
+    assert TenantMembership.objects.get(tenant=tenant).user == dora
+    assert list(OperatorAction.objects.order_by("pk").values_list("action", "data__member")) == [
+        ("tenant_created", None), ("member_added", "dora"),
+    ]
+
+
+def test_a_tenants_own_staff_create_no_tenant_in_the_admin(staff_owner):
+    from django.contrib.auth.models import Permission
+
+    staff_owner.user_permissions.add(Permission.objects.get(codename="add_tenant"))
+    client = signed_in(staff_owner)
+
+    page = client.get(reverse("admin:tenants_tenant_add"))
+    post = client.post(reverse("admin:tenants_tenant_add"), new_tenant_form())
+
+    assert (page.status_code, post.status_code) == (403, 403)
+    assert not Tenant.objects.filter(slug="delta").exists()
