@@ -1,6 +1,7 @@
 """The admin creates and changes tenants, keys and members through the
-console's services: the same operator actions are recorded, and a page from an origin just removed
-is closed at once, with the same error and close code as from the console."""
+console's services: the same operator actions are recorded, and a page from
+an origin just removed is closed at once, with the same error and close code
+as from the console."""
 from __future__ import annotations
 
 import json
