@@ -1,5 +1,10 @@
 """What the approval services promise, each pinned by its own test.
 
+- An approval is opened for exactly the call the session holds, as asked by
+  its page (or by the agent), at the higher of the two risks, and lasts
+  exactly its timeout; every event of it names its session, call and
+  arguments. A request for other arguments is recorded, logged and refused.
+
 - Every ending the system writes (expired, cancelled, disconnected) is
   stamped with when it happened, persisted, and audited as the system, with
   the reason it was closed.
@@ -385,6 +390,152 @@ def test_a_violation_is_recorded_for_a_call_deleted_meanwhile_as_unknown(payment
             tool_call=payment_call, session_id=payment_call.session_id, risk="high", reason="x")
 
     assert caught.value.code == "unknown_call"
+
+
+# --- requests: what an opened, extended or refused request records ---------------------------
+
+
+def request_with(call, *, tool_name=None, args=None, risk=None):
+    return services.approval_request_client(
+        tool_call=call, tool_name=tool_name or call.name,
+        args=call.arguments if args is None else args, risk=risk or call.risk,
+        message="Pay?", session_id=call.session_id, timeout=TIMEOUT,
+    )
+
+
+def test_a_page_request_opens_an_approval_for_exactly_that_call_as_asked_by_the_page(payment_call):
+    approval = request_client(payment_call)
+
+    stored = Approval.objects.get(pk=approval.pk)
+    assert (stored.tool_name, stored.arguments, stored.policy, stored.origin) == (
+        "process_payment", {"amount": 299.98}, "user", "client")
+    assert stored.deadline - stored.created_at == timedelta(seconds=TIMEOUT)
+    assert ToolCall.objects.get(pk=payment_call.pk).status == "awaiting_approval"
+    event = last_event(approval)
+    assert (event.action, event.actor_kind, event.actor, event.channel) == (
+        "requested", "page", payment_call.session_id, "page")
+    assert event.data == {"policy": "user", "risk": "critical"}
+
+
+def test_a_request_keeps_the_higher_risk_the_page_claims(acme_session):
+    call = make_call(acme_session, risk="low")
+
+    approval = request_with(call, risk="high")
+
+    assert approval.risk == "high"
+    assert last_event(approval).data == {"policy": "user", "risk": "high"}
+
+
+def test_a_server_request_is_made_by_the_agent_with_the_tools_own_words(acme_session):
+    approval = server_approval(acme_session, "operator")
+
+    assert approval.message == "Allow refund to run? (risk: high)"
+    event = last_event(approval)
+    assert (event.actor_kind, event.actor, event.channel) == ("system", "agent", "system")
+    assert event.data == {"policy": "operator", "risk": "high"}
+
+
+def test_a_code_tool_whose_risk_is_plain_text_keeps_that_risk(acme_session):
+    from aitp.tools import ToolSpec
+    from approvals.server_tools import ServerToolDef
+
+    spec = ToolSpec(name="wipe", description="Wipe", parameters=None, risk="critical",
+                    origin="server")
+    tool = ServerToolDef(spec=spec, policy="operator", tool_id=None, runner=None)
+    call = make_call(acme_session, name="wipe", args={}, risk="low", origin="server")
+
+    approval = services.approval_request_server(tool_call=call, tool=tool, args={},
+                                                session_id=acme_session.id, timeout=TIMEOUT)
+
+    assert approval.risk == "critical"
+
+
+def test_every_event_of_an_approval_names_its_session_call_and_arguments(payment_call):
+    approval = approved(payment_call)
+    services.approval_record_execution(approval_id=approval.pk, ok=True)
+
+    events = list(AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq"))
+    assert [e.action for e in events] == ["requested", "approved", "executed"]
+    for event in events:
+        assert (event.session_id, event.call_id, event.args_hash, event.tenant_id) == (
+            payment_call.session_id, payment_call.call_id, approval.args_hash,
+            payment_call.session.tenant_id)
+
+
+def test_a_second_request_records_the_extended_deadline_as_asked_by_the_page(payment_call):
+    first = request_client(payment_call)
+
+    again = request_client(payment_call)
+
+    stored = Approval.objects.get(pk=first.pk)
+    assert again.pk == first.pk and stored.deadline >= first.deadline
+    event = last_event(first)
+    assert (event.action, event.actor_kind, event.actor, event.channel) == (
+        "extended", "page", payment_call.session_id, "page")
+    assert event.data == {"deadline": stored.deadline.isoformat()}
+
+
+def test_a_request_for_other_arguments_is_recorded_against_the_open_approval(payment_call, caplog):
+    approval = request_client(payment_call)
+
+    with pytest.raises(ApprovalError) as caught:
+        request_with(payment_call, args={"amount": 1.0})
+
+    assert (caught.value.code, caught.value.message) == (
+        "approval_mismatch", "approval does not match the call's arguments")
+    event = last_event(approval)
+    assert event.action == "mismatch"
+    assert (event.session_id, event.call_id) == (payment_call.session_id, payment_call.call_id)
+    assert (event.actor_kind, event.actor, event.channel) == ("page", payment_call.session_id,
+                                                              "page")
+    assert event.data == {"expected_args_hash": approval.args_hash, "tool": "process_payment"}
+    assert (f"session {payment_call.session_id}: approval arguments differ from call "
+            f"{payment_call.call_id}") in caplog.text
+
+
+def test_a_mismatch_before_any_approval_is_recorded_for_the_call_alone(payment_call):
+    with pytest.raises(ApprovalError):
+        request_with(payment_call, args={"amount": 1.0})
+
+    event = AuditEvent.objects.get(action="mismatch")
+    assert event.approval_id is None
+    assert (event.session_id, event.call_id) == (payment_call.session_id, payment_call.call_id)
+
+
+def test_a_mismatch_quotes_at_most_64_characters_of_the_tool_name(payment_call):
+    name = "t" * 80
+
+    with pytest.raises(ApprovalError):
+        request_with(payment_call, tool_name=name)
+
+    assert AuditEvent.objects.get(action="mismatch").data["tool"] == "t" * 64
+
+
+@pytest.mark.parametrize(("declared", "echoed"), [
+    ({"n": 1000}, {"n": 1000.0}),
+    ({"n": 2 ** 53}, {"n": float(2 ** 53)}),
+    ({"n": [1, 2]}, {"n": [1.0, 2.0]}),
+])
+def test_a_whole_number_echoed_by_javascript_is_the_same_argument(acme_session, declared, echoed):
+    call = make_call(acme_session, name="add_to_cart", args=declared)
+
+    approval = request_with(call, args=echoed)
+
+    assert approval.status == "pending"
+
+
+@pytest.mark.parametrize(("declared", "echoed"), [
+    ({"n": 2 ** 54}, {"n": float(2 ** 54)}),
+    ({"n": ["a"]}, {"n": ["b"]}),
+])
+def test_a_value_javascript_cannot_echo_exactly_is_a_different_argument(acme_session, declared,
+                                                                         echoed):
+    call = make_call(acme_session, name="add_to_cart", args=declared)
+
+    with pytest.raises(ApprovalError) as caught:
+        request_with(call, args=echoed)
+
+    assert caught.value.code == "approval_mismatch"
 
 
 # --- executions and reviews ----------------------------------------------------------------------
