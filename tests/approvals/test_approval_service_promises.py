@@ -27,7 +27,7 @@ import pytest
 from django.utils import timezone
 
 from aitp.models import Session, ToolCall
-from aitp.tools import Risk
+from aitp.tools import Risk, args_hash
 from approvals import services
 from approvals.models import Approval, AuditEvent, RiskLevel, higher_risk, policy_parties
 from approvals.services import ApprovalError
@@ -328,7 +328,8 @@ def test_an_answer_without_asking_the_user_is_recorded_as_a_violation(payment_ca
     assert (stored.tenant_id, stored.session_id) == (payment_call.session.tenant_id,
                                                      payment_call.session_id)
     assert (stored.tool_name, stored.arguments) == ("process_payment", {"amount": 299.98})
-    assert stored.args_hash == last_event(approval).args_hash != ""
+    assert stored.args_hash == last_event(approval).args_hash == args_hash(
+        "process_payment", {"amount": 299.98})
     assert (stored.status, stored.origin, stored.policy, stored.message) == (
         "violation", "client", "user", "")
     # The call's own risk counts when the page claims a lower one.
