@@ -23,7 +23,7 @@
  *
  * Events: state, activity, connected, close, error, frame, agent, tools,
  * transcript.delta, system, tool.start, tool, approval, approval.decided,
- * voice, voice.event.
+ * voice, voice.event, voice.interrupt.
  *
  * Voice, offered only when the server's HANDSHAKE_ACK lists the "audio"
  * capability (client.voiceAvailable; wire-compat 7):
@@ -40,7 +40,8 @@
  * The "voice" event carries the voice state: off (no audio offered), ready,
  * listening (the user's turn), waiting (for the agent's answer), speaking
  * (the agent's voice plays). "voice.event" carries each VOICE_STATE_EVENT
- * ({event, reason}); "transcript.delta" each transcript ({role, text}).
+ * ({event, reason}); "voice.interrupt" says this page cut the agent off
+ * ({reason: "barge_in"}); "transcript.delta" each transcript ({role, text}).
  */
 
 export const SDK_VERSION = "0.4.0";
@@ -1068,7 +1069,10 @@ export class OwlLayerClient {
     this.stopPlayback();
     this.muted = true;
     this.agentTurnOpen = false;
-    if (wasSpeaking && this.send("VOICE_INTERRUPT", { reason: "barge_in" })) this.wire.voice.interrupts += 1;
+    if (wasSpeaking && this.send("VOICE_INTERRUPT", { reason: "barge_in" })) {
+      this.wire.voice.interrupts += 1;
+      this.emit("voice.interrupt", { reason: "barge_in" });
+    }
     this.settleVoice();
     return wasSpeaking;
   }

@@ -7,35 +7,23 @@ from __future__ import annotations
 
 import array
 import base64
-import math
-import subprocess
-import wave
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, async_playwright
 
-from tests.browser.conftest import (
-    CHROMIUM_ARGS,
-    FakeConnection,
-    ack,
-    eventually,
-    frame,
-    open_client_page,
+from tests.browser.conftest import FakeConnection, ack, eventually, frame, open_client_page
+from tests.browser.voice_support import (  # noqa: F401 (browser, microphone: fixtures)
+    MIC_CHUNK_BYTES,
+    MIC_MIME,
+    audio_ack,
+    browser,
+    microphone,
+    tone_chunks,
+    transcript,
+    voice_state,
 )
 
 pytestmark = [pytest.mark.browser]
 
-SPOKEN = "Please add two pro headphones to my cart."
-# wire-compat 7: 16-bit mono PCM at 16 kHz up, about 256 ms a chunk.
-MIC_MIME = "audio/pcm;rate=16000"
-MIC_CHUNK_BYTES = 4096 * 2
-AGENT_RATE = 24000
-AGENT_CHUNK_SECONDS = 0.25
-# Between two recordings of the utterance: long enough for the level
-# detector to hear the user stop, so that the next one is heard starting.
-PAUSE_SECONDS = 1.5
 RECORD_VOICE = (
     "window.voiceStates = []; window.voiceEvents = []; window.transcripts = []; window.errors = [];"
     "client.on('voice', (s) => window.voiceStates.push(s));"
@@ -45,69 +33,13 @@ RECORD_VOICE = (
 )
 
 
-def speech_wav(folder: Path, text: str = SPOKEN) -> Path:
-    """eSpeak NG saying `text`, then a pause (Chromium loops the file)."""
-    spoken = folder / "spoken.wav"
-    subprocess.run(["espeak-ng", "-w", str(spoken), text], check=True, timeout=60)
-    with wave.open(str(spoken)) as source:
-        params = source.getparams()
-        frames = source.readframes(source.getnframes())
-    path = folder / "microphone.wav"
-    with wave.open(str(path), "wb") as target:
-        target.setparams(params)
-        target.writeframes(frames + b"\0" * (int(params.framerate * PAUSE_SECONDS) * params.sampwidth))
-    return path
-
-
-@pytest.fixture(scope="module")
-def microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return speech_wav(tmp_path_factory.mktemp("voice"))
-
-
-@pytest.fixture
-async def browser(chromium_path: str, microphone: Path) -> AsyncIterator[Browser]:
-    """Chromium whose microphone plays `microphone`, granted without asking,
-    and whose pages may play sound without a click."""
-    args = CHROMIUM_ARGS + [
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={microphone}",
-        "--autoplay-policy=no-user-gesture-required",
-    ]
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=chromium_path, args=args, headless=True)
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-def audio_ack() -> str:
-    return ack(capabilities=["text", "audio", "tools"])
-
-
-def tone_chunks(count: int) -> list[str]:
-    """`count` chunks of the agent's voice: a 440 Hz tone, 24 kHz 16-bit PCM."""
-    samples = int(AGENT_RATE * AGENT_CHUNK_SECONDS)
-    chunks = []
-    for index in range(count):
-        pcm = array.array("h", (
-            int(8000 * math.sin(2 * math.pi * 440 * (index * samples + i) / AGENT_RATE))
-            for i in range(samples)
-        ))
-        chunks.append(frame("AUDIO_STREAM", {
-            "data": base64.b64encode(pcm.tobytes()).decode(),
-            "mimeType": f"audio/pcm;rate={AGENT_RATE}",
-        }))
-    return chunks
-
-
 def sent(connection: FakeConnection, type_: str) -> list[dict]:
     return [message for message in connection.received if message["type"] == type_]
 
 
-def voice(page) -> object:
-    return page.evaluate("window.__owl.voice")
+async def voice(page) -> dict:
+    """The client's voice counters (window.__owl.voice)."""
+    return await page.evaluate("window.__owl.voice")
 
 
 async def test_without_the_audio_capability_the_client_offers_no_voice(fake_server, page):
@@ -176,14 +108,12 @@ async def test_the_agents_voice_plays_every_chunk_in_order_and_the_turn_complete
     async def script(connection: FakeConnection) -> None:
         await connection.recv_type("HANDSHAKE_INIT")
         await connection.send(audio_ack())
-        await connection.send(frame("SYSTEM_EVENT", {"kind": "transcript",
-                                                     "data": {"role": "user", "text": "what is in my cart"}}))
-        await connection.send(frame("SYSTEM_EVENT", {"kind": "transcript",
-                                                     "data": {"role": "agent", "text": "Two headphones."}}))
+        await connection.send(transcript("user", "what is in my cart"))
+        await connection.send(transcript("agent", "Two headphones."))
         for chunk in chunks:
             await connection.send(chunk)
         await connection.send(frame("AGENT_RESPONSE", {"chunk": "Two headphones.", "done": True}))
-        await connection.send(frame("VOICE_STATE_EVENT", {"event": "turn_complete"}))
+        await connection.send(voice_state("turn_complete"))
 
     fake = await fake_server(script)
     await open_client_page(page, fake, RECORD_VOICE)
@@ -219,7 +149,7 @@ async def test_speaking_over_the_agent_stops_its_voice_sends_voice_interrupt_and
         # Audio already on its way when the interrupt arrived is not played.
         for chunk in tone_chunks(2):
             await connection.send(chunk)
-        await connection.send(frame("VOICE_STATE_EVENT", {"event": "interrupted", "reason": "barge_in"}))
+        await connection.send(voice_state("interrupted", reason="barge_in"))
 
     fake = await fake_server(script)
     await open_client_page(page, fake, RECORD_VOICE)

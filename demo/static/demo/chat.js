@@ -1,8 +1,9 @@
 /*
  * The store's chat panel: what it shows and how it is kept.
  *
- * Entries are user messages, the agent's answers (Markdown, see markdown.js),
- * one line per tool call, notes and errors. Each is drawn as DOM nodes, never
+ * Entries are user messages (typed, or spoken: what the assistant heard),
+ * the agent's answers (Markdown, see markdown.js; a spoken one the shopper
+ * talked over is marked as cut), one line per tool call, notes and errors. Each is drawn as DOM nodes, never
  * from HTML, and the visible transcript is kept in sessionStorage, so a
  * reload shows it again (the server's session after a reload is a new one:
  * the assistant does not remember it, and a note says so).
@@ -109,9 +110,13 @@ export class ChatPanel {
     if (entry.kind === "agent") {
       element.replaceChildren(renderMarkdown(entry.text));
       if (entry.done) element.dataset.done = "true";
+      // A spoken answer the shopper talked over: it ends where the voice stopped.
+      if (entry.cut) element.dataset.cut = "true";
     } else {
       element.textContent = entry.text;
     }
+    // What the assistant heard the shopper say.
+    if (entry.kind === "user" && entry.voice) element.dataset.voice = "true";
     if (entry.kind === "tool") {
       element.dataset.callId = entry.callId;
       element.dataset.tool = entry.tool;

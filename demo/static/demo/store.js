@@ -10,6 +10,12 @@
  *
  * The chat panel itself (entries, Markdown, the kept transcript, the
  * launcher) is chat.js; this module tells it what happens.
+ *
+ * Voice, when the server offers it: the microphone button starts an
+ * utterance and sends it on the second click; what the assistant heard
+ * becomes the shopper's bubble, its answer is spoken and written, and
+ * talking over it (or clicking the button) cuts it off, which its bubble
+ * then shows.
  */
 import { OwlLayerClient, showApprovalDialog } from "../owllayer/owllayer-client.js";
 import { ChatPanel } from "./chat.js";
@@ -208,6 +214,7 @@ const activityLine = document.getElementById("owl-activity");
 const form = document.getElementById("owl-form");
 const input = document.getElementById("owl-input");
 const sendButton = document.getElementById("owl-send");
+const micButton = document.getElementById("owl-mic");
 
 let client = null;
 // The answer of this turn being written, and how much of the turn's text
@@ -219,6 +226,12 @@ let turnText = "";
 // answer already says it.
 let turnFailures = [];
 const toolEntries = new Map();
+// The voice turn: the bubble of what was heard, the turn's last answer
+// bubble (a cut may come after its text is complete) and what was said aloud.
+let heardEntry = null;
+let spokenAnswer = null;
+let spokenText = "";
+let lastActivity = { activity: "idle" };
 
 function showMessage(kind, text, options) {
   const entry = chat.add({ kind, text }, options);
@@ -288,6 +301,9 @@ function showStatus() {
 }
 
 function showActivity(event) {
+  lastActivity = event;
+  // While the shopper speaks or the agent's voice plays, the line says so.
+  if (client && VOICE_LINE[client.voiceState]) return showVoiceLine();
   activityLine.dataset.activity = event.activity;
   activityLine.hidden = event.activity === "idle";
   if (event.activity === "thinking") activityLine.textContent = "Thinking…";
@@ -308,6 +324,7 @@ function showAnswer(event) {
   const from = event.text.length >= shownBefore ? shownBefore : 0;
   const text = event.text.slice(from).trim();
   if (!agentEntry && text) agentEntry = chat.add({ kind: "agent", text: "" });
+  if (agentEntry) spokenAnswer = agentEntry;
   if (agentEntry) {
     agentEntry.text = text;
     agentEntry.done = event.done;
@@ -406,6 +423,88 @@ function describePayment(dialog, request) {
   dialog.querySelector(".owl-approval-args").replaceWith(details);
 }
 
+// --- voice ---
+
+const VOICE_LINE = {
+  listening: "Listening… click the microphone again to send.",
+  speaking: "Speaking… talk or click the microphone to interrupt.",
+};
+const MIC_LABEL = {
+  listening: "Stop and send what you said",
+  speaking: "Interrupt and speak",
+};
+
+function showVoiceLine() {
+  const line = VOICE_LINE[client.voiceState];
+  activityLine.dataset.activity = client.voiceState;
+  activityLine.hidden = false;
+  activityLine.textContent = line;
+  chat.scrollToEnd();
+}
+
+function showVoice(state) {
+  micButton.hidden = state === "off";
+  micButton.dataset.state = state;
+  micButton.setAttribute("aria-pressed", String(state === "listening"));
+  const label = MIC_LABEL[state] || "Speak to the assistant";
+  micButton.setAttribute("aria-label", label);
+  micButton.title = label;
+  if (state === "listening") startVoiceTurn();
+  if (VOICE_LINE[state]) showVoiceLine();
+  else showActivity(lastActivity);
+}
+
+/* A new utterance: its words and its answer get new bubbles. */
+function startVoiceTurn() {
+  if (agentEntry) closeBubble();
+  heardEntry = null;
+  spokenAnswer = null;
+  spokenText = "";
+}
+
+function joinFragment(text, fragment) {
+  fragment = String(fragment || "").trim();
+  if (!fragment) return text;
+  return text ? text + " " + fragment : fragment;
+}
+
+function showTranscript(event) {
+  if (event.role === "user") {
+    if (!heardEntry) heardEntry = chat.add({ kind: "user", voice: true, text: "" });
+    heardEntry.text = joinFragment(heardEntry.text, event.text);
+    chat.update(heardEntry);
+  } else if (event.role === "agent") {
+    spokenText = joinFragment(spokenText, event.text);
+    // A server that writes the answer as AGENT_RESPONSE too fills the bubble
+    // from there; otherwise what is said is what is shown.
+    if (!turnText) {
+      if (!agentEntry) agentEntry = chat.add({ kind: "agent", text: "" });
+      agentEntry.text = spokenText;
+      spokenAnswer = agentEntry;
+      chat.update(agentEntry);
+    }
+  }
+  chat.save();
+}
+
+/* The answer being spoken was cut off: by this page (barge-in) or by the server. */
+function markCut() {
+  const entry = agentEntry || spokenAnswer;
+  if (!entry || entry.cut) return;
+  entry.cut = true;
+  chat.update(entry);
+  chat.save();
+}
+
+function toggleMicrophone() {
+  if (!client) return;
+  if (client.voiceState === "listening") {
+    client.stopListening();
+    return;
+  }
+  client.startListening();
+}
+
 // The session is over for good (refused, ended by an operator, gave up):
 // nothing typed could be sent any more.
 const ENDED_STATES = ["closed", "error"];
@@ -456,11 +555,20 @@ function connectAssistant() {
   });
   client.on("tool.start", toolStarted);
   client.on("tool", toolFinished);
+  client.on("voice", showVoice);
+  client.on("transcript.delta", showTranscript);
+  // Before the next utterance starts: the cut belongs to this answer.
+  client.on("voice.interrupt", markCut);
+  client.on("voice.event", (event) => {
+    if (event.event === "interrupted") markCut();
+  });
+  micButton.addEventListener("click", toggleMicrophone);
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = input.value;
     if (client.sendText(text)) {
+      startVoiceTurn();
       showMessage("user", text.trim());
       input.value = "";
       startTurn();

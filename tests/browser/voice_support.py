@@ -1,0 +1,98 @@
+"""Voice in the browser tests: Chromium whose microphone is a recording eSpeak
+NG made at test time (Chromium's fake capture device plays the WAV file in a
+loop), and the agent's voice as AITP frames.
+
+A test module takes the microphone by importing `microphone` and
+`browser` from here: its `browser` then replaces the plain one of
+conftest.py for that module."""
+from __future__ import annotations
+
+import array
+import base64
+import math
+import subprocess
+import wave
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, async_playwright
+
+from tests.browser.conftest import CHROMIUM_ARGS, ack, frame
+
+SPOKEN = "Please add two pro headphones to my cart."
+# wire-compat 7: 16-bit mono PCM at 16 kHz up, about 256 ms a chunk.
+MIC_MIME = "audio/pcm;rate=16000"
+MIC_CHUNK_BYTES = 4096 * 2
+AGENT_RATE = 24000
+AGENT_CHUNK_SECONDS = 0.25
+# Between two playings of the utterance: long enough for the level
+# detector to hear the user stop, so that the next one is heard starting.
+PAUSE_SECONDS = 1.5
+
+
+def speech_wav(folder: Path, text: str = SPOKEN) -> Path:
+    """eSpeak NG saying `text`, then a pause."""
+    spoken = folder / "spoken.wav"
+    subprocess.run(["espeak-ng", "-w", str(spoken), text], check=True, timeout=60)
+    with wave.open(str(spoken)) as source:
+        params = source.getparams()
+        frames = source.readframes(source.getnframes())
+    path = folder / "microphone.wav"
+    with wave.open(str(path), "wb") as target:
+        target.setparams(params)
+        target.writeframes(frames + b"\0" * (int(params.framerate * PAUSE_SECONDS) * params.sampwidth))
+    return path
+
+
+@pytest.fixture(scope="module")
+def microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return speech_wav(tmp_path_factory.mktemp("voice"))
+
+
+@pytest.fixture
+async def browser(chromium_path: str, microphone: Path) -> AsyncIterator[Browser]:
+    """Chromium whose microphone plays `microphone`, granted without asking,
+    and whose pages may play sound without a click."""
+    args = [
+        *CHROMIUM_ARGS,
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={microphone}",
+        "--autoplay-policy=no-user-gesture-required",
+    ]
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=chromium_path, args=args, headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+def audio_ack() -> str:
+    """A HANDSHAKE_ACK that offers voice."""
+    return ack(capabilities=["text", "audio", "tools"])
+
+
+def tone_chunks(count: int) -> list[str]:
+    """`count` AUDIO_STREAM frames of the agent's voice: a 440 Hz tone, 24 kHz 16-bit PCM."""
+    samples = int(AGENT_RATE * AGENT_CHUNK_SECONDS)
+    chunks = []
+    for index in range(count):
+        pcm = array.array("h", (
+            int(8000 * math.sin(2 * math.pi * 440 * (index * samples + i) / AGENT_RATE))
+            for i in range(samples)
+        ))
+        chunks.append(frame("AUDIO_STREAM", {
+            "data": base64.b64encode(pcm.tobytes()).decode(),
+            "mimeType": f"audio/pcm;rate={AGENT_RATE}",
+        }))
+    return chunks
+
+
+def transcript(role: str, text: str) -> str:
+    return frame("SYSTEM_EVENT", {"kind": "transcript", "data": {"role": role, "text": text}})
+
+
+def voice_state(event: str, **payload) -> str:
+    return frame("VOICE_STATE_EVENT", {"event": event, **payload})
