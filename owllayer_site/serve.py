@@ -93,12 +93,27 @@ def _set_up(startup_errors) -> None:
     call_command("sweep")
 
 
+def _raise_open_files_limit() -> None:
+    """Every page holds a socket: the soft open-files limit (often 1,024) is
+    raised to the hard one, so thousands of pages are not refused by the
+    kernel. Left as it is where that is not allowed."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     from django.conf import settings
     from django.db import DatabaseError, connections
 
     from aitp import processes
 
+    _raise_open_files_limit()
     _install_graceful_shutdown()
     ceiling = str(settings.OWLLAYER_WS_FRAME_CEILING_BYTES)
     from daphne.cli import CommandLineInterface
