@@ -431,6 +431,7 @@ def test_a_server_request_is_made_by_the_agent_with_the_tools_own_words(acme_ses
     approval = server_approval(acme_session, "operator")
 
     assert approval.message == "Allow refund to run? (risk: high)"
+    assert Approval.objects.get(pk=approval.pk).policy == "operator"
     event = last_event(approval)
     assert (event.actor_kind, event.actor, event.channel) == ("system", "agent", "system")
     assert event.data == {"policy": "operator", "risk": "high"}
@@ -490,8 +491,9 @@ def test_a_request_for_other_arguments_is_recorded_against_the_open_approval(pay
     assert (event.actor_kind, event.actor, event.channel) == ("page", payment_call.session_id,
                                                               "page")
     assert event.data == {"expected_args_hash": approval.args_hash, "tool": "process_payment"}
-    assert (f"session {payment_call.session_id}: approval arguments differ from call "
-            f"{payment_call.call_id}") in caplog.text
+    assert [r.getMessage() for r in caplog.records if r.name == "approvals.services"] == [
+        f"session {payment_call.session_id}: approval arguments differ from call "
+        f"{payment_call.call_id}"]
 
 
 def test_a_mismatch_before_any_approval_is_recorded_for_the_call_alone(payment_call):
