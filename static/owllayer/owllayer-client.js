@@ -70,6 +70,10 @@ const DEFAULT_BARGE_IN_LEVEL = 0.02;
 const DEFAULT_BARGE_IN_MS = 120;
 // The first agent chunk starts this far ahead, so that the next can follow without a gap.
 const PLAYBACK_LEAD_S = 0.05;
+// The server refused the utterance's audio: sending more of it cannot help.
+const AUDIO_REFUSALS = [
+  "unsupported_audio_type", "unsupported_audio_rate", "invalid_audio", "empty_audio", "audio_too_large",
+];
 
 const RISKS = ["none", "low", "high", "critical"];
 const APPROVAL_RISKS = ["high", "critical"];
@@ -432,6 +436,8 @@ export class OwlLayerClient {
       maxUtteranceMs: options.maxUtteranceMs || DEFAULT_MAX_UTTERANCE_MS,
       bargeInLevel: options.bargeInLevel || DEFAULT_BARGE_IN_LEVEL,
       bargeInMs: options.bargeInMs || DEFAULT_BARGE_IN_MS,
+      // The rate the microphone's context is asked for; the worklet makes 16 kHz of any.
+      captureRate: options.captureRate || MIC_RATE,
     };
     // The microphone (stream, context, worklet node), once opened.
     this.mic = null;
@@ -451,7 +457,7 @@ export class OwlLayerClient {
       state: "idle", activity: "idle", frames: [], sent: [], dropped: 0, droppedReasons: [],
       connects: 0, closes: [], retryInMs: null, sessionId: null,
       voice: {
-        state: "off", micRate: null, sentChunks: 0, sentBytes: 0, utterances: 0,
+        state: "off", micRate: null, micChunks: 0, sentChunks: 0, sentBytes: 0, utterances: 0,
         receivedChunks: 0, scheduledChunks: 0, playedChunks: 0, played: [], stoppedChunks: 0,
         ignoredChunks: 0, gaps: 0, interrupts: 0, bargeIns: 0,
       },
@@ -839,6 +845,10 @@ export class OwlLayerClient {
     const data = payload.data || {};
     switch (payload.kind) {
       case "error":
+        // A voice turn the server gave up on: no voice will follow.
+        this.agentTurnOpen = false;
+        if (AUDIO_REFUSALS.includes(data.code)) this.abandonUtterance();
+        this.settleVoice();
         this.errorShown = true;
         this.emit("error", { message: payload.message || "The assistant reported an error.", data });
         return;
@@ -937,7 +947,8 @@ export class OwlLayerClient {
       return false;
     }
     if (!this.voiceAvailable) return false;
-    if (this.playing.size) this.interrupt();
+    // Speaking again while the agent answers or speaks cuts it off.
+    if (this.playing.size || this.agentTurnOpen) this.interrupt();
     this.beginUtterance();
     return true;
   }
@@ -951,6 +962,14 @@ export class OwlLayerClient {
     clearTimeout(this.utteranceTimer);
     this.utteranceTimer = setTimeout(() => this.stopListening("timeout"), this.voiceOptions.maxUtteranceMs);
     this.settleVoice();
+  }
+
+  /* The server refused this utterance: stop sending it, without an end. */
+  abandonUtterance() {
+    this.listening = false;
+    this.ending = false;
+    clearTimeout(this.utteranceTimer);
+    this.utteranceTimer = null;
   }
 
   /* End the utterance: what is left goes up, then VOICE_INPUT_END {reason}. */
@@ -975,7 +994,7 @@ export class OwlLayerClient {
 
   sendInputEnd() {
     this.ending = false;
-    this.send("VOICE_INPUT_END", { reason: this.endReason || "user_stop" });
+    if (!this.send("VOICE_INPUT_END", { reason: this.endReason || "user_stop" })) return;
     this.setState("thinking");
     this.setActivity("thinking");
   }
@@ -999,7 +1018,7 @@ export class OwlLayerClient {
     try {
       // A 16 kHz context lets the browser resample; the worklet copes with any rate.
       try {
-        context = new AudioContext({ sampleRate: MIC_RATE });
+        context = new AudioContext({ sampleRate: this.voiceOptions.captureRate });
       } catch (err) {
         context = new AudioContext();
       }
@@ -1029,6 +1048,7 @@ export class OwlLayerClient {
   onMicMessage(message) {
     if (!message) return;
     if (message.type === "chunk") {
+      this.wire.voice.micChunks += 1;
       if ((this.listening || this.ending) && message.pcm.byteLength) {
         const data = base64FromBytes(new Uint8Array(message.pcm));
         if (this.send("AUDIO_STREAM", { data, mimeType: MIC_MIME })) {
@@ -1151,8 +1171,8 @@ export class OwlLayerClient {
       this.stopPlayback();
       this.muted = false;
     }
-    // turn_complete: what is scheduled still plays to its end.
-    if (payload.event !== "waiting_for_input") this.agentTurnOpen = false;
+    // The agent's turn is over; after turn_complete what is scheduled still plays to its end.
+    this.agentTurnOpen = false;
     this.emit("voice.event", Object.assign({}, payload));
     this.settleVoice();
   }

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import array
 import base64
+import math
+import wave
 
+import numpy as np
 import pytest
+import soxr
 
 from tests.browser.conftest import FakeConnection, ack, eventually, frame, open_client_page
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone: fixtures)
@@ -178,3 +182,101 @@ async def test_speaking_over_the_agent_stops_its_voice_sends_voice_interrupt_and
     await eventually(lambda: len(sent(connection, "AUDIO_STREAM")) > before_answer,
                      what="the next utterance's chunks")
     assert state["utterances"] == 2
+
+
+async def test_an_utterance_longer_than_the_limit_ends_with_the_timeout_reason(fake_server, page):
+    async def script(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        await connection.send(audio_ack())
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_VOICE + "client.voiceOptions.maxUtteranceMs = 2000;")
+    await page.wait_for_function("window.__owl.state === 'connected'")
+    assert await page.evaluate("client.startListening()") is True
+    connection = fake.connections[0]
+
+    await eventually(lambda: sent(connection, "VOICE_INPUT_END"), what="the end of the utterance")
+
+    assert [m["payload"] for m in sent(connection, "VOICE_INPUT_END")] == [{"reason": "timeout"}]
+    assert sent(connection, "AUDIO_STREAM")
+    assert await page.evaluate("client.voiceState") == "waiting"
+
+
+async def test_audio_the_server_refuses_stops_the_utterance_with_the_error_shown(fake_server, page):
+    async def script(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        await connection.send(audio_ack())
+        await connection.recv_type("AUDIO_STREAM")
+        await connection.send(frame("SYSTEM_EVENT", {
+            "kind": "error", "message": "Live audio must be 16 kHz.", "data": {"code": "unsupported_audio_rate"},
+        }))
+        await connection.send(frame("AGENT_RESPONSE", {"chunk": "", "done": True}))
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_VOICE)
+    await page.wait_for_function("window.__owl.state === 'connected'")
+    assert await page.evaluate("client.startListening()") is True
+
+    await page.wait_for_function("window.errors.length === 1")
+    await page.wait_for_function("client.voiceState === 'ready'")
+    assert await page.evaluate("window.errors") == ["Live audio must be 16 kHz."]
+    chunks = await page.evaluate("window.__owl.voice.sentChunks")
+    captured = await page.evaluate("window.__owl.voice.micChunks")
+    # The microphone goes on (for barge-in), but nothing more goes up, and
+    # no end for an utterance the server refused.
+    await page.wait_for_function(f"window.__owl.voice.micChunks >= {captured + 2}")
+    assert await page.evaluate("client.stopListening()") is False
+    assert await page.evaluate("window.__owl.voice.sentChunks") == chunks
+    assert sent(fake.connections[0], "VOICE_INPUT_END") == []
+    assert await page.evaluate("window.__owl.state") == "connected"
+
+
+def best_match(captured: np.ndarray, reference: np.ndarray) -> float:
+    """The highest normalised correlation (Pearson's r) of `reference` with
+    any stretch of `captured` of its length, every offset tried (FFT)."""
+    n = len(reference)
+    reference = (reference - reference.mean()) / reference.std()
+    size = 1 << (len(captured) + n).bit_length()
+    products = np.fft.irfft(np.fft.rfft(captured, size) * np.conj(np.fft.rfft(reference, size)), size)
+    sliding = products[: len(captured) - n + 1]
+    sums = np.concatenate(([0.0], np.cumsum(captured)))
+    squares = np.concatenate(([0.0], np.cumsum(captured * captured)))
+    window_sum = sums[n:] - sums[:-n]
+    window_var = (squares[n:] - squares[:-n]) - window_sum * window_sum / n
+    spread = np.sqrt(np.maximum(window_var, 1e-9) * n)
+    return float(np.max(sliding / spread))
+
+
+@pytest.mark.parametrize("context_rate", [16000, 48000, 44100])
+async def test_what_goes_up_is_the_recording_at_16_khz_whatever_rate_the_context_runs_at(
+    fake_server, page, microphone, context_rate
+):
+    async def script(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        await connection.send(audio_ack())
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_VOICE + f"client.voiceOptions.captureRate = {context_rate};")
+    await page.wait_for_function("window.__owl.state === 'connected'")
+    assert await page.evaluate("client.startListening()") is True
+    assert await page.evaluate("window.__owl.voice.micRate") == context_rate
+    connection = fake.connections[0]
+    # Twice the recording's length: one whole playing of it is inside.
+    with wave.open(str(microphone)) as recording:
+        seconds = recording.getnframes() / recording.getframerate()
+        reference = np.frombuffer(recording.readframes(recording.getnframes()), dtype="<i2")
+        rate = recording.getframerate()
+    needed = math.ceil(2 * seconds * 16000 * 2 / MIC_CHUNK_BYTES)
+    await eventually(lambda: len(sent(connection, "AUDIO_STREAM")) >= needed, what="two recordings' worth")
+    await page.evaluate("client.stopListening()")
+
+    captured = np.frombuffer(b"".join(
+        base64.b64decode(m["payload"]["data"]) for m in sent(connection, "AUDIO_STREAM")
+    ), dtype="<i2").astype(np.float64)
+    # The spoken part of the recording, at 16 kHz: found in what went up
+    # only when the chunks really are 16 kHz (at another rate it is
+    # stretched or squeezed and matches nothing).
+    spoken = soxr.resample(reference.astype(np.float64), rate, 16000)[: int(16000 * 1.5)]
+    assert best_match(captured, spoken) > 0.5
+    # The check itself tells rates apart: 10% off already matches nothing.
+    assert best_match(captured, soxr.resample(spoken, 16000, 17600)) < 0.3
