@@ -12,11 +12,12 @@ from playwright.async_api import Page, WebSocketRoute, expect
 
 from tests.browser.conftest import ack, eventually, frame
 from tests.browser.store_support import status
-from tests.browser.voice_support import (  # noqa: F401 (browser, microphone: fixtures)
+from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: fixtures)
     MIC_MIME,
     audio_ack,
     browser,
     microphone,
+    microphone_loops,
     tone_chunks,
     transcript,
     voice_state,
@@ -96,8 +97,10 @@ async def test_without_voice_on_the_server_the_chat_has_no_microphone(store, pag
     assert await page.evaluate("window.__owl.voice.state") == "off"
 
 
+@pytest.mark.parametrize("microphone_loops", [False])
 async def test_a_spoken_question_shows_what_was_heard_and_the_answer_is_spoken(store, page, shot):
-    assistant = ScriptedAssistant(audio_ack(), answer_frames(8))
+    # Six seconds of answer, which nobody talks over.
+    assistant = ScriptedAssistant(audio_ack(), answer_frames(24))
     await open_scripted_store(page, store, assistant)
     await expect(mic(page)).to_be_visible()
     await expect(mic(page)).to_have_attribute("data-state", "ready")
@@ -112,9 +115,12 @@ async def test_a_spoken_question_shows_what_was_heard_and_the_answer_is_spoken(s
 
     await expect(page.locator(".owl-msg-user[data-voice=true]")).to_have_text(HEARD)
     await expect(page.locator(".owl-msg-agent[data-done=true]")).to_have_text(ANSWER)
+    await expect(mic(page)).to_have_attribute("data-state", "speaking")
+    await expect(page.locator("#owl-activity")).to_have_text(re.compile("^Speaking"))
+    await shot("speaking")
     # (The page's CSP refuses wait_for_function's eval.)
-    await eventually(lambda: page.evaluate("window.__owl.voice.playedChunks === 8"),
-                     what="the answer's eight chunks played")
+    await eventually(lambda: page.evaluate("window.__owl.voice.playedChunks === 24"),
+                     what="the answer's chunks played")
     await expect(mic(page)).to_have_attribute("data-state", "ready")
     await shot("answered")
 

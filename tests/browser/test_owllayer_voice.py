@@ -15,12 +15,13 @@ import pytest
 import soxr
 
 from tests.browser.conftest import FakeConnection, ack, eventually, frame, open_client_page
-from tests.browser.voice_support import (  # noqa: F401 (browser, microphone: fixtures)
+from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: fixtures)
     MIC_CHUNK_BYTES,
     MIC_MIME,
     audio_ack,
     browser,
     microphone,
+    microphone_loops,
     tone_chunks,
     transcript,
     voice_state,

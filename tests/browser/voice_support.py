@@ -2,8 +2,8 @@
 NG made at test time (Chromium's fake capture device plays the WAV file in a
 loop), and the agent's voice as AITP frames.
 
-A test module takes the microphone by importing `microphone` and
-`browser` from here: its `browser` then replaces the plain one of
+A test module takes the microphone by importing `microphone`,
+`microphone_loops` and `browser` from here: its `browser` then replaces the plain one of
 conftest.py for that module."""
 from __future__ import annotations
 
@@ -51,14 +51,23 @@ def microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-async def browser(chromium_path: str, microphone: Path) -> AsyncIterator[Browser]:
+def microphone_loops() -> bool:
+    """Whether the recording plays again and again; a test that nobody may
+    talk over the agent in says `@pytest.mark.parametrize("microphone_loops", [False])`
+    (silence then follows the recording)."""
+    return True
+
+
+@pytest.fixture
+async def browser(chromium_path: str, microphone: Path, microphone_loops: bool) -> AsyncIterator[Browser]:
     """Chromium whose microphone plays `microphone`, granted without asking,
     and whose pages may play sound without a click."""
+    capture = str(microphone) if microphone_loops else f"{microphone}%noloop"
     args = [
         *CHROMIUM_ARGS,
         "--use-fake-ui-for-media-stream",
         "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={microphone}",
+        f"--use-file-for-fake-audio-capture={capture}",
         "--autoplay-policy=no-user-gesture-required",
     ]
     async with async_playwright() as playwright:
