@@ -316,7 +316,7 @@ def test_the_deadline_sweeper_expires_every_overdue_approval_and_counts_them(acm
 # --- violations ------------------------------------------------------------------------------
 
 
-def test_an_answer_without_asking_the_user_is_recorded_as_a_violation(payment_call):
+def test_an_answer_without_asking_the_user_is_recorded_as_a_violation(payment_call, caplog):
     before = timezone.now()
 
     approval = services.approval_record_violation(
@@ -340,6 +340,9 @@ def test_an_answer_without_asking_the_user_is_recorded_as_a_violation(payment_ca
         "violation", "page", payment_call.session_id, "page")
     assert event.data == {"reason": "tool_result without approval", "risk": "critical"}
     assert event.call_id == payment_call.call_id
+    assert [r.getMessage() for r in caplog.records if r.name == "approvals.services"] == [
+        f"session {payment_call.session_id}: call {payment_call.call_id} answered without "
+        "approval (tool_result without approval)"]
 
 
 def test_a_violation_keeps_the_higher_risk_the_page_claims(acme_session):
