@@ -17,6 +17,7 @@ from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: f
     audio_ack,
     browser,
     microphone,
+    microphone_allowed,
     microphone_loops,
     tone_chunks,
     transcript,
@@ -154,3 +155,16 @@ async def test_talking_over_the_spoken_answer_cuts_it_off_and_listens(store, pag
     await expect(page.locator(".owl-msg-agent[data-cut=true]")).to_have_count(1)
     await expect(page.locator(".owl-msg-user[data-voice=true]").first).to_have_text(HEARD)
     await no_violations(page)
+
+
+@pytest.mark.parametrize("microphone_allowed", [False])
+async def test_a_refused_microphone_is_explained_and_typing_still_works(store, page):
+    assistant = ScriptedAssistant(audio_ack())
+    await open_scripted_store(page, store, assistant)
+
+    await mic(page).click()
+
+    await expect(page.locator(".owl-msg-error")).to_have_text(re.compile("^I can't use your microphone"))
+    await expect(mic(page)).to_have_attribute("data-state", "ready")
+    await expect(page.locator("#owl-send")).to_be_enabled()
+    assert assistant.sent("AUDIO_STREAM") == []

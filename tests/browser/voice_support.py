@@ -3,7 +3,7 @@ NG made at test time (Chromium's fake capture device plays the WAV file in a
 loop), and the agent's voice as AITP frames.
 
 A test module takes the microphone by importing `microphone`,
-`microphone_loops` and `browser` from here: its `browser` then replaces the plain one of
+`microphone_loops`, `microphone_allowed` and `browser` from here: its `browser` then replaces the plain one of
 conftest.py for that module."""
 from __future__ import annotations
 
@@ -59,13 +59,23 @@ def microphone_loops() -> bool:
 
 
 @pytest.fixture
-async def browser(chromium_path: str, microphone: Path, microphone_loops: bool) -> AsyncIterator[Browser]:
+def microphone_allowed() -> bool:
+    """Whether a page asking for the microphone gets it (parametrize it to
+    False for a shopper who refuses)."""
+    return True
+
+
+@pytest.fixture
+async def browser(chromium_path: str, microphone: Path, microphone_loops: bool,
+                  microphone_allowed: bool) -> AsyncIterator[Browser]:
     """Chromium whose microphone plays `microphone`, granted without asking,
     and whose pages may play sound without a click."""
     capture = str(microphone) if microphone_loops else f"{microphone}%noloop"
+    # Without the fake prompt, Playwright's pages are refused what they ask.
+    allow = ["--use-fake-ui-for-media-stream"] if microphone_allowed else []
     args = [
         *CHROMIUM_ARGS,
-        "--use-fake-ui-for-media-stream",
+        *allow,
         "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-audio-capture={capture}",
         "--autoplay-policy=no-user-gesture-required",

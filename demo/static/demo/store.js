@@ -271,6 +271,14 @@ const PLAIN_ERRORS = {
   api_key_expired: "This store's assistant key has expired, so the assistant is off.",
   origin_not_allowed: "This page's origin is not allowed to use the assistant key.",
   internal_error: "Something went wrong on the server. Please try again.",
+  // Voice.
+  microphone: "I can't use your microphone (the browser refused it or there is none). You can type instead.",
+  empty_audio: "I didn't hear anything. Please try again.",
+  audio_too_large: "That was too long for me to listen to. Please say it in fewer words.",
+  speech_failed: "I couldn't make out what you said. Please try again, or type it.",
+  speech_timeout: "Understanding what you said took too long. Please try again.",
+  speech_busy: "I'm listening to too many people right now. Please try again in a moment.",
+  speech_unavailable: "Voice isn't working on my side right now. Please type instead.",
 };
 
 function plainError(event) {
