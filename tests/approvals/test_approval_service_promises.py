@@ -229,16 +229,52 @@ def test_a_user_decision_records_when_it_was_made(acme_session):
     assert last_event(approval).data == {"party": "user", "status": "pending"}
 
 
+def operator_log(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "approvals.services" and "operator" in r.getMessage()]
+
+
+def test_an_operator_decision_is_logged_with_who_decided_what(acme_session, olivia, caplog):
+    approving = server_approval(acme_session, "operator")
+    denying = server_approval(make_session(acme_session.tenant), "operator")
+
+    services.approval_decide_operator(approval_id=approving.pk, user=olivia, approved=True)
+    services.approval_decide_operator(approval_id=denying.pk, user=olivia, approved=False)
+
+    assert operator_log(caplog) == [
+        f"session {acme_session.id}: operator olivia approved approval {approving.pk}",
+        f"session {denying.session_id}: operator olivia denied approval {denying.pk}",
+    ]
+
+
+def test_an_operator_decision_stands_when_the_session_cannot_be_told(
+        acme_session, olivia, monkeypatch, django_capture_on_commit_callbacks):
+    def channel_layer_away(*args, **kwargs):
+        raise ConnectionError("the channel layer is away")
+
+    # The notice after commit fails as it would with the channel layer away.
+    monkeypatch.setattr("aitp.notify.session_command", channel_layer_away)
+    approval = server_approval(acme_session, "operator")
+
+    with django_capture_on_commit_callbacks(execute=True) as notices:
+        decided = services.approval_decide_operator(approval_id=approval.pk, user=olivia,
+                                                    approved=True)
+
+    assert len(notices) == 1
+    assert decided.status == "approved"
+    assert Approval.objects.get(pk=approval.pk).status == "approved"
+
+
 # --- a session that ended -----------------------------------------------------------------
 
 
 def server_approval(session, policy: str) -> Approval:
     from approvals.models import ServerTool
 
-    tool = ServerTool.objects.create(
-        tenant=session.tenant, name="refund", description="Refund an order", risk="high",
-        kind=ServerTool.Kind.WEBHOOK, webhook_url="http://127.0.0.1:9/refund",
-        approval_policy=policy,
+    tool, _ = ServerTool.objects.get_or_create(
+        tenant=session.tenant, name="refund", defaults=dict(
+            description="Refund an order", risk="high", kind=ServerTool.Kind.WEBHOOK,
+            webhook_url="http://127.0.0.1:9/refund", approval_policy=policy),
     )
     call = make_call(session, name="refund", args={"order": "A1"}, risk="high", origin="server")
     return services.approval_request_server(
