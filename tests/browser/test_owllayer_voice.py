@@ -21,6 +21,7 @@ from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: f
     audio_ack,
     browser,
     microphone,
+    microphone_allowed,
     microphone_loops,
     tone_chunks,
     transcript,
