@@ -358,7 +358,8 @@ async def test_an_approval_nobody_decides_is_waited_for_its_whole_timeout_then_e
     assert approval.status == "expired"
 
 
-async def test_a_failing_server_tool_is_audited_as_failed_and_the_model_is_told_why(session):
+async def test_a_failing_server_tool_is_audited_as_failed_and_the_model_is_told_why(session,
+                                                                                   caplog):
     turn = Turn(session, policy="user", runs=Runs(fail=RuntimeError("card declined")))
     approval = await turn.start()
     await sync_to_async(decide_user)(approval, approved=True)
@@ -372,6 +373,8 @@ async def test_a_failing_server_tool_is_audited_as_failed_and_the_model_is_told_
               AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq")]
     assert events[-1] == ("failed", {"error": "card declined"})
     assert [action for action, _ in events] == ["requested", "approved", "failed"]
+    assert (f"session {session.id}: server tool cancel_order failed: card declined"
+            in [r.getMessage() for r in caplog.records if r.name == "aitp.agent"])
 
 
 async def test_a_server_tool_failing_without_words_tells_the_model_it_failed(session):
