@@ -21,6 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from types import EllipsisType
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -38,8 +39,12 @@ PROTOCOL_VERSION = "1.0.0"
 SDK_VERSION = "0.4.0"
 DEFAULT_VIEWPORT = "1440x900"
 DEFAULT_USER_AGENT = f"owllayer-aitp-client/{SDK_VERSION}"
-# The browser client gives up on a handshake after 5,000 ms (wire-compat 1).
+# The browser client gives up on a handshake after 5,000 ms.
 HANDSHAKE_TIMEOUT = 5.0
+# How long recv(), recv_until() and wait_closed() wait when not told.
+# Both are read when a call starts, so a test harness on a loaded machine
+# can lengthen them for every call at once.
+FRAME_TIMEOUT = 5.0
 DENIED_BY_USER = "Action denied by user"
 
 FrameMatch = str | Callable[[dict], bool]
@@ -209,7 +214,7 @@ class AitpClient:
         key_in_query: bool = True,
         key_in_handshake: bool = True,
         *,
-        timeout: float = HANDSHAKE_TIMEOUT,
+        timeout: float | None = None,
     ) -> dict:
         """Open the socket and shake hands; return the HANDSHAKE_ACK payload.
 
@@ -221,6 +226,8 @@ class AitpClient:
         """
         if self.ws is not None:
             raise AitpError("already connected")
+        if timeout is None:
+            timeout = HANDSHAKE_TIMEOUT
         try:
             self.ws = await ws_connect(
                 self.connect_url(key_in_query=key_in_query),
@@ -270,8 +277,10 @@ class AitpClient:
         if self.ws is not None:
             await self.ws.close(code, reason)
 
-    async def wait_closed(self, timeout: float = 5.0) -> tuple[int | None, str | None]:
+    async def wait_closed(self, timeout: float | None = None) -> tuple[int | None, str | None]:
         """Read (into ``received``) until the server closes; return code and reason."""
+        if timeout is None:
+            timeout = FRAME_TIMEOUT
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             remaining = deadline - asyncio.get_running_loop().time()
@@ -308,8 +317,11 @@ class AitpClient:
         except ConnectionClosed as exc:
             raise self._closed(exc) from None
 
-    async def recv(self, timeout: float | None = 5.0) -> dict:
-        """The next frame, parsed (and checked when ``strict``)."""
+    async def recv(self, timeout: float | EllipsisType | None = ...) -> dict:
+        """The next frame, parsed (and checked when ``strict``); ``None`` waits
+        for ever, no value waits FRAME_TIMEOUT."""
+        if isinstance(timeout, EllipsisType):
+            timeout = FRAME_TIMEOUT
         ws = self._require_ws()
         try:
             async with asyncio.timeout(timeout):
@@ -323,11 +335,14 @@ class AitpClient:
         logger.debug("recv %s", frame.get("type"))
         return frame
 
-    async def recv_until(self, match: FrameMatch, timeout: float = 5.0) -> dict:
-        """The first frame matching a type name or a predicate.
+    async def recv_until(self, match: FrameMatch, timeout: float | None = None) -> dict:
+        """The first frame matching a type name or a predicate (within
+        ``timeout``, FRAME_TIMEOUT when not given).
 
         Frames skipped on the way are appended to ``received``.
         """
+        if timeout is None:
+            timeout = FRAME_TIMEOUT
         predicate = (lambda frame: frame.get("type") == match) if isinstance(match, str) else match
         deadline = asyncio.get_running_loop().time() + timeout
         skipped: list[str] = []

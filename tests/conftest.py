@@ -18,6 +18,20 @@ from tests.support.daphne import DaphneFactory, server_env
 CHROMIUM = "/usr/bin/chromium"
 
 
+# The Python client waits 5 s for a handshake or a frame, as the deployed
+# browser client does. Two suites, Chromium and a dozen daphne processes on
+# two loaded cores can take longer than that without anything being wrong,
+# so tests wait longer unless a test names its own timeout.
+CLIENT_PATIENCE = 30.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import aitp_client.client
+
+    aitp_client.client.HANDSHAKE_TIMEOUT = CLIENT_PATIENCE
+    aitp_client.client.FRAME_TIMEOUT = CLIENT_PATIENCE
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "daphne_factory" in getattr(item, "fixturenames", ()):
