@@ -52,6 +52,7 @@ from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
 
+from aitp import ports
 from aitp.db import db_call
 from aitp.models import ServerProcess, Session
 
@@ -118,14 +119,13 @@ def mark_stopped(*, reason: str = "server shutting down") -> int:
     if not _current_id:
         return 0
     from aitp import services
-    from approvals import services as approvals
 
     # Done again at exit: a handshake that was being written while the
     # connections drained may have opened a row since.
     closed = services.sessions_close_of_processes(
         process_ids=[_current_id], code=1001, reason=reason, mark_stopped=True,
     )
-    approvals.approvals_close_of_ended_sessions()
+    ports.approvals().close_of_ended_sessions()
     if not _stopped or closed:
         logger.info("server process %s stopped (%d session rows closed)", _current_id, closed)
     _stopped = True
@@ -233,7 +233,6 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
     """Close what processes that are gone left open. Safe to run at any time,
     from several processes at once."""
     from aitp import services
-    from approvals import services as approvals
 
     now = now or timezone.now()
     here = hostname()
@@ -249,8 +248,8 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
         logger.warning("server processes gone: %s (%d session rows closed)", ", ".join(gone), closed)
     closed += services.sessions_close_stale(now=now)
     ServerProcess.objects.filter(stopped_at__lt=now - KEEP_STOPPED).delete()
-    closed_approvals = approvals.approvals_close_of_ended_sessions()
-    expired = approvals.approval_expire_overdue()
+    closed_approvals = ports.approvals().close_of_ended_sessions()
+    expired = ports.approvals().expire_overdue()
     return SweepResult(len(gone), closed, closed_approvals, expired)
 
 
