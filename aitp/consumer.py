@@ -195,6 +195,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             tenant_id = self.session_row.tenant_id
             if await self.rate_limits.allow_user_input(self.machine, tenant_id=tenant_id):
                 self._start_turn(event.text)
+            else:
+                self._turn_over(p.agent_response("", True))  # refused: its error, then done
         elif isinstance(event, ToolResultReceived):
             await self._answer(self.agent.on_tool_result(event.result))
         elif isinstance(event, ApprovalRequestReceived):
@@ -274,15 +276,18 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.turn_task = self._own(asyncio.create_task(self.agent.run_turn(text)), "turn")
 
     async def end_turn(self, done: p.Message | None) -> None:
-        """The one place a turn ends (the agent calls it last, whatever
-        happened to the turn). The page may send its next message as soon as
-        it reads the done frame (wire-compat 6): the turn is over before the
-        frame leaves."""
-        if self.turn_task is asyncio.current_task():
-            self.machine.end_turn()
+        """The agent's turn is over (it calls this last, whatever happened
+        to the turn; ``done`` is None when it was cancelled)."""
+        self._turn_over(done)
+        await self._flush()
+
+    def _turn_over(self, done: p.Message | None) -> None:
+        """The one place a turn ends, run or refused. The page may send its
+        next message as soon as it reads the done frame (wire-compat 6): the
+        turn is over before the frame is queued."""
+        self.machine.end_turn()
         if done is not None:
             self.machine.send(done)
-            await self._flush()
 
     # --- frames out -------------------------------------------------------------
 
