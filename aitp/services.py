@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from aitp import calls, limits, notify
+from aitp import calls, limits, liveness, notify
 from aitp.calls import CallStatus
 from aitp.models import (
     ApiKey,
@@ -358,10 +358,8 @@ def _sessions_close(open_rows, *, now: datetime, code: int, reason: str) -> int:
 def _live_sessions_without_gone_processes(key: ApiKey, now: datetime) -> int:
     """The key's live sessions, not counting those of server processes known
     to be gone (the sweep closes their rows; until it has, they hold no slot)."""
-    from aitp import processes
-
     live = Session.objects.filter(api_key=key, **live_sessions_filter(now))
-    gone = processes.gone_ids(set(live.values_list("process", flat=True)), now=now)
+    gone = liveness.gone_ids(set(live.values_list("process", flat=True)), now=now)
     return live.exclude(process__in=gone).count() if gone else live.count()
 
 
