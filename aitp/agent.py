@@ -38,12 +38,18 @@ __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "T
 
 logger = logging.getLogger(__name__)
 
-TOOL_GUIDANCE = """\
-You act inside the user's web page through tools that the page declares.
-- Tools of risk none or low: call them directly when they serve the user's request; do not ask for confirmation.
-- Tools of risk high or critical: call them directly as well. The page itself asks the user to approve the action before it runs. Never ask the user to confirm in the chat or by voice instead, and never say the action happened until its tool result says so.
-- If a tool result is an error, or the user declined, say so plainly and do not retry the same call unasked.
-- The page the user is on is described in [page] blocks; after a tool navigates, a new [page] block shows the new page and its tools."""
+TOOL_GUIDANCE = (
+    "You act inside the user's web page through tools that the page declares.\n"
+    "- Tools of risk none or low: call them directly when they serve the user's request; do not ask "
+    "for confirmation.\n"
+    "- Tools of risk high or critical: call them directly as well. The page itself asks the user to "
+    "approve the action before it runs. Never ask the user to confirm in the chat or by voice "
+    "instead, and never say the action happened until its tool result says so.\n"
+    "- If a tool result is an error, or the user declined, say so plainly and do not retry the same "
+    "call unasked.\n"
+    "- The page the user is on is described in [page] blocks; after a tool navigates, a new [page] "
+    "block shows the new page and its tools."
+)
 
 RISK_NOTES = {
     Risk.HIGH: " (risk: high; the user approves it in the page before it runs)",
@@ -240,7 +246,7 @@ class Agent:
         del self._unsaved[: len(messages)]
 
     async def _append_results(self, tool_uses: list[dict], outcomes: list[Outcome]) -> None:
-        blocks = [o.tool_result_block(b["id"]) for b, o in zip(tool_uses, outcomes)]
+        blocks = [o.tool_result_block(b["id"]) for b, o in zip(tool_uses, outcomes, strict=True)]
         await self._append("user", [*blocks, *self._page_blocks()])
 
     # --- tools -----------------------------------------------------------------

@@ -10,7 +10,7 @@ SYSTEM_EVENTs, ``approval_decided`` makes a waiting turn re-read the row,
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from aitp import live
 from aitp import protocol as p

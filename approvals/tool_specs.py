@@ -7,8 +7,9 @@ with no import cycle between them.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from aitp.tools import Risk, ToolError, ToolSpec, parse_tool
 
