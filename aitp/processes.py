@@ -161,8 +161,6 @@ def sessions_heartbeat(session_ids: list[str]) -> dict[str, object]:
     whatever their number: {session_id: the Refusal that ends it} for those
     that must end (an unknown session, a key revoked, expired, or no longer
     allowing its origin)."""
-    from aitp import services
-
     now = timezone.now()
     Session.objects.filter(id__in=session_ids, ended_at__isnull=True).update(last_seen_at=now)
     rows = {row.id: row for row in Session.objects.select_related("api_key").filter(id__in=session_ids)}
