@@ -20,7 +20,8 @@ from aitp.ledger import DENIED, ERROR, EXPIRED, SUCCESS, UNAVAILABLE, Outcome, P
 from aitp.ports import ServerTool
 from aitp.tools import canonical_json
 
-logger = logging.getLogger(__name__)
+# The turn logs under one name, whichever piece of it writes the line.
+logger = logging.getLogger("aitp.agent")
 
 # How often a turn waiting on a human re-reads the approval row, in case a
 # channel-layer notification was lost.
