@@ -31,9 +31,10 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.services.x_api_key_refusal__*' 'aitp.services.x_session_open__*' \
 	'aitp.services.x_live_sessions_filter__*' 'aitp.services.x_sessions_close_stale__*' \
 	'aitp.ledger.*' 'approvals.audit.*' 'approvals.services.*' \
-	'approvals.models.x_higher_risk__*' 'approvals.models.x_policy_parties__*' \
-	'aitp.agent.xǁAgentǁ_run_server_tool__*' 'aitp.agent.xǁAgentǁ_await_decision__*' \
-	'aitp.agent.xǁAgentǁ_apply_approval_row__*' \
+	'approvals.models.x_policy_parties__*' 'aitp.tools.xǁRiskǁhighest__*' 'aitp.calls.*' \
+	'aitp.agent_server_tools.xǁServerToolsǁrun__*' \
+	'aitp.agent_server_tools.xǁServerToolsǁawait_decision__*' \
+	'aitp.agent_approvals.xǁApprovalsǁapply_row__*' \
 	'aitp.llm.anthropic_backend.xǁAnthropicConfigǁfrom_settings__*' \
 	'aitp.llm.anthropic_backend.xǁCappedRetriesǁ*' 'aitp.llm.anthropic_backend.x_should_retry__*' \
 	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \

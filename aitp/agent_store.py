@@ -15,10 +15,11 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from aitp import services
+from aitp import ports, services
 from aitp.db import db_call
 from aitp.ledger import Outcome, PendingCall
 from aitp.llm.base import Usage
+from aitp.ports import ApprovalTicket
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class AgentStore:
         self._forget(finished)
 
     async def mark_call(self, call: PendingCall, status: str, *, sent: bool = False) -> None:
-        """Start writing a call's progress and return: the turn does not wait
+        """Start writing a call's progress (an open state) and return: the turn does not wait
         for it (the frame is out, the page is answering). It lands whatever
         happens to the turn, before any later write of this store, and never
         undoes a final status (``tool_call_mark``)."""
@@ -119,101 +120,55 @@ class AgentStore:
             logger.error("session %s: tool call mark failed", self.session_id,
                          exc_info=task.exception())
 
-    # --- approvals (the approvals app owns these rows) -------------------------
+    # --- approvals (the approvals app owns these rows: aitp.ports) --------------
 
     async def approval_request_client(self, call: PendingCall, *, tool_name: str, args: dict,
-                                      message: str, timeout: float):
-        from approvals import services as approvals
-
+                                      message: str, timeout: float) -> ApprovalTicket:
         await self.flush()
         return await db_call(
-            _approval_request_client, approvals, call.call_id, tool_name, args, call.risk.value,
-            message, self.session_id, timeout,
+            ports.approvals().request_client, call_id=call.call_id, tool_name=tool_name,
+            args=args, risk=call.risk.value, message=message, session_id=self.session_id,
+            timeout=timeout,
         )
 
     async def approval_request_server(self, call: PendingCall, tool, *, timeout: float,
-                                      message: str):
-        from approvals import services as approvals
-
+                                      message: str) -> ApprovalTicket:
         await self.flush()
         return await db_call(
-            _approval_request_server, approvals, call, tool, self.session_id, timeout, message
+            ports.approvals().request_server, call_id=call.call_id, tool=tool, args=call.args,
+            session_id=self.session_id, timeout=timeout, message=message,
         )
 
-    async def approval_violation(self, call: PendingCall, *, reason: str):
-        from approvals import services as approvals
-
+    async def approval_violation(self, call: PendingCall, *, reason: str) -> ApprovalTicket:
         return await db_call(
-            _approval_violation, approvals, call.call_id, call.risk.value, self.session_id, reason
+            ports.approvals().record_violation, call_id=call.call_id, risk=call.risk.value,
+            session_id=self.session_id, reason=reason,
         )
 
-    async def approval_decide_user(self, approval_id: int, *, approved: bool, error: str | None):
-        from approvals import services as approvals
-
+    async def approval_decide_user(self, approval_id: int, *, approved: bool,
+                                   error: str | None) -> ApprovalTicket:
         await self.flush()
         return await db_call(
-            approvals.approval_decide_user, approval_id=approval_id, session_id=self.session_id,
+            ports.approvals().decide_user, approval_id=approval_id, session_id=self.session_id,
             approved=approved, error=error,
         )
 
-    async def approval_status(self, approval_id: int) -> str:
-        from approvals.models import Approval
-
-        status = await db_call(_approval_status, Approval, approval_id)
-        return status if status is not None else "cancelled"
+    async def approval_decision(self, approval_id: int) -> tuple[str, str]:
+        """(status, who declined) of the approval row; a row gone is cancelled."""
+        decision = await db_call(ports.approvals().decision, approval_id)
+        return decision if decision is not None else ("cancelled", "")
 
     async def approval_expire(self, approval_id: int) -> None:
-        from approvals import services as approvals
-
         await self.flush()
-        await db_call(approvals.approval_expire, approval_id=approval_id)
+        await db_call(ports.approvals().expire, approval_id=approval_id)
 
     async def approval_close(self, approval_id: int, status: str) -> None:
-        from approvals import services as approvals
-
         await self.flush()
-        await db_call(approvals.approval_close, approval_id=approval_id, status=status)
+        await db_call(ports.approvals().close, approval_id=approval_id, status=status)
 
     async def approval_executed(self, approval_id: int, *, ok: bool, error: str = "") -> None:
-        from approvals import services as approvals
-
         await self.flush()
-        await db_call(
-            approvals.approval_record_execution, approval_id=approval_id, ok=ok, error=error
-        )
-
-
-def _approval_request_client(approvals, call_id, tool_name, args, risk, message, session_id, timeout):
-    from aitp.models import ToolCall
-
-    tool_call = ToolCall.objects.get(call_id=call_id)
-    return approvals.approval_request_client(
-        tool_call=tool_call, tool_name=tool_name, args=args, risk=risk,
-        message=message, session_id=session_id, timeout=timeout,
-    )
-
-
-def _approval_request_server(approvals, call, tool, session_id, timeout, message):
-    from aitp.models import ToolCall
-
-    tool_call = ToolCall.objects.get(call_id=call.call_id)
-    return approvals.approval_request_server(
-        tool_call=tool_call, tool=tool, args=call.args, session_id=session_id,
-        timeout=timeout, message=message,
-    )
-
-
-def _approval_violation(approvals, call_id, risk, session_id, reason):
-    from aitp.models import ToolCall
-
-    tool_call = ToolCall.objects.get(call_id=call_id)
-    return approvals.approval_record_violation(
-        tool_call=tool_call, session_id=session_id, risk=risk, reason=reason,
-    )
-
-
-def _approval_status(model, approval_id):
-    return model.objects.filter(pk=approval_id).values_list("status", flat=True).first()
+        await db_call(ports.approvals().record_execution, approval_id=approval_id, ok=ok, error=error)
 
 
 def _finish_calls(finished: list[dict]) -> None:

@@ -1,6 +1,12 @@
 """The thin Channels consumer: authenticate, pump frames through the session
 machine, own the turn task, and carry out what the machine decides.
 
+What it owns besides, each a collaborator in its own module: the session row
+written behind the connection (``aitp.row_writer``), the watcher feed
+(``aitp.watch_feed``), operators' commands (``aitp.operator_commands``), and
+the agent (``aitp.agent``), which reaches back only through ``TurnPort`` --
+the one place a turn ends is its ``end_turn``.
+
 ``receive()`` never awaits a turn: the TOOL_RESULT the turn waits for arrives
 through this same handler, and Channels runs one handler at a time.
 """
@@ -8,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 from urllib.parse import parse_qs
@@ -17,15 +22,16 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
-from django.utils import timezone
 
-from aitp import live, notify, processes, services
+from aitp import notify, ports, processes, services
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
-from aitp.limits import connection_limits
 from aitp.db import DbCallConsumer, db_call
+from aitp.limits import connection_limits
 from aitp.llm import get_backend
+from aitp.operator_commands import OperatorCommands
+from aitp.row_writer import SessionRowWriter
 from aitp.session import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
@@ -42,13 +48,11 @@ from aitp.session import (
     UserTextReceived,
 )
 from aitp.tools import ToolSurface
+from aitp.watch_feed import WatcherFeed
 
 logger = logging.getLogger(__name__)
 
 CAPABILITIES = ("text", "tools")
-# The session row (page snapshot, turn state) is written at most this often;
-# the connection holds the live values, the row is for watchers and the record.
-ROW_WRITE_INTERVAL = 0.25
 
 
 def limits_from_settings() -> Limits:
@@ -130,17 +134,11 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.agent: Agent | None = None
         self.turn_task: asyncio.Task | None = None
         self.teardown_task: asyncio.Task | None = None
-        self.row_writer: asyncio.Task | None = None
-        self.live: live.LivePublisher | None = None
-        self.pending_snapshot: ContextChanged | None = None
-        self.pending_state: str | None = None
-        self.row_written_at: float | None = None
-        self.row_flush = asyncio.Event()
-        self.last_url = ""
-        self.visits: list[dict] = []
+        self.feed: WatcherFeed | None = None
+        self.row_writer = SessionRowWriter(own=self._own)
+        self.commands = OperatorCommands(self.machine, lambda: self.agent, lambda: self.feed)
         self.groups_joined: list[str] = []
         self.closed = False
-        self.state = "idle"
         self.rate_limits = connection_limits()
         # Accept first: every refusal is an AITP error frame + 1008, never an
         # HTTP 403 the browser would retry forever (wire-compat.md section 2).
@@ -188,15 +186,17 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
 
     async def _handle(self, event) -> None:
         if not isinstance(event, HandshakeRequested):
-            self.live.frame("in", lambda: _describe_inbound(event))
+            self.feed.inbound(event)
         if isinstance(event, HandshakeRequested):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):
-            self._context_changed(event)
+            self.row_writer.context_changed(event)
         elif isinstance(event, UserTextReceived):
             tenant_id = self.session_row.tenant_id
             if await self.rate_limits.allow_user_input(self.machine, tenant_id=tenant_id):
                 self._start_turn(event.text)
+            else:
+                self._turn_over(p.agent_response("", True))  # refused: its error, then done
         elif isinstance(event, ToolResultReceived):
             await self._answer(self.agent.on_tool_result(event.result))
         elif isinstance(event, ApprovalRequestReceived):
@@ -247,7 +247,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             system_prompt=session.tenant.system_prompt,
             backend=get_backend(),
             config=agent_config_from_settings(),
-            io=self,
+            io=TurnPort(self),
             store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
             server_tools={tool.spec.name: tool for tool in server_tools},
             limits=self.rate_limits,
@@ -255,9 +255,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.machine.accept_handshake(session.id)
         self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
-        self.live = live.LivePublisher(session)
-        self.live.start()
-        self.live.session_changed("opened")
+        self.feed = WatcherFeed(session)
+        self.feed.start()
+        self.row_writer.open(session.id, self.feed)
+        self.feed.session_changed("opened")
 
     async def _handshake_abandoned(self) -> bool:
         """True when the handshake deadline passed (or the page left) while
@@ -269,89 +270,24 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self._end_row_and_groups(CLOSE_POLICY, "handshake timeout")
         return True
 
-    # --- the session row, written behind the connection ------------------------
-
-    def _context_changed(self, event: ContextChanged) -> None:
-        if event.url and event.url != self.last_url:
-            self.last_url = event.url
-            self.visits.append({"url": event.url, "title": event.title, "at": timezone.now().isoformat()})
-        self.pending_snapshot = event
-        self._kick_row_writer()
-
-    def _kick_row_writer(self) -> None:
-        if self.row_writer is None or self.row_writer.done():
-            self.row_writer = self._own(asyncio.create_task(self._write_row()), "row writer")
-
-    async def _write_row(self) -> None:
-        """Write the page snapshot and the turn state to the session row.
-
-        The session machine and the agent hold the live values, so neither
-        the page's next frame nor the turn waits for this write: only the
-        latest values are written, every URL visited in between is kept for
-        the page history, and watchers are told after the row changed."""
-        while self.pending_snapshot is not None or self.pending_state is not None:
-            if self.row_written_at is not None and not self.row_flush.is_set():
-                # At most one write per interval: a page sending updates
-                # back to back costs one write, not one per frame.
-                wait = self.row_written_at + ROW_WRITE_INTERVAL - asyncio.get_running_loop().time()
-                if wait > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self.row_flush.wait(), wait)
-            event, self.pending_snapshot = self.pending_snapshot, None
-            state, self.pending_state = self.pending_state, None
-            visits, self.visits = self.visits, []
-            snapshot = None
-            if event is not None:
-                snapshot = {
-                    "url": event.url, "title": event.title, "context": event.context,
-                    "tools": [tool.to_wire() for tool in event.tools],
-                }
-            await db_call(
-                services.session_write_live,
-                session_id=self.session_row.id, snapshot=snapshot, state=state, visits=visits,
-            )
-            self.row_written_at = asyncio.get_running_loop().time()
-            if event is not None:
-                self.live.session_changed("context", url=event.url, title=event.title)
-            if state is not None:
-                self.live.session_changed("state", state=state)
-
     # --- the turn -------------------------------------------------------------
 
     def _start_turn(self, text: str) -> None:
-        self.turn_task = self._own(asyncio.create_task(self._run_turn(text)), "turn")
+        self.turn_task = self._own(asyncio.create_task(self.agent.run_turn(text)), "turn")
 
-    async def _run_turn(self, text: str) -> None:
-        try:
-            await self.agent.run_turn(text)
-        finally:
-            # The done frame may already have ended this turn and the page
-            # started the next one: never end that one.
-            if self.turn_task is asyncio.current_task():
-                self.machine.end_turn()
-
-    # --- AgentIO --------------------------------------------------------------
-
-    async def send_message(self, message: p.Message) -> None:
-        if message.type is p.MessageType.AGENT_RESPONSE and message.payload.done:
-            # The page may send its next message as soon as it reads this
-            # frame (wire-compat 6): the turn is over before the frame leaves.
-            self.machine.end_turn()
-        self.machine.send(message)
+    async def end_turn(self, done: p.Message | None) -> None:
+        """The agent's turn is over (it calls this last, whatever happened
+        to the turn; ``done`` is None when it was cancelled)."""
+        self._turn_over(done)
         await self._flush()
 
-    def surface(self) -> ToolSurface:
-        return self.machine.surface
-
-    def page(self) -> PageSnapshot:
-        return PageSnapshot(self.machine.url, self.machine.title, self.machine.context)
-
-    async def set_state(self, state: str) -> None:
-        if state == self.state or self.session_row is None:
-            return
-        self.state = state
-        self.pending_state = state
-        self._kick_row_writer()
+    def _turn_over(self, done: p.Message | None) -> None:
+        """The one place a turn ends, run or refused. The page may send its
+        next message as soon as it reads the done frame (wire-compat 6): the
+        turn is over before the frame is queued."""
+        self.machine.end_turn()
+        if done is not None:
+            self.machine.send(done)
 
     # --- frames out -------------------------------------------------------------
 
@@ -360,8 +296,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             if self.closed:
                 return
             await self.send(text_data=frame)
-            if self.live is not None:
-                self.live.frame("out", frame)
+            if self.feed is not None:
+                self.feed.outbound(frame)
         if self.machine.close is not None and not self.closed:
             self.closed = True
             await self.close(code=self.machine.close.code, reason=self.machine.close.reason)
@@ -375,22 +311,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         await self._recheck_key()
 
     async def session_command(self, event: dict) -> None:
-        command = event.get("command")
-        if command == "end":
-            self.machine.send(p.system_event(
-                "disconnect", message=event.get("message") or "An operator ended this session."
-            ))
-            self.machine.close_now(CLOSE_POLICY, "ended by operator")
-        elif command == "reload":
-            self.machine.send(p.system_event("reload", message=event.get("message") or None))
-        elif command == "redirect" and event.get("url"):
-            self.machine.send(p.system_event(
-                "redirect", message=event.get("message") or None, data={"url": str(event["url"])}
-            ))
-        elif command == "approval_decided" and self.agent is not None:
-            await self.agent.on_approval_decided(int(event["approval_id"]))
-        elif command == live.WATCHERS_COMMAND and self.live is not None:
-            await self.live.watchers_changed(event)
+        await self.commands.handle(event)
         await self._flush()
 
     async def _recheck_key(self) -> None:
@@ -449,11 +370,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         for timer in timers:
             with _teardown_step(self, "timer"), contextlib.suppress(asyncio.CancelledError):
                 await timer
-        if self.row_writer is not None:
-            # Let the last snapshot and state land, now, before the session is closed.
-            self.row_flush.set()
-            with contextlib.suppress(Exception):
-                await self.row_writer
+        # Let the last snapshot and state land, now, before the session is closed.
+        await self.row_writer.flush()
         await self._end_row_and_groups(code, reason)
 
     async def _end_row_and_groups(self, code: int, reason: str) -> None:
@@ -465,9 +383,9 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await db_call(
                 services.session_close, session_id=self.session_row.id, code=code, reason=reason
             )
-            if self.live is not None:
-                self.live.session_changed("closed", code=code)
-                await self.live.aclose()
+            if self.feed is not None:
+                self.feed.session_changed("closed", code=code)
+                await self.feed.aclose()
             logger.info("session %s: closed (%s)", self.session_row.id, code)
 
     # --- process shutdown (aitp.processes drains every live connection) ------------
@@ -507,24 +425,31 @@ def _teardown_step(consumer, what: str):
                          getattr(consumer.machine, "session_id", None), what)
 
 
-def _describe_inbound(event) -> str:
-    """The inbound message behind an event, as JSON text for watchers."""
-    if isinstance(event, ContextChanged):
-        body = {"type": "CONTEXT_UPDATE", "payload": {
-            "url": event.url, "title": event.title, "context": event.context,
-            "activeTools": [tool.to_wire() for tool in event.tools]}}
-    elif isinstance(event, UserTextReceived):
-        body = {"type": "USER_INPUT", "payload": {"modality": "text", "content": event.text}}
-    elif isinstance(event, ToolResultReceived):
-        body = {"type": "TOOL_RESULT", "payload": event.result.model_dump(exclude_none=True)}
-    elif isinstance(event, ApprovalRequestReceived):
-        body = {"type": "APPROVAL_REQUEST", "payload": event.request.model_dump(exclude_none=True)}
-    else:
-        body = {"type": "APPROVAL_RESPONSE", "payload": event.response.model_dump(exclude_none=True)}
-    return json.dumps(body, ensure_ascii=False, default=str)
+class TurnPort:
+    """The agent's one way back into its connection (``aitp.agent_parts.TurnIO``):
+    frames out, the turn's end, the page as the session machine holds it, and
+    the turn's state for the row and watchers."""
+
+    def __init__(self, consumer: AitpConsumer) -> None:
+        self._consumer = consumer
+
+    async def send_message(self, message: p.Message) -> None:
+        self._consumer.machine.send(message)
+        await self._consumer._flush()
+
+    async def end_turn(self, done: p.Message | None) -> None:
+        await self._consumer.end_turn(done)
+
+    def surface(self) -> ToolSurface:
+        return self._consumer.machine.surface
+
+    def page(self) -> PageSnapshot:
+        machine = self._consumer.machine
+        return PageSnapshot(machine.url, machine.title, machine.context)
+
+    async def set_state(self, state: str) -> None:
+        self._consumer.row_writer.state_changed(state)
 
 
 async def _load_server_tools(tenant_id: int) -> list:
-    from approvals.server_tools import load_server_tools
-
-    return await load_server_tools(tenant_id)
+    return await ports.approvals().load_server_tools(tenant_id)

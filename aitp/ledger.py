@@ -4,6 +4,10 @@ Every ``tool_use`` the model emits becomes a ``PendingCall`` whose future is
 resolved exactly once with an ``Outcome``; that outcome becomes the one
 ``tool_result`` the model receives. A call leaves the ledger as soon as it is
 resolved, so a late or duplicate answer finds nothing (``unknown_call``).
+
+Each call carries its state in the machine of ``aitp.calls``: ``step()`` moves
+it by an event, ``resolve()`` ends it with the event its outcome's status
+names; a move the table refuses raises there, never silently here.
 """
 from __future__ import annotations
 
@@ -13,20 +17,26 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from aitp import calls
+from aitp.calls import CallEvent, CallStatus, Party
 from aitp.tools import Risk, ToolSpec
 
-# ToolCall.Status values (kept as plain strings so this module needs no ORM).
-SUCCESS = "success"
-ERROR = "error"
-TIMEOUT = "timeout"
-INVALID_ARGS = "invalid_args"
-UNAVAILABLE = "unavailable"
-DENIED = "denied"
-EXPIRED = "expired"
-DISCONNECTED = "disconnected"
-CANCELLED = "cancelled"
+# Final statuses, as the Outcome and the ToolCall row carry them (plain
+# strings; the states and their table are in aitp.calls).
+SUCCESS = CallStatus.SUCCESS.value
+ERROR = CallStatus.ERROR.value
+TIMEOUT = CallStatus.TIMEOUT.value
+INVALID_ARGS = CallStatus.INVALID_ARGS.value
+UNAVAILABLE = CallStatus.UNAVAILABLE.value
+DENIED = CallStatus.DENIED.value
+EXPIRED = CallStatus.EXPIRED.value
+DISCONNECTED = CallStatus.DISCONNECTED.value
+CANCELLED = CallStatus.CANCELLED.value
 
+# What the model (and the transcript) is told when a person refuses a call:
+# the page's user, or an operator.
 DECLINED_MESSAGE = "The user declined this action."
+OPERATOR_DECLINED_MESSAGE = "An operator declined this action."
 
 
 def new_call_id() -> str:
@@ -77,6 +87,9 @@ class PendingCall:
     decision: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    state: CallStatus = CallStatus.PENDING
+    # Who refused the call, when a person did: "user" or "operator".
+    declined_by: str = ""
 
     @property
     def risk(self) -> Risk:
@@ -86,11 +99,23 @@ class PendingCall:
     def origin(self) -> str:
         return self.spec.origin if self.spec is not None else "client"
 
+    def step(self, event: CallEvent, *, by: Party = Party.SERVER) -> CallStatus:
+        """Move the call by ``event`` (``aitp.calls.TRANSITIONS``)."""
+        self.state = calls.step(self.state, event, by=by)
+        return self.state
+
     def resolve(self, outcome: Outcome) -> bool:
+        """End the call with ``outcome``; False when it had ended already."""
         if self.future.done():
             return False
+        self.finish(outcome)
         self.future.set_result(outcome)
         return True
+
+    def finish(self, outcome: Outcome) -> None:
+        """Move the call to its outcome's final state, once."""
+        if not self.state.is_final:
+            self.step(calls.ENDED_BY[CallStatus(outcome.status)])
 
     def decide(self, decision: str) -> bool:
         if self.decision.done():

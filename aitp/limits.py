@@ -234,8 +234,9 @@ class ConnectionLimits:
         return False
 
     async def allow_user_input(self, machine: SessionMachine, *, tenant_id: int) -> bool:
-        """A USER_INPUT the machine accepted as a new turn. A refusal ends
-        that turn at once: error, then an empty done (wire-compat section 6)."""
+        """A USER_INPUT the machine accepted as a new turn. A refusal queues
+        its error; the consumer then ends that turn at once with an empty
+        done (wire-compat section 6)."""
         refusal = None
         if self._inputs is not None and not self._local.hit(self._inputs, "inputs"):
             stats = self._local.get_window_stats(self._inputs, "inputs")
@@ -249,9 +250,7 @@ class ConnectionLimits:
             refusal = p.error_event(USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE)
         if refusal is None:
             return True
-        machine.end_turn()
         machine.send(refusal)
-        machine.send(p.agent_response("", True))
         return False
 
     async def check_approval_request(self, call_id: str) -> p.Message | None:

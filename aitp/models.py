@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from aitp.calls import FINAL as FINAL_CALL_STATUSES
+from aitp.calls import CallStatus
 from tenants.models import Tenant
 
 
@@ -146,34 +148,9 @@ class ToolCall(models.Model):
         CLIENT = "client", "Interface (page)"
         SERVER = "server", "Server"
 
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"
-        SENT = "sent", "Sent to page"
-        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
-        RUNNING = "running", "Running"
-        SUCCESS = "success", "Success"
-        ERROR = "error", "Error"
-        TIMEOUT = "timeout", "Timed out"
-        INVALID_ARGS = "invalid_args", "Invalid arguments"
-        UNAVAILABLE = "unavailable", "Tool not available"
-        DENIED = "denied", "Denied"
-        EXPIRED = "expired", "Approval expired"
-        DISCONNECTED = "disconnected", "Client disconnected"
-        CANCELLED = "cancelled", "Cancelled"
-
-    FINAL_STATUSES = frozenset(
-        {
-            Status.SUCCESS,
-            Status.ERROR,
-            Status.TIMEOUT,
-            Status.INVALID_ARGS,
-            Status.UNAVAILABLE,
-            Status.DENIED,
-            Status.EXPIRED,
-            Status.DISCONNECTED,
-            Status.CANCELLED,
-        }
-    )
+    # A call's states and its one transition table live in aitp.calls.
+    Status = models.TextChoices("Status", [(s.name, (s.value, s.label)) for s in CallStatus])
+    FINAL_STATUSES = frozenset(map(Status, sorted(s.value for s in FINAL_CALL_STATUSES)))
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
     call_id = models.CharField(max_length=64, unique=True)

@@ -44,7 +44,7 @@ import secrets
 import socket
 import weakref
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from django.conf import settings
@@ -52,15 +52,21 @@ from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
 
+from aitp import liveness, ports, services
 from aitp.db import db_call
+from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module offered them)
+    START_TIME_TOLERANCE,
+    PidState,
+    current_id,
+    gone_ids,
+    hostname,
+    is_gone,
+    pid_state,
+)
 from aitp.models import ServerProcess, Session
 
 logger = logging.getLogger(__name__)
 
-# A pid running a process that started this long after the row was
-# registered is someone else's: the clock of /proc and ours may differ by
-# a tick, and registration always comes seconds after the process started.
-START_TIME_TOLERANCE = timedelta(seconds=2)
 # Rows of processes stopped longer ago than this are deleted by the sweep.
 KEEP_STOPPED = timedelta(days=7)
 SHUTDOWN_MESSAGE = "The server is restarting; reconnecting."
@@ -68,44 +74,25 @@ SHUTDOWN_MESSAGE = "The server is restarting; reconnecting."
 
 # --- this process ------------------------------------------------------------
 
-_current_id = ""
 _stopped = False
-
-
-def current_id() -> str:
-    """This process's ServerProcess id, or "" when none was registered."""
-    return _current_id
-
-
-def hostname() -> str:
-    """This host as the liveness rules see it: the host name and the pid
-    namespace, so containers sharing a host name (host networking) never
-    judge each other's pids."""
-    name = socket.gethostname()
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
-    except OSError:
-        return name[:200]
-    return f"{name} {namespace}"[:200]
 
 
 def register() -> ServerProcess:
     """Record this process as serving; its id goes on every session it opens."""
-    global _current_id
     pid = os.getpid()
     process_id = f"{socket.gethostname()[:80]}:{pid}:{secrets.token_hex(4)}"
     now = timezone.now()
     row = ServerProcess.objects.create(
         id=process_id, hostname=hostname(), pid=pid, started_at=now, last_seen_at=now,
     )
-    _current_id = row.id
+    liveness.set_current_id(row.id)
     logger.info("server process %s registered", row.id)
     return row
 
 
 def mark_alive() -> None:
-    if _current_id:
-        ServerProcess.objects.filter(id=_current_id, stopped_at__isnull=True).update(
+    if current_id():
+        ServerProcess.objects.filter(id=current_id(), stopped_at__isnull=True).update(
             last_seen_at=timezone.now()
         )
 
@@ -115,107 +102,19 @@ def mark_stopped(*, reason: str = "server shutting down") -> int:
     (with their calls), mark it stopped, close the approvals of ended
     sessions. Returns how many session rows were still open."""
     global _stopped
-    if not _current_id:
+    if not current_id():
         return 0
-    from aitp import services
-    from approvals import services as approvals
 
     # Done again at exit: a handshake that was being written while the
     # connections drained may have opened a row since.
     closed = services.sessions_close_of_processes(
-        process_ids=[_current_id], code=1001, reason=reason, mark_stopped=True,
+        process_ids=[current_id()], code=1001, reason=reason, mark_stopped=True,
     )
-    approvals.approvals_close_of_ended_sessions()
+    ports.approvals().close_of_ended_sessions()
     if not _stopped or closed:
-        logger.info("server process %s stopped (%d session rows closed)", _current_id, closed)
+        logger.info("server process %s stopped (%d session rows closed)", current_id(), closed)
     _stopped = True
     return closed
-
-
-# --- liveness ------------------------------------------------------------------
-
-
-def _clock_ticks() -> int:
-    try:
-        return os.sysconf("SC_CLK_TCK")
-    except (ValueError, OSError, AttributeError):
-        return 100
-
-
-def _boot_time() -> float | None:
-    try:
-        with open("/proc/stat") as stat:
-            for line in stat:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-@dataclass(frozen=True)
-class PidState:
-    running: bool
-    started_at: datetime | None  # when the process now holding the pid started, if known
-
-
-def pid_state(pid: int) -> PidState:
-    """Whether ``pid`` runs a live process on this host, and since when.
-
-    A zombie (killed, not yet reaped by its parent) is not running."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            raw = stat.read()
-    except FileNotFoundError:
-        return PidState(False, None)
-    except OSError:
-        raw = None
-    if raw is None:  # no /proc: ask the kernel whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return PidState(False, None)
-        except PermissionError:
-            pass
-        return PidState(True, None)
-    # The command name (field 2) is in parentheses and may hold spaces.
-    fields = raw[raw.rfind(")") + 2:].split()
-    state, start_ticks = fields[0], int(fields[19])
-    if state in ("Z", "X", "x"):
-        return PidState(False, None)
-    boot = _boot_time()
-    if boot is None:
-        return PidState(True, None)
-    started = datetime.fromtimestamp(boot + start_ticks / _clock_ticks(), tz=UTC)
-    return PidState(True, started)
-
-
-def is_gone(process: ServerProcess, *, now: datetime, this_host: str | None = None) -> bool:
-    """The liveness rules of the module docstring, for one process row."""
-    if process.stopped_at is not None:
-        return True
-    if process.last_seen_at < now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL):
-        return True
-    if process.hostname == (this_host or hostname()):
-        if process.id == _current_id:
-            return False
-        state = pid_state(process.pid)
-        if not state.running:
-            return True
-        if state.started_at is not None and state.started_at > process.started_at + START_TIME_TOLERANCE:
-            return True  # the pid now belongs to a process started after this one registered
-    return False
-
-
-def gone_ids(process_ids, *, now: datetime | None = None) -> set[str]:
-    """Of these process ids, those known to be gone (ids without a row are
-    left to the heartbeat rule)."""
-    now = now or timezone.now()
-    ids = {pid for pid in process_ids if pid}
-    if not ids:
-        return set()
-    here = hostname()
-    return {row.id for row in ServerProcess.objects.filter(id__in=ids) if is_gone(row, now=now, this_host=here)}
 
 
 # --- the sweep -------------------------------------------------------------------
@@ -232,9 +131,6 @@ class SweepResult:
 def sweep(*, now: datetime | None = None) -> SweepResult:
     """Close what processes that are gone left open. Safe to run at any time,
     from several processes at once."""
-    from aitp import services
-    from approvals import services as approvals
-
     now = now or timezone.now()
     here = hostname()
     # Processes not known to be stopped, and any process still holding an open row.
@@ -249,8 +145,8 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
         logger.warning("server processes gone: %s (%d session rows closed)", ", ".join(gone), closed)
     closed += services.sessions_close_stale(now=now)
     ServerProcess.objects.filter(stopped_at__lt=now - KEEP_STOPPED).delete()
-    closed_approvals = approvals.approvals_close_of_ended_sessions()
-    expired = approvals.approval_expire_overdue()
+    closed_approvals = ports.approvals().close_of_ended_sessions()
+    expired = ports.approvals().expire_overdue()
     return SweepResult(len(gone), closed, closed_approvals, expired)
 
 
@@ -265,8 +161,6 @@ def sessions_heartbeat(session_ids: list[str]) -> dict[str, object]:
     whatever their number: {session_id: the Refusal that ends it} for those
     that must end (an unknown session, a key revoked, expired, or no longer
     allowing its origin)."""
-    from aitp import services
-
     now = timezone.now()
     Session.objects.filter(id__in=session_ids, ended_at__isnull=True).update(last_seen_at=now)
     rows = {row.id: row for row in Session.objects.select_related("api_key").filter(id__in=session_ids)}
@@ -375,10 +269,10 @@ async def _every(interval: float, job) -> None:
         try:
             await job()
         except DatabaseError:
-            logger.warning("server process %s: database unavailable for %s", _current_id,
+            logger.warning("server process %s: database unavailable for %s", current_id(),
                            job.__name__.strip("_"), exc_info=True)
         except Exception:
-            logger.exception("server process %s: %s failed", _current_id, job.__name__.strip("_"))
+            logger.exception("server process %s: %s failed", current_id(), job.__name__.strip("_"))
 
 
 async def _heartbeat() -> None:
@@ -420,4 +314,4 @@ async def drain(timeout: float | None = None) -> None:
     try:
         await db_call(mark_stopped)
     except DatabaseError:
-        logger.exception("server process %s: could not record its stop", _current_id)
+        logger.exception("server process %s: could not record its stop", current_id())

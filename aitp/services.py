@@ -19,7 +19,8 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from aitp import limits, notify
+from aitp import calls, limits, liveness, notify
+from aitp.calls import CallStatus
 from aitp.models import (
     ApiKey,
     ConversationMessage,
@@ -357,10 +358,8 @@ def _sessions_close(open_rows, *, now: datetime, code: int, reason: str) -> int:
 def _live_sessions_without_gone_processes(key: ApiKey, now: datetime) -> int:
     """The key's live sessions, not counting those of server processes known
     to be gone (the sweep closes their rows; until it has, they hold no slot)."""
-    from aitp import processes
-
     live = Session.objects.filter(api_key=key, **live_sessions_filter(now))
-    gone = processes.gone_ids(set(live.values_list("process", flat=True)), now=now)
+    gone = liveness.gone_ids(set(live.values_list("process", flat=True)), now=now)
     return live.exclude(process__in=gone).count() if gone else live.count()
 
 
@@ -459,11 +458,14 @@ def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
 
 def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str | None = None,
                    origin: str | None = None) -> None:
-    """Record progress of a call (sent, running); never undoes a final status,
-    which a cancelled turn may have written first."""
+    """Record progress of a call (sent, running): the status changes only from
+    a state the call table (``aitp.calls``) leads from, so it never undoes a
+    final status, which a cancelled turn may have written first."""
+    status = CallStatus(status).value
     fields: dict = {
         "status": Case(
-            When(status__in=ToolCall.FINAL_STATUSES, then=F("status")), default=Value(status)
+            When(status__in=[s.value for s in calls.sources(status)], then=Value(status)),
+            default=F("status"),
         )
     }
     if sent:

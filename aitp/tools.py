@@ -45,6 +45,20 @@ class Risk(str, enum.Enum):
     def needs_approval(self) -> bool:
         return self in (Risk.HIGH, Risk.CRITICAL)
 
+    @property
+    def rank(self) -> int:
+        return _RISK_ORDER.index(self)
+
+    @classmethod
+    def highest(cls, *risks: str) -> Risk:
+        """The highest of several levels (plain strings or members)."""
+        return max((cls(str(getattr(r, "value", r))) for r in risks), key=lambda r: r.rank)
+
+
+_RISK_ORDER = (Risk.NONE, Risk.LOW, Risk.HIGH, Risk.CRITICAL)
+# The same four levels as database choices (value, label).
+RISK_CHOICES = [(r.value, r.value.capitalize()) for r in Risk]
+
 
 _RISK_VALUES = ", ".join(r.value for r in Risk)
 

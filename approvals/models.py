@@ -9,28 +9,19 @@ from django.core.validators import RegexValidator, URLValidator
 from django.db import models
 from django.utils import timezone
 
-from aitp.tools import TOOL_NAME_RE
+from aitp.tools import RISK_CHOICES, TOOL_NAME_RE, Risk, ToolError
+from approvals.tool_specs import python_tool, spec_for_row
 
 GENESIS_HASH = "0" * 64
 
 
-class RiskLevel(models.TextChoices):
-    """The same four levels as aitp.tools.Risk, as database choices."""
-
-    NONE = "none", "None"
-    LOW = "low", "Low"
-    HIGH = "high", "High"
-    CRITICAL = "critical", "Critical"
-
-
-RISK_ORDER = {RiskLevel.NONE: 0, RiskLevel.LOW: 1, RiskLevel.HIGH: 2, RiskLevel.CRITICAL: 3}
-RISKS_NEEDING_APPROVAL = frozenset({RiskLevel.HIGH, RiskLevel.CRITICAL})
+# The one risk enum is aitp.tools.Risk; these are its database choices.
+RISKS_NEEDING_APPROVAL = frozenset(r.value for r in Risk if r.needs_approval)
 
 
 def higher_risk(*risks: str) -> str:
     """The highest of several risk levels (plain strings or str enums)."""
-    levels = (RiskLevel(str(getattr(r, "value", r))) for r in risks)
-    return max(levels, key=RISK_ORDER.__getitem__).value
+    return Risk.highest(*risks).value
 
 
 class Policy(models.TextChoices):
@@ -73,7 +64,7 @@ class ServerTool(models.Model):
         null=True, blank=True,
         help_text='AITP schema with upper-case types, e.g. {"type": "OBJECT", "properties": {...}}.',
     )
-    risk = models.CharField(max_length=16, choices=RiskLevel.choices, default=RiskLevel.NONE)
+    risk = models.CharField(max_length=16, choices=RISK_CHOICES, default=Risk.NONE.value)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WEBHOOK)
     webhook_url = models.CharField(
         max_length=2000, blank=True, default="",
@@ -98,9 +89,6 @@ class ServerTool(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from aitp.tools import ToolError
-        from approvals.server_tools import python_tool, spec_for_row
-
         errors: dict[str, str] = {}
         if self.kind == self.Kind.WEBHOOK and not self.webhook_url:
             errors["webhook_url"] = "a webhook tool needs a url"
@@ -157,7 +145,7 @@ class Approval(models.Model):
     tool_name = models.CharField(max_length=64)
     arguments = models.JSONField(default=dict)
     args_hash = models.CharField(max_length=64)
-    risk = models.CharField(max_length=16, choices=RiskLevel.choices)
+    risk = models.CharField(max_length=16, choices=RISK_CHOICES)
     origin = models.CharField(max_length=16, choices=Origin.choices)
     policy = models.CharField(max_length=24, choices=Policy.choices, default=Policy.USER)
     message = models.TextField(blank=True, default="")

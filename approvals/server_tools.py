@@ -1,6 +1,8 @@
 """Tools that run on the server: a tenant's webhooks and Python handlers in code.
 
-A Python tool is registered with ``@register_python_tool``; a tenant offers
+A Python tool is registered with ``@register_python_tool`` (the registry and
+what a row declares live in ``approvals.tool_specs``, which the models use
+too); a tenant offers
 it (or a webhook) to its sessions with an enabled ``ServerTool`` row.
 ``load_server_tools`` turns those rows into ``ServerToolDef`` objects that the
 agent runs.
@@ -16,8 +18,16 @@ from typing import Any
 from django.conf import settings
 
 from aitp.db import db_call
-from aitp.tools import ToolError, ToolSpec, parse_tool
-from approvals.models import Policy, ServerTool, higher_risk
+from aitp.tools import ToolError, ToolSpec
+from approvals.models import Policy, ServerTool
+from approvals.tool_specs import (
+    PythonTool,
+    python_tool,
+    python_tool_names,
+    register_python_tool,
+    registered_tool,
+    spec_for_row,
+)
 from approvals.webhooks import ToolRunError, call_webhook
 
 logger = logging.getLogger(__name__)
@@ -28,43 +38,6 @@ __all__ = [
 ]
 
 Runner = Callable[..., Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class PythonTool:
-    spec: ToolSpec
-    # handler(args, *, session_id, tenant_id) -> JSON-able result; sync
-    # handlers run in a thread (they may use the ORM), async ones are awaited.
-    handler: Callable[..., Any]
-
-
-_registry: dict[str, PythonTool] = {}
-
-
-def register_python_tool(name: str, *, description: str, parameters: dict | None,
-                         risk: str = "none"):
-    """Decorator: make a function available as the server tool ``name``."""
-    spec = parse_tool(
-        {"name": name, "description": description, "parameters": parameters, "risk": risk},
-        origin="server", path=f"python tool {name}",
-    )
-
-    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
-        existing = _registry.get(name)
-        if existing is not None and existing.handler is not func:
-            raise ValueError(f"python tool {name!r} is already registered")
-        _registry[name] = PythonTool(spec=spec, handler=func)
-        return func
-
-    return decorator
-
-
-def python_tool(name: str) -> PythonTool | None:
-    return _registry.get(name)
-
-
-def python_tool_names() -> list[str]:
-    return sorted(_registry)
 
 
 @dataclass(frozen=True)
@@ -118,29 +91,9 @@ def _webhook_runner(row: ServerTool) -> Runner:
 
 def python_tool_def(name: str, *, policy: str = Policy.USER) -> ServerToolDef:
     """A registered Python tool as the agent runs it, without a database row."""
-    tool = _registry[name]
+    tool = registered_tool(name)
     return ServerToolDef(spec=tool.spec, policy=Policy(policy).value, tool_id=None,
                          runner=_python_runner(tool))
-
-
-def spec_for_row(row: ServerTool) -> ToolSpec:
-    """The declaration a ServerTool row offers; raises ToolError when invalid.
-
-    A Python tool row may leave description and parameters empty to use the
-    handler's own, and can raise the risk above the handler's, never lower it.
-    """
-    description, parameters, risk = row.description, row.parameters, row.risk
-    if row.kind == ServerTool.Kind.PYTHON:
-        tool = _registry.get(row.python_handler)
-        if tool is None:
-            raise ToolError(f"{row.name}: python handler {row.python_handler!r} is not registered")
-        description = description or tool.spec.description
-        parameters = parameters if parameters is not None else tool.spec.parameters
-        risk = higher_risk(risk, tool.spec.risk)
-    return parse_tool(
-        {"name": row.name, "description": description, "parameters": parameters, "risk": risk},
-        origin="server", path=row.name,
-    )
 
 
 def _def_for_row(row: ServerTool) -> ServerToolDef | None:
@@ -150,7 +103,7 @@ def _def_for_row(row: ServerTool) -> ServerToolDef | None:
         logger.warning("tenant %s: server tool %s skipped: %s", row.tenant_id, row.name, exc.message)
         return None
     if row.kind == ServerTool.Kind.PYTHON:
-        runner = _python_runner(_registry[row.python_handler])
+        runner = _python_runner(registered_tool(row.python_handler))
     elif row.kind == ServerTool.Kind.WEBHOOK and row.webhook_url.startswith(("http://", "https://")):
         runner = _webhook_runner(row)
     else:

@@ -22,8 +22,10 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
-from aitp import notify
+from aitp import calls, notify
+from aitp.calls import CallStatus
 from aitp.models import OperatorAction, Session, ToolCall
+from aitp.ports import ApprovalError
 from aitp.tools import args_hash as compute_args_hash
 from approvals.audit import append_event, lock_chain
 from approvals.models import Approval, AuditEvent, Policy, ServerTool, higher_risk, policy_parties
@@ -39,23 +41,6 @@ ActorKind = AuditEvent.ActorKind
 Channel = AuditEvent.Channel
 Status = Approval.Status
 Decision = Approval.Decision
-
-
-class ApprovalError(Exception):
-    """A request the caller may not make; ``code`` is stable, ``message`` is for people."""
-
-    MESSAGES = {
-        "unknown_call": "no such pending call",
-        "approval_mismatch": "approval does not match the call's arguments",
-        "already_decided": "approval already decided",
-        "not_allowed": "not allowed to decide this approval",
-        "session_ended": "the page's session has ended; the call can no longer run",
-    }
-
-    def __init__(self, code: str, message: str = "") -> None:
-        self.code = code
-        self.message = message or self.MESSAGES.get(code, code)
-        super().__init__(self.message)
 
 
 # --- helpers ------------------------------------------------------------------
@@ -217,7 +202,10 @@ def _request(*, tool_call: ToolCall, tool_name: str, args: dict, risk: str, mess
                 deadline=now + timedelta(seconds=timeout),
                 created_at=now,
             )
-            ToolCall.objects.filter(pk=call.pk).update(status=ToolCall.Status.AWAITING_APPROVAL)
+            # The call table's move (aitp.calls): pending or sent -> awaiting approval.
+            ToolCall.objects.filter(
+                pk=call.pk, status__in=[s.value for s in calls.sources(CallStatus.AWAITING_APPROVAL)]
+            ).update(status=CallStatus.AWAITING_APPROVAL.value)
             _audit(approval, Action.REQUESTED, actor_kind=actor_kind, actor=actor, channel=channel,
                    data={"policy": policy, "risk": approval.risk})
             return approval

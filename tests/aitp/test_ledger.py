@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aitp import protocol as p
-from aitp.agent import TextStreamer, bounded_history
+from aitp.agent_text import TextStreamer, bounded_history
+from aitp.calls import CallStatus, ServerMistake
 from aitp.ledger import (
     DENIED,
     ERROR,
@@ -62,8 +64,9 @@ def test_an_error_without_a_message_names_its_status():
 
 
 def make_call(**fields) -> PendingCall:
+    # As the ledger holds a page's call: its TOOL_CALL frame is out.
     defaults = {"call_id": new_call_id(), "tool_use_id": "toolu_1", "name": "add_to_cart",
-                "args": {"quantity": 1}, "spec": None}
+                "args": {"quantity": 1}, "spec": None, "state": CallStatus.SENT}
     return PendingCall(**{**defaults, **fields})
 
 
@@ -72,6 +75,19 @@ async def test_a_call_is_resolved_once_and_the_first_outcome_wins():
     assert call.resolve(Outcome(SUCCESS, result=1)) is True
     assert call.resolve(Outcome(ERROR, error="late")) is False
     assert call.future.result() == Outcome(SUCCESS, result=1)
+
+
+async def test_a_call_ends_in_the_state_its_outcome_names():
+    call = make_call()
+    call.resolve(Outcome(DENIED))
+    assert call.state is CallStatus.DENIED
+
+
+async def test_an_outcome_the_call_table_refuses_is_the_servers_mistake_and_ends_nothing():
+    call = make_call(state=CallStatus.PENDING)
+    with pytest.raises(ServerMistake):
+        call.resolve(Outcome(SUCCESS))
+    assert (call.state, call.future.done()) == (CallStatus.PENDING, False)
 
 
 async def test_a_decision_is_taken_once():

@@ -65,6 +65,10 @@ class Page:
         self.frames.append(message)
         self.sent_at.append(asyncio.get_running_loop().time())
 
+    async def end_turn(self, done) -> None:
+        if done is not None:
+            self.frames.append(done)
+
     def surface(self) -> ToolSurface:
         return self._surface
 
@@ -246,6 +250,27 @@ async def test_a_server_tool_never_runs_on_a_user_approval_when_an_operator_deni
     await turn.agent.on_approval_decided(approval.pk)
     await turn.finish()
     assert turn.runs.calls == []
+
+
+async def test_an_operators_refusal_is_told_as_the_operators_not_the_users(session, olivia):
+    turn = Turn(session, policy="operator")
+    approval = await turn.start()
+    await sync_to_async(approvals.approval_decide_operator)(
+        approval_id=approval.pk, user=olivia, approved=False)
+    await turn.agent.on_approval_decided(approval.pk)
+    call = await turn.finish()
+    assert turn.tool_result()["content"] == "An operator declined this action."
+    assert (call.status, call.error) == ("denied", "An operator declined this action.")
+
+
+async def test_the_users_own_refusal_is_told_as_the_users(session):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=False)
+    await turn.agent.on_approval_decided(approval.pk)
+    call = await turn.finish()
+    assert turn.tool_result()["content"] == "The user declined this action."
+    assert (call.status, call.error) == ("denied", "The user declined this action.")
 
 
 async def test_a_server_tool_runs_once_both_parties_approve(session, olivia):

@@ -29,7 +29,7 @@ from django.utils import timezone
 from aitp.models import Session, ToolCall
 from aitp.tools import Risk, args_hash
 from approvals import services
-from approvals.models import Approval, AuditEvent, RiskLevel, higher_risk, policy_parties
+from approvals.models import Approval, AuditEvent, higher_risk, policy_parties
 from approvals.services import ApprovalError
 from tests.approvals.conftest import make_call, make_session
 
@@ -694,7 +694,7 @@ def test_a_refusal_code_without_words_is_its_own_words():
     (("none", "low"), "low"),
     ((Risk.HIGH, "low"), "high"),
     (("none", Risk.CRITICAL), "critical"),
-    ((RiskLevel.LOW, Risk.NONE), "low"),
+    ((Risk.LOW, Risk.NONE), "low"),
 ])
 def test_the_higher_of_two_risks_is_kept_whichever_way_it_is_spelled(risks, higher):
     assert higher_risk(*risks) == higher

@@ -73,9 +73,9 @@ async def test_a_python_row_can_raise_the_risk_of_a_code_tool_but_not_lower_it(a
 
 
 async def test_a_failing_handler_gives_the_model_a_plain_error(monkeypatch):
-    from approvals import server_tools
+    from approvals import tool_specs
 
-    monkeypatch.setattr(server_tools, "_registry", dict(server_tools._registry))
+    monkeypatch.setattr(tool_specs, "_registry", dict(tool_specs._registry))
 
     @register_python_tool("explodes_for_test", description="Always fails", parameters=None)
     async def explodes(args, *, session_id, tenant_id):

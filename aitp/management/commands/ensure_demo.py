@@ -28,7 +28,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from aitp import services
+from aitp import ports, services
 from aitp.models import ApiKey
 from tenants.models import Tenant
 
@@ -189,9 +189,7 @@ class Command(BaseCommand):
             raise CommandError(f"port must be between 1 and 65535, got {port_number}")
         demo = ensure_demo(key_file=Path(key_file), origins=demo_origins(port_number))
         # The shop's server-side tools (order lookup; cancelling needs approval).
-        from demo.order_tools import demo_tools_install
-
-        demo_tools_install(tenant=demo.tenant)
+        ports.demo_tools()(tenant=demo.tenant)
         base = f"127.0.0.1:{port_number}"
         ws_url = f"ws://{base}{settings.OWLLAYER_WS_PATH}?apiKey={quote(demo.raw_key, safe='')}"
         state = f"new, saved to {key_file}" if demo.created else f"from {key_file}"

@@ -1,0 +1,80 @@
+"""Page tools in the turn: the TOOL_CALL goes out, the TOOL_RESULT comes in.
+
+``run()`` sends one call to the page and waits for its answer until the
+call's deadline (which an approval request moves later); ``on_tool_result()``
+takes the page's answer from the consumer's receive handler and resolves the
+call the turn waits on. A risky call must be approved in the page first
+(``aitp.agent_approvals``).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from aitp import protocol as p
+from aitp.agent_approvals import Approvals
+from aitp.agent_parts import TurnParts, unknown_call
+from aitp.calls import CallEvent, CallStatus
+from aitp.ledger import ERROR, EXPIRED, SUCCESS, TIMEOUT, Outcome, PendingCall, wait_until_deadline
+
+
+class PageTools:
+    def __init__(self, parts: TurnParts, approvals: Approvals) -> None:
+        self.parts = parts
+        self.approvals = approvals
+
+    async def run(self, call: PendingCall) -> Outcome:
+        parts = self.parts
+        loop = asyncio.get_running_loop()
+        call.deadline = loop.time() + parts.config.tool_timeout
+        parts.ledger.add(call)
+        try:
+            # Sent before the frame leaves: the page may answer at once.
+            call.step(CallEvent.DISPATCHED)
+            await parts.io.send_message(p.tool_call(call.call_id, call.name, call.args))
+            # Shielded: the frame is out, so the row must say so even if the
+            # turn is cancelled this very moment (the page left).
+            await asyncio.shield(parts.store.mark_call(call, CallStatus.SENT.value, sent=True))
+            await parts.io.set_state("waiting_tool")
+            outcome = await wait_until_deadline(call, call.future)
+            if outcome is not None:
+                return outcome
+            if call.approval_id is not None:
+                await parts.store.approval_expire(call.approval_id)
+                outcome = Outcome(EXPIRED, error="The user did not decide in time; the action was not approved.")
+                await parts.io.send_message(
+                    p.error_event("approval_expired", "The approval request expired.", callId=call.call_id)
+                )
+            else:
+                outcome = Outcome(
+                    TIMEOUT,
+                    error=f"The page did not answer within {parts.config.tool_timeout:g} seconds.",
+                )
+                await parts.io.send_message(
+                    p.error_event("tool_timeout", f"The tool {call.name} did not answer in time.",
+                                  callId=call.call_id)
+                )
+            call.resolve(outcome)
+            return outcome
+        finally:
+            parts.ledger.remove(call.call_id)
+
+    async def on_tool_result(self, payload: p.ToolResult) -> p.Message | None:
+        """Returns an error event to send back, or None when accepted."""
+        call = self.parts.ledger.get(payload.callId)
+        if call is None or call.origin == "server":
+            return unknown_call(payload.callId)
+        if payload.status == "pending_approval":
+            return await self.approvals.opened(call, call.name, call.args, message="")
+        if call.approval_id is not None:
+            return p.error_event(
+                "approval_pending",
+                "This call is waiting for the user's decision; answer with APPROVAL_RESPONSE.",
+                callId=payload.callId,
+            )
+        if call.risk.needs_approval:
+            return await self.approvals.skipped(call, "tool_result")
+        if payload.status == "success":
+            call.resolve(Outcome(SUCCESS, result=payload.result))
+        else:
+            call.resolve(Outcome(ERROR, error=payload.error or "The tool failed in the page."))
+        return None

@@ -1,0 +1,84 @@
+"""What the pieces of the agent turn share: its settings, the page it acts
+in, the one port back to the connection, and ``TurnParts``.
+
+The turn is split by concern (``aitp.agent`` the model loop,
+``aitp.agent_page_tools``, ``aitp.agent_server_tools``,
+``aitp.agent_approvals``); each piece holds the same ``TurnParts`` and knows
+nothing of the consumer but ``TurnIO``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Protocol
+
+from aitp import protocol as p
+from aitp.agent_store import AgentStore
+from aitp.ledger import Ledger
+from aitp.tools import ToolSurface
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    model: str
+    max_tokens: int = 1024
+    tool_timeout: float = 10.0
+    approval_timeout: float = 120.0
+    max_tool_rounds: int = 8
+    history_messages: int = 40
+    stream_interval: float = 0.04
+
+
+@dataclass(frozen=True)
+class PageSnapshot:
+    url: str
+    title: str
+    context: dict
+
+    def describe(self) -> str:
+        context = json.dumps(self.context, ensure_ascii=False, sort_keys=True)
+        return f"[page]\nurl: {self.url}\ntitle: {self.title}\ncontext: {context}"
+
+
+class TurnIO(Protocol):
+    """The one port from the turn back to the connection that owns it."""
+
+    async def send_message(self, message: p.Message) -> None:
+        """Send a frame to the page (never the turn's done frame: see end_turn)."""
+
+    async def end_turn(self, done: p.Message | None) -> None:
+        """The turn is over: the page may start the next one, then gets
+        ``done`` (None when the turn was cancelled)."""
+
+    def surface(self) -> ToolSurface:
+        """The tools the page offers right now (server tools included)."""
+
+    def page(self) -> PageSnapshot: ...
+
+    async def set_state(self, state: str) -> None:
+        """answering / waiting_tool / waiting_approval / idle, for watchers."""
+
+
+# The name the tests and the consumer know the port by.
+AgentIO = TurnIO
+
+
+class ApprovalLimits(Protocol):
+    async def check_approval_request(self, call_id: str) -> p.Message | None: ...
+
+
+@dataclass
+class TurnParts:
+    """One connection's turn state that every piece of the turn uses."""
+
+    session_id: str
+    tenant_id: int
+    config: AgentConfig
+    io: TurnIO
+    store: AgentStore
+    ledger: Ledger
+    limits: ApprovalLimits | None = None
+
+
+def unknown_call(call_id: str) -> p.Message:
+    return p.error_event("unknown_call", "No pending tool call has this id.", callId=call_id)

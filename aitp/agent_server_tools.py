@@ -1,0 +1,113 @@
+"""Server tools in the turn: run on the server, after a person's approval
+when the tool's risk needs one.
+
+``run()`` opens the approval (the tool's policy says whose: the page's user,
+an operator, or both), tells the page, waits for the decision
+(``await_decision``: notifications, plus a periodic re-read of the row so a
+lost notification delays the turn instead of expiring it), then runs the
+tool. A tool's own failure becomes the model's error result.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aitp import protocol as p
+from aitp.agent_approvals import Approvals, declined_message
+from aitp.agent_parts import TurnParts
+from aitp.calls import CallEvent, CallStatus, Party
+from aitp.ledger import DENIED, ERROR, EXPIRED, SUCCESS, UNAVAILABLE, Outcome, PendingCall
+from aitp.ports import ServerTool
+from aitp.tools import canonical_json
+
+# The turn logs under one name, whichever piece of it writes the line.
+logger = logging.getLogger("aitp.agent")
+
+# How often a turn waiting on a human re-reads the approval row, in case a
+# channel-layer notification was lost.
+DECISION_RECHECK_SECONDS = 3.0
+
+
+class ServerTools:
+    def __init__(self, parts: TurnParts, approvals: Approvals,
+                 tools: dict[str, ServerTool] | None = None) -> None:
+        self.parts = parts
+        self.approvals = approvals
+        self.tools = tools or {}
+
+    async def run(self, call: PendingCall) -> Outcome:
+        parts = self.parts
+        runner = self.tools.get(call.name)
+        if runner is None:
+            return Outcome(UNAVAILABLE, error=f"The tool {call.name} is not available.")
+        assert call.spec is not None
+        loop = asyncio.get_running_loop()
+        if call.spec.risk.needs_approval:
+            call.deadline = loop.time() + parts.config.approval_timeout
+            parts.ledger.add(call)
+            try:
+                message = f"Allow {call.name} with {canonical_json(call.args)[:300]}?"
+                approval = await parts.store.approval_request_server(
+                    call, runner, timeout=parts.config.approval_timeout, message=message
+                )
+                call.approval_id = approval.id
+                call.step(CallEvent.APPROVAL_REQUESTED)
+                await parts.io.set_state("waiting_approval")
+                if approval.needs_user:
+                    await parts.io.send_message(p.system_event("approval_required", message=message,
+                                                               data={"callId": call.call_id}))
+                    await parts.io.send_message(
+                        p.approval_request(call.call_id, call.name, call.spec.risk.value, call.args, message)
+                    )
+                if approval.needs_operator:
+                    await parts.io.send_message(p.system_event(
+                        "waiting", message="Waiting for an operator to approve this action.",
+                        data={"callId": call.call_id, "reason": "operator_approval"},
+                    ))
+                decision = await self.await_decision(call)
+                if decision is None:
+                    await parts.store.approval_expire(call.approval_id)
+                    await parts.io.send_message(
+                        p.error_event("approval_expired", "The approval request expired.",
+                                      callId=call.call_id)
+                    )
+                    return Outcome(EXPIRED, error="Nobody approved the action in time; it did not run.")
+                if decision != "approved":
+                    return Outcome(DENIED, error=declined_message(call))
+                call.step(CallEvent.APPROVED, by=Party.PERSON)
+            finally:
+                parts.ledger.remove(call.call_id)
+        else:
+            call.step(CallEvent.STARTED)
+        await parts.store.mark_call(call, CallStatus.RUNNING.value)
+        await parts.io.set_state("answering")
+        try:
+            result = await runner.run(
+                call.args, session_id=parts.session_id, tenant_id=parts.tenant_id, call_id=call.call_id
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a tool's own failure becomes the model's error result
+            logger.info("session %s: server tool %s failed: %s", parts.session_id, call.name, exc)
+            if call.approval_id is not None:
+                await parts.store.approval_executed(call.approval_id, ok=False, error=str(exc))
+            return Outcome(ERROR, error=str(exc) or "The tool failed.")
+        if call.approval_id is not None:
+            await parts.store.approval_executed(call.approval_id, ok=True)
+        return Outcome(SUCCESS, result=result)
+
+    async def await_decision(self, call: PendingCall) -> str | None:
+        """The human decision on a server tool, or None past the deadline.
+
+        Decisions arrive as notifications (the page's answer, or an operator's
+        over the channel layer); the row is also re-read every few seconds so
+        a lost notification delays the turn instead of expiring it."""
+        loop = asyncio.get_running_loop()
+        while not call.decision.done():
+            remaining = call.deadline - loop.time()
+            if remaining <= 0:
+                return None
+            await asyncio.wait({call.decision}, timeout=min(remaining, DECISION_RECHECK_SECONDS))
+            if not call.decision.done():
+                await self.approvals.apply_row(call)
+        return call.decision.result()

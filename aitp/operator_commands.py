@@ -1,0 +1,48 @@
+"""What operators ask of a live session, carried out by the connection that
+holds it.
+
+An operator's action (``aitp.services.session_command``, or an approval
+decided in the admin or the console) reaches the process holding the session
+as a channel-layer ``session.command``; the consumer hands it here. ``end``
+tells the page and closes with 1008, ``reload`` and ``redirect`` become
+SYSTEM_EVENTs, ``approval_decided`` makes a waiting turn re-read the row,
+``watchers`` turns the watcher feed's frames on or off.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aitp import live
+from aitp import protocol as p
+from aitp.session import CLOSE_POLICY, SessionMachine
+
+
+class OperatorCommands:
+    def __init__(self, machine: SessionMachine, agent: Callable[[], object | None],
+                 feed: Callable[[], object | None]) -> None:
+        self.machine = machine
+        self._agent = agent
+        self._feed = feed
+
+    async def handle(self, event: dict) -> None:
+        """Carry out one command; the frames it queues are the caller's to flush."""
+        command = event.get("command")
+        if command == "end":
+            self.machine.send(p.system_event(
+                "disconnect", message=event.get("message") or "An operator ended this session."
+            ))
+            self.machine.close_now(CLOSE_POLICY, "ended by operator")
+        elif command == "reload":
+            self.machine.send(p.system_event("reload", message=event.get("message") or None))
+        elif command == "redirect" and event.get("url"):
+            self.machine.send(p.system_event(
+                "redirect", message=event.get("message") or None, data={"url": str(event["url"])}
+            ))
+        elif command == "approval_decided":
+            agent = self._agent()
+            if agent is not None:
+                await agent.on_approval_decided(int(event["approval_id"]))
+        elif command == live.WATCHERS_COMMAND:
+            feed = self._feed()
+            if feed is not None:
+                await feed.watchers_changed(event)

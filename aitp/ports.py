@@ -1,0 +1,133 @@
+"""What the protocol app needs from the apps built on it, declared here.
+
+``aitp`` is the ground floor: every other app imports it, and it imports
+none of them. Where a turn needs something an upper app owns (human
+approvals of risky calls, the tenant's server tools; soon speech engines and
+rate limits), this module declares the interface as a ``Protocol`` and the
+upper app registers its implementation at start-up, in its
+``AppConfig.ready()``::
+
+    from aitp import ports
+    ports.provide(approvals=ApprovalsProvider())
+
+The turn asks ``ports.approvals()`` (and ``manage.py ensure_demo`` asks
+``ports.demo_tools()``, which the demo app provides); a port nobody provided raises
+``PortMissing`` naming it, never a bare ``AttributeError`` half way through a
+turn. Every method of ``ApprovalDesk`` except ``load_server_tools`` is
+synchronous ORM work: callers run it on the database threads (``db_call``).
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from aitp.tools import ToolSpec
+
+
+class ApprovalError(Exception):
+    """A request the caller may not make; ``code`` is stable, ``message`` is for people."""
+
+    MESSAGES = {
+        "unknown_call": "no such pending call",
+        "approval_mismatch": "approval does not match the call's arguments",
+        "already_decided": "approval already decided",
+        "not_allowed": "not allowed to decide this approval",
+        "session_ended": "the page's session has ended; the call can no longer run",
+    }
+
+    def __init__(self, code: str, message: str = "") -> None:
+        self.code = code
+        self.message = message or self.MESSAGES.get(code, code)
+        super().__init__(self.message)
+
+
+class PortMissing(RuntimeError):
+    """No app provided the named port (its app is not installed or not ready)."""
+
+
+@runtime_checkable
+class ServerTool(Protocol):
+    """A tool that runs on the server, as the turn runs it."""
+
+    spec: ToolSpec  # origin "server"
+    policy: str  # who approves it: user / operator / user_and_operator
+
+    async def run(self, args: dict, *, session_id: str, tenant_id: int, call_id: str = "") -> Any:
+        """The tool's result; raises with a message fit for the model."""
+
+
+class ApprovalTicket(Protocol):
+    """One request for a human decision, as the turn sees it."""
+
+    id: int
+    status: str
+    needs_user: bool
+    needs_operator: bool
+
+
+class ApprovalDesk(Protocol):
+    """Human approvals of risky calls and the tenant's server tools.
+
+    Each write names the ToolCall row by its ``call_id``; refusals raise
+    ``ApprovalError`` with a stable code."""
+
+    def request_client(self, *, call_id: str, tool_name: str, args: dict, risk: str,
+                       message: str, session_id: str, timeout: float) -> ApprovalTicket: ...
+
+    def request_server(self, *, call_id: str, tool: ServerTool, args: dict, session_id: str,
+                       timeout: float, message: str) -> ApprovalTicket: ...
+
+    def record_violation(self, *, call_id: str, session_id: str, risk: str,
+                         reason: str) -> ApprovalTicket: ...
+
+    def decide_user(self, *, approval_id: int, session_id: str, approved: bool,
+                    error: str | None) -> ApprovalTicket: ...
+
+    def decision(self, approval_id: int) -> tuple[str, str] | None:
+        """(status, who declined: "user", "operator" or ""), None when no such row."""
+
+    def expire(self, *, approval_id: int) -> Any: ...
+
+    def close(self, *, approval_id: int, status: str) -> Any: ...
+
+    def record_execution(self, *, approval_id: int, ok: bool, error: str = "") -> None: ...
+
+    def close_of_ended_sessions(self) -> int: ...
+
+    def expire_overdue(self) -> int: ...
+
+    async def load_server_tools(self, tenant_id: int) -> list[ServerTool]: ...
+
+
+class InstallDemoTools(Protocol):
+    """Offer the demo store's server tools to a tenant (``manage.py ensure_demo``)."""
+
+    def __call__(self, *, tenant: Any) -> Any: ...
+
+
+# The ports a turn may use. Speech engines and rate limits join here, in the
+# same shape: a Protocol above, a slot below, a getter.
+_provided: dict[str, Any] = {}
+PORTS = ("approvals", "demo_tools")
+
+
+def provide(**implementations: Any) -> None:
+    """Register implementations by port name (``AppConfig.ready()``)."""
+    for name, implementation in implementations.items():
+        if name not in PORTS:
+            raise ValueError(f"unknown port {name!r}; known: {', '.join(PORTS)}")
+        _provided[name] = implementation
+
+
+def _get(name: str) -> Any:
+    try:
+        return _provided[name]
+    except KeyError:
+        raise PortMissing(f"no app provides the {name!r} port") from None
+
+
+def approvals() -> ApprovalDesk:
+    return _get("approvals")
+
+
+def demo_tools() -> InstallDemoTools:
+    return _get("demo_tools")
