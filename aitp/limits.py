@@ -9,7 +9,7 @@ when REDIS_URL is set (this process's memory otherwise). Redis being away
 lets the open through with a log line: a rate limit never refuses or closes a
 session because its counter store is down.
 
-Every refusal is an error event with ``data.code`` (wire-compat.md section 2
+Every refusal is an error event with ``data.code`` (protocol.md §10
 decides the close code, where there is one):
 
 - frames over the per-second limit are dropped; the first of each second is
@@ -23,7 +23,7 @@ decides the close code, where there is one):
   the client retries later, when the window has moved on;
 - a tenant's used-up token quota: the spec's own ``"API key usage limit
   exceeded."`` with ``usage_limit_exceeded``, then 1008 at the handshake
-  (wire-compat lists it as permanent), or ending the turn on a USER_INPUT.
+  (protocol.md §10: permanent for the client), or ending the turn on a USER_INPUT.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limited"
 TOO_MANY_FRAMES = "too_many_frames"
-# aitp-spec.md, SYSTEM_EVENT: the spec's own words for a used-up quota.
+# docs/protocol.md §8: the protocol's own words for a used-up quota.
 USAGE_LIMIT_CODE = "usage_limit_exceeded"
 USAGE_LIMIT_MESSAGE = "API key usage limit exceeded."
 USAGE_LIMIT_REASON = "usage limit exceeded"
@@ -236,7 +236,7 @@ class ConnectionLimits:
     async def allow_user_input(self, machine: SessionMachine, *, tenant_id: int) -> bool:
         """A USER_INPUT the machine accepted as a new turn. A refusal queues
         its error; the consumer then ends that turn at once with an empty
-        done (wire-compat section 6)."""
+        done (protocol.md §5)."""
         refusal = None
         if self._inputs is not None and not self._local.hit(self._inputs, "inputs"):
             stats = self._local.get_window_stats(self._inputs, "inputs")

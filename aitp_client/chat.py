@@ -177,7 +177,7 @@ class _Screen:
 
     def show_text(self, chunk: str, done: bool) -> None:
         # done:false frames carry deltas; the done:true frame carries the
-        # complete text (wire-compat 6): print only what is still missing.
+        # complete text (protocol.md §5): print only what is still missing.
         if not done:
             self.streamed += chunk
             self.write(chunk)
@@ -235,7 +235,7 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
         return 2
     out.write(f"connected, session {ack['sessionId']}. type a message; /help for help, /quit or ctrl-d quits.\n")
     out.flush()
-    # wire-compat 4: a page sends its context right after the ACK.
+    # protocol.md §4: a page sends its context right after the ACK.
     await client.context_update("/terminal", "Terminal chat", context={"client": "terminal"})
     screen = _Screen(client, out)
     screen_task = asyncio.create_task(screen.run())

@@ -390,7 +390,7 @@ class AitpClient:
         tools: Iterable[dict] = (),
         context: dict | None = None,
     ) -> dict:
-        """Send a full snapshot of the page (wire-compat 4: never a diff)."""
+        """Send a full snapshot of the page (protocol.md §4: never a diff)."""
         tools = list(tools)
         self.tools = {tool["name"]: tool for tool in tools if isinstance(tool, dict) and "name" in tool}
         return await self.send(

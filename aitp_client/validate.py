@@ -2,7 +2,7 @@
 
 The browser client (OwlLayerClient 0.4.x) validates every frame it receives
 against a strict schema and silently drops a frame that fails
-(wire-compat.md section 3). A dropped frame looks like "nothing happened",
+(protocol.md §1). A dropped frame looks like "nothing happened",
 so this module names every reason a frame would be dropped instead.
 
 ``frame_problems()`` returns the list of problems (empty when the frame is
@@ -34,7 +34,7 @@ MESSAGE_TYPES = frozenset(
     }
 )
 
-# Who may send each type (aitp-spec.md, "Message Types Reference").
+# Who may send each type (docs/protocol.md §2).
 SERVER_TYPES = frozenset(
     {
         "HANDSHAKE_ACK",
@@ -154,7 +154,7 @@ class _Payload:
         self.problems = problems
         self.strict_nulls = strict_nulls
         if strict_nulls:
-            # wire-compat 3: "Never send null for an optional field." No
+            # protocol.md §1: "Never send null for an optional field." No
             # server payload field is nullable, so any top-level null fails.
             for key, value in payload.items():
                 if value is None:
@@ -218,7 +218,7 @@ def _handshake_ack(p: _Payload) -> None:
     p.string("serverVersion")
     p.string("protocolVersion")
     p.string_list("capabilities")
-    # wire-compat 3: any value other than an integer >= 1 voids the whole ACK.
+    # protocol.md §1: any value other than an integer >= 1 voids the whole ACK.
     p.positive_int("maxActiveTools", required=False)
 
 

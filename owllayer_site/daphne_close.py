@@ -2,7 +2,7 @@
 them, under daphne.
 
 The deployed client reads the close code to decide whether to reconnect
-(wire-compat.md section 2): 1008 means "permanent, show the reason". daphne
+(protocol.md §10): 1008 means "permanent, show the reason". daphne
 passes the ASGI close code to autobahn's ``sendClose()``, which refuses any
 code but 1000 and 3000-4999 (the close then turns into a 1011), and daphne
 drops the ASGI ``reason``. This sends the close frame with the code and the
@@ -12,7 +12,7 @@ send.
 It also bounds what one connection can make the process hold:
 
 - a frame over daphne's ceiling (``--websocket-max-message-size``) is closed
-  with 1009, the code wire-compat documents, where autobahn's server default
+  with 1009, the code docs/protocol.md §10 names, where autobahn's server default
   drops the TCP connection (the client sees 1006);
 - frames the client sent but the consumer has not handled yet: past
   ``OWLLAYER_MAX_INBOUND_BYTES`` daphne stops reading the socket until the
@@ -20,7 +20,7 @@ It also bounds what one connection can make the process hold:
 - frames sent to a client that does not read them: past
   ``OWLLAYER_MAX_OUTBOUND_BYTES`` waiting in the socket's write buffer, the
   connection is closed with 1013 (try again later: the client reconnects,
-  wire-compat section 2) and dropped, which frees the buffer and makes
+  protocol.md §10) and dropped, which frees the buffer and makes
   daphne tell the consumer, whose teardown ends the session.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The deployed client's frame check, for tests (wire-compat section 3).
+"""The deployed client's frame check, for tests (protocol.md §1).
 
 OwlLayerClient validates every frame it receives against a strict schema and
 silently drops the ones that fail, so a server bug shows up as "nothing

@@ -1,6 +1,6 @@
 /*
  * OwlLayer browser client: speaks AITP 1.0.0 over a WebSocket exactly as the
- * deployed OwlLayerClient 0.4 does (docs: aitp-spec.md, wire-compat.md).
+ * deployed OwlLayerClient 0.4 does (docs/protocol.md).
  *
  *   import { OwlLayerClient } from "/static/owllayer/owllayer-client.js";
  *   const client = new OwlLayerClient({ apiKey, endpoint });
@@ -26,7 +26,7 @@
  * voice, voice.event, voice.interrupt.
  *
  * Voice, offered only when the server's HANDSHAKE_ACK lists the "audio"
- * capability (client.voiceAvailable; wire-compat 7):
+ * capability (client.voiceAvailable; protocol.md, voice):
  *   await client.startListening();   // the microphone, AUDIO_STREAM chunks
  *   client.stopListening();          // VOICE_INPUT_END {reason: "user_stop"}
  *   client.interrupt();              // stop the agent's voice, VOICE_INTERRUPT
@@ -46,7 +46,7 @@
 
 export const SDK_VERSION = "0.4.0";
 export const PROTOCOL_VERSION = "1.0.0";
-// wire-compat 1 and 2: the deployed client's numbers.
+// protocol.md §3 and 2: the deployed client's numbers.
 const HANDSHAKE_TIMEOUT_MS = 5000;
 const RECONNECT_STEP_MS = 2000;
 const MAX_RECONNECT_ATTEMPTS = 10;
@@ -57,7 +57,7 @@ const PERMANENT_CLOSE_CODES = [1008, 1003, 1011];
 const DENIED_BY_USER = "Action denied by user";
 // Keeps the test log of a long session bounded.
 const MAX_LOGGED_FRAMES = 1000;
-// wire-compat 7: the microphone goes up as 16 kHz 16-bit mono PCM, ~256 ms a chunk.
+// protocol.md, voice: the microphone goes up as 16 kHz 16-bit mono PCM, ~256 ms a chunk.
 const MIC_RATE = 16000;
 const MIC_MIME = "audio/pcm;rate=" + MIC_RATE;
 const MIC_CHUNK_SAMPLES = 4096;
@@ -91,7 +91,7 @@ const SYSTEM_EVENT_KINDS = [
   "transcript", "reload", "redirect", "disconnect",
 ];
 
-// --- strict frame validation (wire-compat section 3) ----------------------------
+// --- strict frame validation (protocol.md §1) ----------------------------
 
 function isObject(value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
@@ -637,7 +637,7 @@ export class OwlLayerClient {
       return;
     }
     if (closeIsPermanent(code)) {
-      // wire-compat 2: no reconnect; show the reason unless the server
+      // protocol.md §10: no reconnect; show the reason unless the server
       // already explained itself with an error event.
       this.giveUp(reason || "The connection was refused (" + code + ").");
       return;
@@ -684,7 +684,7 @@ export class OwlLayerClient {
   send(type, payload) {
     if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
     if (type !== "HANDSHAKE_INIT" && type !== "CONTEXT_UPDATE") {
-      // wire-compat 4: a pending context update goes first, so that after a
+      // protocol.md §4: a pending context update goes first, so that after a
       // tool navigated the page the server sees the new page's tools first.
       this.flushContext();
     }
@@ -901,7 +901,7 @@ export class OwlLayerClient {
     location.assign(target.href);
   }
 
-  // --- voice (wire-compat 7) ---
+  // --- voice (protocol.md, voice) ---
 
   get voiceAvailable() {
     return this.acknowledged && this.capabilities.includes("audio");
@@ -1201,7 +1201,7 @@ export class OwlLayerClient {
     this.runTool(tool, args, callId, (outcome) => this.toolResult(callId, outcome));
   }
 
-  // wire-compat 5: suspend before the handler runs and ask; no TOOL_RESULT follows.
+  // protocol.md §6-7: suspend before the handler runs and ask; no TOOL_RESULT follows.
   askBeforeRunning(tool, args, callId) {
     const message = tool.approvalMessage ? tool.approvalMessage(args) : "";
     const request = {

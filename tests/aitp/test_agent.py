@@ -671,7 +671,7 @@ async def test_a_tool_removed_by_a_navigation_is_not_called_on_the_new_page(llm,
     page = await open_shop(connect, api_key)
 
     async def navigate(page: Page, frame: dict) -> None:
-        # The page flushes its new context before the result (wire-compat 4).
+        # The page flushes its new context before the result (protocol.md §4).
         await page.send("CONTEXT_UPDATE", {"url": "/cart", "title": "Cart",
                                            "activeTools": [CHECKOUT], "context": {"items": 1}})
         await page.send("TOOL_RESULT", {"callId": frame["payload"]["callId"],

@@ -302,7 +302,7 @@ async def test_a_database_outage_at_handshake_asks_the_client_to_retry_later(con
     page = await connect()
     error = await page.handshake(api_key.raw)
     assert error["payload"]["data"]["code"] == "temporarily_unavailable"
-    # 1013: the deployed client reconnects after a delay (wire-compat.md section 2).
+    # 1013: the deployed client reconnects after a delay (protocol.md §10).
     assert (await page.recv())["code"] == 1013
 
 

@@ -46,7 +46,7 @@ IDLE_SECONDS = 21
 # hang into a failure with a message, they are not what is measured.
 TURN_TIMEOUT = 30.0
 EVENT_TIMEOUT = 30.0
-# Codes the deployed client treats as final (wire-compat.md section 2): no
+# Codes the deployed client treats as final (protocol.md §10): no
 # infrastructure fault may send them.
 FINAL_CLOSE_CODES = {1003, 1008, 1011}
 

@@ -75,7 +75,7 @@ def mic(page: Page):
 
 
 def answer_frames(audio_chunks: int) -> list[str]:
-    """What a voice turn's answer looks like on the wire (wire-compat 7)."""
+    """What a voice turn's answer looks like on the wire (protocol.md, voice)."""
     return [
         transcript("user", HEARD),
         frame("AGENT_RESPONSE", {"chunk": "Done: two Pro Headphones", "done": False}),

@@ -1,5 +1,5 @@
 """The in-page client's wire behaviour, in real Chromium, against a scripted
-server: what it sends, what it drops, when it reconnects (wire-compat.md),
+server: what it sends, what it drops, when it reconnects (docs/protocol.md),
 and what it tells the page: the agent's activity and each tool call."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The in-page client's voice (wire-compat.md section 7), in real Chromium
+"""The in-page client's voice (protocol.md, voice), in real Chromium
 against a scripted server: the microphone is Chromium's fake capture device
 playing speech that eSpeak NG recorded at test time, and what the client
 sends and plays is read from the wire and from its counters (never from

@@ -21,7 +21,7 @@ from playwright.async_api import Browser, async_playwright
 from tests.browser.conftest import CHROMIUM_ARGS, ack, frame
 
 SPOKEN = "Please add two pro headphones to my cart."
-# wire-compat 7: 16-bit mono PCM at 16 kHz up, about 256 ms a chunk.
+# protocol.md, voice: 16-bit mono PCM at 16 kHz up, about 256 ms a chunk.
 MIC_MIME = "audio/pcm;rate=16000"
 MIC_CHUNK_BYTES = 4096 * 2
 AGENT_RATE = 24000

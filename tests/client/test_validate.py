@@ -1,4 +1,4 @@
-"""The strict frame checks mirror what the deployed browser client drops (wire-compat 3)."""
+"""The strict frame checks mirror what the deployed browser client drops (protocol.md §1)."""
 from __future__ import annotations
 
 import pytest
