@@ -368,7 +368,9 @@ async def test_a_decision_whose_notice_was_lost_is_found_by_rereading_the_approv
 
 
 async def test_an_approval_nobody_decides_is_waited_for_until_its_deadline_then_expires(session):
-    turn = Turn(session, policy="user", approval_timeout=2.0)
+    # Longer than the turn's 3 s between re-reads of the approval row, so
+    # that the wait is cut in pieces, the last one shorter than a second.
+    turn = Turn(session, policy="user", approval_timeout=3.5)
     await turn.start()
     [waiting] = turn.agent.ledger.open_calls()
     deadline = waiting.deadline
