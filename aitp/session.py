@@ -11,6 +11,11 @@ says about what may happen in which state lives in this one file.
 A HANDSHAKE_INIT that passes the pure checks (protocol version, key present
 and consistent) becomes a ``HandshakeRequested`` event: the key lookup is I/O,
 so the consumer answers with ``accept_handshake()`` or ``refuse()``.
+
+Voice (AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT, USER_INPUT modality
+"audio") is accepted only when ``capabilities`` holds "audio"; the audio is
+checked here (``aitp.voice.inbound``) and comes out as events. Otherwise each
+gets ``voice_unavailable``, and no voice frame is ever sent.
 """
 from __future__ import annotations
 
@@ -21,6 +26,9 @@ from typing import cast
 
 from aitp import protocol as p
 from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
+from aitp.voice import inbound
+from aitp.voice.audio import AudioRefused
+from aitp.voice.base import Audio
 
 # wire-compat.md section 2: the client treats 1008 as permanent.
 CLOSE_POLICY = 1008
@@ -44,6 +52,8 @@ class Limits:
     max_invalid_frames: int = 20
     max_input_chars: int = 8000
     max_json_depth: int = p.DEFAULT_MAX_DEPTH
+    # The longest audio message (USER_INPUT modality "audio"), in seconds.
+    max_audio_seconds: float = 30.0
 
 
 # --- events the consumer acts on ---------------------------------------------
@@ -84,10 +94,41 @@ class ApprovalResponseReceived:
     response: p.ApprovalResponse
 
 
+@dataclass(frozen=True)
+class UserAudioReceived:
+    """A whole audio message (USER_INPUT modality "audio"), checked; a turn starts."""
+
+    audio: Audio
+
+
+@dataclass(frozen=True)
+class AudioChunkReceived:
+    """One checked chunk of the live microphone (AUDIO_STREAM), 16 kHz PCM."""
+
+    pcm: bytes
+
+
+@dataclass(frozen=True)
+class VoiceInputEnded:
+    reason: str  # user_stop, vad or timeout
+
+
+@dataclass(frozen=True)
+class VoiceInterrupted:
+    reason: str
+
+
+# Frames (besides SYSTEM_EVENT transcript) only a session offered "audio" is sent.
+VOICE_OUT = frozenset({p.MessageType.AUDIO_STREAM, p.MessageType.VOICE_STATE_EVENT})
+
 Event = (
     HandshakeRequested
     | ContextChanged
     | UserTextReceived
+    | UserAudioReceived
+    | AudioChunkReceived
+    | VoiceInputEnded
+    | VoiceInterrupted
     | ToolResultReceived
     | ApprovalRequestReceived
     | ApprovalResponseReceived
@@ -98,6 +139,13 @@ Event = (
 class Close:
     code: int
     reason: str
+
+
+def _is_voice(message: p.Message) -> bool:
+    if message.type in VOICE_OUT:
+        return True
+    return (message.type is p.MessageType.SYSTEM_EVENT
+            and cast(p.SystemEvent, message.payload).kind == "transcript")
 
 
 def _short_reason(reason: str) -> str:
@@ -170,11 +218,31 @@ class SessionMachine:
         if kind is p.MessageType.APPROVAL_RESPONSE:
             self.invalid_in_a_row = 0
             return [ApprovalResponseReceived(cast(p.ApprovalResponse, message.payload))]
-        # AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT: no voice backend yet,
-        # and HANDSHAKE_ACK did not offer "audio".
+        # AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT
+        if not self.audio:
+            # HANDSHAKE_ACK did not offer "audio".
+            self.invalid_in_a_row = 0
+            self.error("voice_unavailable", "voice is not available on this server",
+                       message_id=message.id)
+            return []
+        if kind is p.MessageType.AUDIO_STREAM:
+            chunk = cast(p.AudioStream, message.payload)
+            try:
+                pcm = inbound.stream_chunk(chunk.data, chunk.mimeType)
+            except AudioRefused as exc:
+                self._invalid(exc.code, exc.message, message_id=message.id)
+                return []
+            self.invalid_in_a_row = 0
+            return [AudioChunkReceived(pcm)]
         self.invalid_in_a_row = 0
-        self.error("voice_unavailable", "voice is not available on this server", message_id=message.id)
-        return []
+        if kind is p.MessageType.VOICE_INPUT_END:
+            return [VoiceInputEnded(cast(p.VoiceInputEnd, message.payload).reason)]
+        return [VoiceInterrupted(cast(p.VoiceInterrupt, message.payload).reason)]
+
+    @property
+    def audio(self) -> bool:
+        """Whether this session speaks the voice messages (HANDSHAKE_ACK offers "audio")."""
+        return "audio" in self.capabilities
 
     def _handshake(self, init: p.HandshakeInit) -> list[Event]:
         if init.protocolVersion != p.PROTOCOL_VERSION:
@@ -236,13 +304,8 @@ class SessionMachine:
 
     def _user_input(self, message: p.Message) -> list[Event]:
         user_input = cast(p.UserInput, message.payload)
-        if user_input.modality != "text":
-            self.invalid_in_a_row = 0
-            self.error(
-                "voice_unavailable", "audio input is not available on this server",
-                message_id=message.id,
-            )
-            return []
+        if user_input.modality == "audio":
+            return self._user_audio(message, user_input)
         text = user_input.content
         if not text.strip():
             self._invalid("empty_input", "the message is empty", message_id=message.id)
@@ -265,6 +328,39 @@ class SessionMachine:
             return []
         self.turn_active = True
         return [UserTextReceived(text)]
+
+    def _user_audio(self, message: p.Message, user_input: p.UserInput) -> list[Event]:
+        if not self.audio:
+            self.invalid_in_a_row = 0
+            self.error(
+                "voice_unavailable", "audio input is not available on this server",
+                message_id=message.id,
+            )
+            return []
+        try:
+            audio = inbound.whole_message(user_input.content, user_input.mimeType,
+                                          max_seconds=self.limits.max_audio_seconds)
+        except AudioRefused as exc:
+            self._invalid(exc.code, exc.message, message_id=message.id)
+            return []
+        self.invalid_in_a_row = 0
+        if self.turn_active:
+            self.error(
+                "turn_in_progress",
+                "the agent is still answering; wait for it to finish",
+                message_id=message.id,
+            )
+            return []
+        self.turn_active = True
+        return [UserAudioReceived(audio)]
+
+    def start_voice_turn(self) -> bool:
+        """The live microphone starts a turn (the first chunk of an utterance);
+        False when a turn is already running."""
+        if self.turn_active:
+            return False
+        self.turn_active = True
+        return True
 
     # --- decisions from the consumer ------------------------------------------
 
@@ -315,7 +411,10 @@ class SessionMachine:
     # --- output --------------------------------------------------------------
 
     def send(self, message: p.Message) -> None:
-        """Queue a frame for the peer; nothing is sent once closed."""
+        """Queue a frame for the peer; nothing is sent once closed, and no
+        voice frame to a session that was not offered "audio"."""
+        if not self.audio and _is_voice(message):
+            return
         if self.state is State.OPEN or (
             self.state is State.AWAITING_HANDSHAKE and message.type is p.MessageType.SYSTEM_EVENT
         ):
