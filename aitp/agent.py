@@ -10,7 +10,9 @@ ends through ``TurnIO.end_turn`` -- the one place a turn ends.
 The rest of the turn, by concern: ``aitp.agent_page_tools`` (TOOL_CALL out,
 TOOL_RESULT in), ``aitp.agent_server_tools`` (run on the server, after
 approval), ``aitp.agent_approvals`` (a person decides), ``aitp.agent_text``
-(text frames, history window), ``aitp.agent_parts`` (what they share).
+(text frames, history window), ``aitp.agent_parts`` (what they share),
+``aitp.agent_voice`` (a voice turn's listening and speaking: the same turn,
+with the user's words transcribed first and the answer spoken as it streams).
 Inbound answers arrive through the ``on_*`` methods, called from the
 consumer's receive handler; they resolve futures the turn awaits, never
 await the turn themselves.
@@ -28,6 +30,7 @@ from aitp.agent_parts import AgentConfig, AgentIO, ApprovalLimits, PageSnapshot,
 from aitp.agent_server_tools import ServerTools
 from aitp.agent_store import AgentStore
 from aitp.agent_text import TextStreamer, bounded_history
+from aitp.agent_voice import Listening, Speaker
 from aitp.ledger import CANCELLED, ERROR, INVALID_ARGS, UNAVAILABLE, Ledger, Outcome, PendingCall, new_call_id
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.ports import ServerTool
@@ -100,27 +103,54 @@ class Agent:
         self._last_page: PageSnapshot | None = None
         # What pending calls become when the turn task is cancelled.
         self.cancel_status = CANCELLED
+        # The running voice turn's voice, and whether a barge-in cut it.
+        self._speaker: Speaker | None = None
+        self._barged_in = False
+
+    def interrupt(self) -> None:
+        """VOICE_INTERRUPT: the agent's voice stops now, before the turn's
+        task is cancelled; the turn stores what the user heard."""
+        self._barged_in = True
+        if self._speaker is not None:
+            self._speaker.stop()
 
     # --- the turn ------------------------------------------------------------
 
-    async def run_turn(self, text: str) -> None:
+    async def run_turn(self, text: str = "", *, voice: Listening | None = None) -> None:
+        """One turn: ``text`` typed, or ``voice`` heard (transcribed, then the
+        same turn, with the answer spoken as well as written)."""
         self.turn += 1
         usage = Usage()
         streamer = TextStreamer(self.io.send_message, self.config.stream_interval)
         full_text: list[str] = []
         log = _SessionLog(logger, self.session_id)
         done: p.Message | None = None
+        speaker: Speaker | None = None
+        self._barged_in = False
+        # Where the text of the round not yet stored starts in the full text.
+        round_start = 0
         try:
             await self.io.set_state("answering")
+            if voice is not None:
+                text, _ = await voice.hear(self.io.send_message)
+                if not text:
+                    await self.io.send_message(p.voice_state("turn_complete"))
+                    done = p.agent_response("", True)
+                    return
+                speaker = self._speaker = Speaker(self.io.send_message)
             await self._append("user", [{"type": "text", "text": text}, *self._page_blocks()])
             rounds = 0
             while True:
                 force_answer = rounds >= self.config.max_tool_rounds
                 request = self._build_request(force_answer=force_answer)
-                completion = await self._stream(request, streamer, full_text)
+                completion = await self._stream(request, streamer, full_text, speaker)
                 _add_usage(usage, completion.usage)
                 tool_uses = [b for b in completion.content if b.get("type") == "tool_use"]
                 if not tool_uses:
+                    if speaker is not None:
+                        # Stored once it was all said: a barge-in stores what was.
+                        await streamer.close()
+                        await speaker.finish()
                     # An empty answer is not stored: the API refuses an empty
                     # message in the next request.
                     if completion.content:
@@ -131,25 +161,42 @@ class Agent:
                 skip = (Outcome(CANCELLED, error="Tool round limit reached; answer without tools.")
                         if force_answer else None)
                 await self._run_tools(completion.content, tool_uses, skip=skip)
+                round_start = len("".join(full_text))
                 if force_answer:
                     break
                 await self.io.set_state("answering")
             await streamer.close()
+            if speaker is not None:
+                await speaker.finish()
+                await self.io.send_message(p.voice_state("turn_complete"))
             done = p.agent_response("".join(full_text), True)
             log.info("turn %s done: %s rounds", self.turn, rounds)
+        except asyncio.CancelledError:
+            if speaker is not None and self._barged_in:
+                await self._store_heard(speaker, "".join(full_text), round_start)
+            raise
         except LlmError as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
             await streamer.discard()
             await self.io.send_message(p.error_event(exc.code, exc.message))
+            if speaker is not None:
+                await speaker.aclose()
+                await self.io.send_message(p.voice_state("turn_complete"))
             done = p.agent_response("", True)
         except Exception:
             # Our bug, not the peer's: log it, end the turn for the page.
             log.exception("turn %s crashed", self.turn)
             await streamer.discard()
             await self.io.send_message(p.error_event("internal_error", "Something went wrong on the server."))
+            if speaker is not None:
+                await speaker.aclose()
+                await self.io.send_message(p.voice_state("turn_complete"))
             done = p.agent_response("", True)
         finally:
             try:
+                self._speaker = None
+                if speaker is not None:
+                    await speaker.aclose()
                 await streamer.discard()
                 # Bookkeeping runs even while the task is being cancelled.
                 await self._checkpoint(usage=usage)
@@ -159,6 +206,13 @@ class Agent:
                 # send its next message the moment it reads the done frame,
                 # and the turn must be over by then.
                 await self.io.end_turn(done)
+
+    async def _store_heard(self, speaker: Speaker, full_text: str, round_start: int) -> None:
+        """After a barge-in: the answer as far as the user heard it, stored
+        as the assistant's message (the part not stored with a tool round)."""
+        heard = speaker.spoken_text(full_text)[round_start:].strip()
+        if heard and self.history and self.history[-1]["role"] == "user":
+            await self._append("assistant", [{"type": "text", "text": heard}])
 
     def _page_blocks(self) -> list[dict]:
         page = self.io.page()
@@ -206,7 +260,8 @@ class Agent:
         )
 
     async def _stream(
-        self, request: LlmRequest, streamer: TextStreamer, full_text: list[str]
+        self, request: LlmRequest, streamer: TextStreamer, full_text: list[str],
+        speaker: Speaker | None = None,
     ) -> MessageComplete:
         separator_due = bool(full_text)
         async with contextlib.aclosing(self.backend.stream(request)) as events:
@@ -215,9 +270,13 @@ class Agent:
                     if separator_due and event.text:
                         full_text.append("\n\n")
                         streamer.push("\n\n")
+                        if speaker is not None:
+                            speaker.feed("\n\n")
                         separator_due = False
                     full_text.append(event.text)
                     streamer.push(event.text)
+                    if speaker is not None:
+                        speaker.feed(event.text)
                 elif isinstance(event, MessageComplete):
                     return event
         raise LlmError("stream_interrupted", "The answer was cut off. Please try again.")

@@ -9,6 +9,13 @@ the one place a turn ends is its ``end_turn``.
 
 ``receive()`` never awaits a turn: the TOOL_RESULT the turn waits for arrives
 through this same handler, and Channels runs one handler at a time.
+
+Voice (when HANDSHAKE_ACK offered "audio": both speech engines work, checked
+once per process off the loop): microphone chunks are counted against the
+connection's audio budget and gathered in a ``Listening``; its first chunk
+starts a voice turn (the same turn task), or, while another turn runs, the
+next one. VOICE_INTERRUPT stops the agent's voice at once, cancels the turn
+and answers ``interrupted``.
 """
 from __future__ import annotations
 
@@ -23,10 +30,11 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from aitp import notify, ports, processes, services
+from aitp import notify, ports, processes, services, voice
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
+from aitp.agent_voice import Listening
 from aitp.db import DbCallConsumer, db_call
 from aitp.limits import connection_limits
 from aitp.llm import get_backend
@@ -39,20 +47,34 @@ from aitp.session import (
     CLOSE_TRY_AGAIN_LATER,
     ApprovalRequestReceived,
     ApprovalResponseReceived,
+    AudioChunkReceived,
     ContextChanged,
     HandshakeRequested,
     Limits,
     SessionMachine,
     State,
     ToolResultReceived,
+    UserAudioReceived,
     UserTextReceived,
+    VoiceInputEnded,
+    VoiceInterrupted,
 )
 from aitp.tools import ToolSurface
+from aitp.voice.utterance import AudioBudget, VoiceLimits
 from aitp.watch_feed import WatcherFeed
 
 logger = logging.getLogger(__name__)
 
 CAPABILITIES = ("text", "tools")
+VOICE_CAPABILITIES = ("text", "audio", "tools")
+
+
+async def capabilities() -> tuple[str, ...]:
+    """What HANDSHAKE_ACK offers: "audio" only when voice is on and both
+    speech engines work (checked once per process, in the speech pool)."""
+    if settings.OWLLAYER_VOICE and await voice.audio_available_async():
+        return VOICE_CAPABILITIES
+    return CAPABILITIES
 
 
 def limits_from_settings() -> Limits:
@@ -63,6 +85,7 @@ def limits_from_settings() -> Limits:
         max_invalid_frames=settings.OWLLAYER_MAX_INVALID_FRAMES,
         max_input_chars=settings.OWLLAYER_MAX_INPUT_CHARS,
         max_json_depth=settings.OWLLAYER_MAX_JSON_DEPTH,
+        max_audio_seconds=settings.OWLLAYER_VOICE_MAX_UTTERANCE_SECONDS,
     )
 
 
@@ -133,6 +156,11 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.session_row = None
         self.agent: Agent | None = None
         self.turn_task: asyncio.Task | None = None
+        # The utterance the microphone is filling (None between utterances),
+        # and the one the running turn is still listening to.
+        self.listening: Listening | None = None
+        self.turn_listening: Listening | None = None
+        self.audio_budget: AudioBudget | None = None
         self.teardown_task: asyncio.Task | None = None
         self.feed: WatcherFeed | None = None
         self.row_writer = SessionRowWriter(own=self._own)
@@ -197,6 +225,19 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
                 self._start_turn(event.text)
             else:
                 self._turn_over(p.agent_response("", True))  # refused: its error, then done
+        elif isinstance(event, UserAudioReceived):
+            tenant_id = self.session_row.tenant_id
+            if await self.rate_limits.allow_user_input(self.machine, tenant_id=tenant_id):
+                self._start_voice_turn(Listening(audio=event.audio))
+            else:
+                self._turn_over(p.agent_response("", True))
+        elif isinstance(event, AudioChunkReceived):
+            self._audio_chunk(event.pcm)
+        elif isinstance(event, VoiceInputEnded):
+            if self.listening is not None:
+                self.listening.end(event.reason)
+        elif isinstance(event, VoiceInterrupted):
+            self._barge_in(event.reason)
         elif isinstance(event, ToolResultReceived):
             await self._answer(self.agent.on_tool_result(event.result))
         elif isinstance(event, ApprovalRequestReceived):
@@ -252,6 +293,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             server_tools={tool.spec.name: tool for tool in server_tools},
             limits=self.rate_limits,
         )
+        self.machine.capabilities = await capabilities()
+        if self.machine.audio:
+            self.audio_budget = AudioBudget(settings.OWLLAYER_VOICE_BYTES_PER_SECOND,
+                                            asyncio.get_running_loop().time())
         self.machine.accept_handshake(session.id)
         self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
@@ -275,6 +320,37 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     def _start_turn(self, text: str) -> None:
         self.turn_task = self._own(asyncio.create_task(self.agent.run_turn(text)), "turn")
 
+    def _start_voice_turn(self, listening: Listening) -> None:
+        listening.claimed = True
+        self.turn_listening = listening
+        self.turn_task = self._own(asyncio.create_task(self.agent.run_turn(voice=listening)), "turn")
+
+    def _audio_chunk(self, pcm: bytes) -> None:
+        if not self.audio_budget.take(len(pcm), asyncio.get_running_loop().time()):
+            self.machine.error("audio_too_fast",
+                               "Audio is arriving faster than this server accepts; the chunk was dropped.")
+            return
+        if self.listening is None or self.listening.over:
+            self.listening = Listening(VoiceLimits.from_settings())
+        self.listening.add(pcm)
+        self._next_voice_turn()
+
+    def _next_voice_turn(self) -> None:
+        """An utterance no turn has taken starts one as soon as no other runs."""
+        listening = self.listening
+        if listening is not None and not listening.claimed and self.machine.start_voice_turn():
+            self._start_voice_turn(listening)
+
+    def _barge_in(self, reason: str) -> None:
+        """The user spoke over the agent: its voice stops now, its turn is
+        cancelled (pending calls end as cancelled), the page hears interrupted."""
+        running = self.turn_task is not None and not self.turn_task.done()
+        still_listening = self.turn_listening is not None and self.turn_listening.utterance is None
+        if running and not still_listening:
+            self.agent.interrupt()
+            self.turn_task.cancel()
+        self.machine.send(p.voice_state("interrupted", reason=reason or "barge_in"))
+
     async def end_turn(self, done: p.Message | None) -> None:
         """The agent's turn is over (it calls this last, whatever happened
         to the turn; ``done`` is None when it was cancelled)."""
@@ -286,8 +362,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         next message as soon as it reads the done frame (wire-compat 6): the
         turn is over before the frame is queued."""
         self.machine.end_turn()
+        self.turn_listening = None
         if done is not None:
             self.machine.send(done)
+        self._next_voice_turn()
 
     # --- frames out -------------------------------------------------------------
 

@@ -20,7 +20,9 @@ from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, ORIGIN, in_db, o
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-async def test_a_valid_handshake_gets_an_ack_with_a_session_and_integer_tool_limit(connect, api_key):
+async def test_a_valid_handshake_gets_an_ack_with_a_session_and_integer_tool_limit(connect, api_key,
+                                                                                  settings):
+    settings.OWLLAYER_VOICE = False
     page = await connect()
     ack = await page.handshake(api_key.raw)
     assert ack["type"] == "HANDSHAKE_ACK"
@@ -236,7 +238,8 @@ async def test_text_over_8000_characters_is_refused(connect, api_key):
     await page.close()
 
 
-async def test_audio_is_refused_because_no_voice_backend_is_offered(connect, api_key):
+async def test_audio_is_refused_when_voice_is_not_offered(connect, api_key, settings):
+    settings.OWLLAYER_VOICE = False
     page = await open_page(connect, api_key)
     await page.send("AUDIO_STREAM", {"data": "AAAA", "mimeType": "audio/pcm;rate=16000"})
     assert (await page.recv())["payload"]["data"]["code"] == "voice_unavailable"
