@@ -410,6 +410,9 @@ OWLLAYER_SWEEP_INTERVAL = env_float("OWLLAYER_SWEEP_INTERVAL", 60.0, minimum=0.5
 OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0)
 
 # --- Voice (README "Voice (engines)") -------------------------------------
+# Whether sessions are offered voice at all (they are only when both engines
+# below work as well).
+OWLLAYER_VOICE = env_bool("OWLLAYER_VOICE", True)
 # Speech engines: offline PocketSphinx and eSpeak NG by default, or OpenAI's
 # audio endpoints (any server speaking them, at OWLLAYER_VOICE_BASE_URL).
 OWLLAYER_STT = env_choice("OWLLAYER_STT", "pocketsphinx", ("pocketsphinx", "openai"))
