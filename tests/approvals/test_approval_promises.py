@@ -68,6 +68,7 @@ class Page:
     async def end_turn(self, done) -> None:
         if done is not None:
             self.frames.append(done)
+            self.sent_at.append(asyncio.get_running_loop().time())
 
     def surface(self) -> ToolSurface:
         return self._surface
@@ -378,7 +379,7 @@ async def test_an_approval_nobody_decides_is_waited_for_until_its_deadline_then_
     call = await turn.finish()
 
     # The page hears of the expiry no sooner than the deadline.
-    [told_at] = [at for at, m in zip(turn.page.sent_at, turn.page.frames)
+    [told_at] = [at for at, m in zip(turn.page.sent_at, turn.page.frames, strict=True)
                  if (m.payload.model_dump().get("data") or {}).get("code") == "approval_expired"]
     assert told_at >= deadline
     assert turn.runs.calls == []

@@ -272,9 +272,9 @@ def server_approval(session, policy: str) -> Approval:
     from approvals.models import ServerTool
 
     tool, _ = ServerTool.objects.get_or_create(
-        tenant=session.tenant, name="refund", defaults=dict(
-            description="Refund an order", risk="high", kind=ServerTool.Kind.WEBHOOK,
-            webhook_url="http://127.0.0.1:9/refund", approval_policy=policy),
+        tenant=session.tenant, name="refund", defaults={
+            "description": "Refund an order", "risk": "high", "kind": ServerTool.Kind.WEBHOOK,
+            "webhook_url": "http://127.0.0.1:9/refund", "approval_policy": policy},
     )
     call = make_call(session, name="refund", args={"order": "A1"}, risk="high", origin="server")
     return services.approval_request_server(
