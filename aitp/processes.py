@@ -25,6 +25,10 @@ by reconnecting (to another process behind the proxy); running turns are
 cancelled with every tool call given its final status; then the rows left
 are closed and the process is marked stopped.
 
+The tenants' usage counts this process added up (``services.UsageBuffer``)
+are written every ``OWLLAYER_USAGE_FLUSH_INTERVAL`` by a timer and at the
+clean stop, before the process is marked stopped.
+
 The heartbeats of this process's sessions (each marks its row seen and
 re-checks its key every heartbeat interval) are gathered: the sessions that
 beat within a fifth of a second share one database call
@@ -102,6 +106,8 @@ def mark_stopped(*, reason: str = "server shutting down") -> int:
     (with their calls), mark it stopped, close the approvals of ended
     sessions. Returns how many session rows were still open."""
     global _stopped
+    # The usage counts this process added up and has not written yet.
+    services.usage_flush_logged()
     if not current_id():
         return 0
 
@@ -256,11 +262,15 @@ def draining() -> bool:
 
 
 def start_timers(loop: asyncio.AbstractEventLoop | None = None) -> None:
-    """Refresh this process's row every OWLLAYER_HEARTBEAT_INTERVAL and sweep
-    every OWLLAYER_SWEEP_INTERVAL, on the serving event loop."""
+    """Refresh this process's row every OWLLAYER_HEARTBEAT_INTERVAL, sweep
+    every OWLLAYER_SWEEP_INTERVAL and write the usage counts added up every
+    OWLLAYER_USAGE_FLUSH_INTERVAL, on the serving event loop."""
     loop = loop or asyncio.get_event_loop()
     _timers.append(loop.create_task(_every(settings.OWLLAYER_HEARTBEAT_INTERVAL, _heartbeat)))
     _timers.append(loop.create_task(_every(settings.OWLLAYER_SWEEP_INTERVAL, _sweep)))
+    if settings.OWLLAYER_USAGE_FLUSH_INTERVAL > 0:
+        _timers.append(loop.create_task(
+            _every(settings.OWLLAYER_USAGE_FLUSH_INTERVAL, _usage_flush)))
 
 
 async def _every(interval: float, job) -> None:
@@ -277,6 +287,12 @@ async def _every(interval: float, job) -> None:
 
 async def _heartbeat() -> None:
     await db_call(mark_alive)
+
+
+async def _usage_flush() -> None:
+    # Only when something is pending: an idle process makes no database call.
+    if services.usage_pending():
+        await db_call(services.usage_flush)
 
 
 async def _sweep() -> None:

@@ -4,6 +4,14 @@ Sync functions, one transaction per unit of work; async callers wrap each one
 in a single ``database_sync_to_async`` call. Functions that must reach live
 sessions on other processes write first, then notify over the channel layer
 (see ``aitp.notify``); receivers re-read the database.
+
+Two writes keep the rows every session shares out of the sessions'
+transactions, so those of different sessions never queue behind each other:
+the tenant's daily usage counters are added up in this process and written
+behind (``UsageBuffer``, one UPDATE per tenant and day at most every
+``OWLLAYER_USAGE_FLUSH_INTERVAL`` seconds, and when the process stops), and
+a session open takes its key's row lock after its insert, for the cap's
+count and the commit only.
 """
 from __future__ import annotations
 
@@ -11,11 +19,14 @@ import hashlib
 import hmac
 import logging
 import secrets
+import threading
+import time
+from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
@@ -78,12 +89,14 @@ def api_key_create(
 
 def api_key_lookup(raw_key: str, *, for_update: bool = False) -> ApiKey | None:
     """The key row for a plaintext key, whatever its status; None if unknown.
-    ``for_update`` locks the row (inside a transaction)."""
+    ``for_update`` locks the row (inside a transaction; FOR NO KEY UPDATE on
+    PostgreSQL, the tenant row is not locked)."""
     if not raw_key or len(raw_key) < LOOKUP_PREFIX_LENGTH or len(raw_key) > 200:
         return None
     rows = ApiKey.objects.select_related("tenant")
     if for_update:
-        rows = rows.select_for_update()
+        # Not FOR UPDATE: see session_open.
+        rows = rows.select_for_update(no_key=True, of=("self",))
     key = rows.filter(prefix=raw_key[:LOOKUP_PREFIX_LENGTH]).first()
     if key is None:
         # Hash anyway so an unknown prefix costs the same as a wrong key.
@@ -202,28 +215,28 @@ class HandshakeInfo:
     process: str = ""
 
 
+# A key's ``last_used_at`` is rewritten when it is older than this (the
+# console shows it to the minute): most opens then write nothing to the key row.
+KEY_USE_PRECISION = timedelta(seconds=60)
+
+
 def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, Refusal | None]:
-    """Check the key and the concurrent-session cap, and open the session, in
-    one transaction: the key row is locked so two handshakes racing on two
-    processes cannot both take the last slot. The key is read once, locked."""
+    """Check the key and the concurrent-session cap, and open the session.
+
+    The key is read and checked without a lock first (a bad key costs no
+    transaction). Then, in one transaction, the session row is inserted and
+    only after it the key row is locked, read again and the key's live
+    sessions counted, this one included: two handshakes racing on two
+    processes cannot both take the last slot, and the lock is held for the
+    count and the commit only, never across the insert (the day's usage is
+    written behind, ``usage_count``). The row read under the lock decides;
+    a refusal rolls the insert back."""
     now = timezone.now()
+    key = api_key_lookup(raw_key)
+    refusal = api_key_refusal(key, origin=info.origin, now=now)
+    if refusal is not None:
+        return None, refusal
     with transaction.atomic():
-        key = api_key_lookup(raw_key, for_update=True)
-        refusal = api_key_refusal(key, origin=info.origin, now=now)
-        if refusal is not None:
-            return None, refusal
-        if limits.token_quota_used_up(key.tenant, now=now):
-            return None, Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
-                                 limits.USAGE_LIMIT_REASON)
-        live = Session.objects.filter(api_key=key, **live_sessions_filter(now)).count()
-        if live >= key.max_sessions:
-            live = _live_sessions_without_gone_processes(key, now)
-        if live >= key.max_sessions:
-            return None, Refusal(
-                "session_limit",
-                "Too many concurrent sessions for this API key.",
-                "session limit reached",
-            )
         session = Session.objects.create(
             id=info.session_id,
             tenant=key.tenant,
@@ -239,9 +252,41 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
             last_seen_at=now,
             last_activity_at=now,
         )
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-        _usage_add(key.tenant_id, now, sessions=1)
+        refusal = _session_open_refusal(raw_key, info, now)
+        if refusal is not None:
+            transaction.set_rollback(True)
+            return None, refusal
+    usage_count(key.tenant_id, now, sessions=1)
     return session, None
+
+
+def _session_open_refusal(raw_key: str, info: HandshakeInfo, now: datetime) -> Refusal | None:
+    """Under the key's row lock (inside session_open's transaction, its own
+    row already inserted): the refusal of the key as it is now, of its
+    tenant's token quota or of its session cap; None admits the session."""
+    # FOR NO KEY UPDATE: the session rows inserted by other opens hold a
+    # KEY SHARE lock on the key row (their foreign key) until they commit;
+    # a FOR UPDATE would wait for them, and they for it.
+    key = api_key_lookup(raw_key, for_update=True)
+    refusal = api_key_refusal(key, origin=info.origin, now=now)
+    if refusal is not None:
+        return refusal
+    if limits.token_quota_used_up(key.tenant, now=now):
+        return Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
+                       limits.USAGE_LIMIT_REASON)
+    # The live sessions of the key, this one included.
+    live = Session.objects.filter(api_key=key, **live_sessions_filter(now)).count()
+    if live > key.max_sessions:
+        live = _live_sessions_without_gone_processes(key, now)
+    if live > key.max_sessions:
+        return Refusal(
+            "session_limit",
+            "Too many concurrent sessions for this API key.",
+            "session limit reached",
+        )
+    if key.last_used_at is None or key.last_used_at <= now - KEY_USE_PRECISION:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return None
 
 
 def session_still_allowed(*, session_id: str) -> Refusal | None:
@@ -367,32 +412,130 @@ def session_add_usage(
     *, session_id: str, tenant_id: int, input_tokens: int, output_tokens: int,
     cache_read_tokens: int, cache_write_tokens: int, turns: int = 0,
 ) -> None:
+    """Add a turn's tokens to its session's row (one UPDATE, in the caller's
+    transaction) and count them in the tenant's day (written behind)."""
     now = timezone.now()
-    # No savepoint inside a checkpoint: two round trips fewer per turn.
-    with transaction.atomic(savepoint=False):
-        Session.objects.filter(id=session_id).update(
-            turns=F("turns") + turns,
-            input_tokens=F("input_tokens") + input_tokens,
-            output_tokens=F("output_tokens") + output_tokens,
-            cache_read_tokens=F("cache_read_tokens") + cache_read_tokens,
-            cache_write_tokens=F("cache_write_tokens") + cache_write_tokens,
-            last_activity_at=now,
-        )
-        _usage_add(
-            tenant_id, now, turns=turns, input_tokens=input_tokens, output_tokens=output_tokens,
-            cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
-        )
+    _session_usage_update(
+        session_id, now, turns=turns, input_tokens=input_tokens, output_tokens=output_tokens,
+        cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
+    )
+    usage_count(
+        tenant_id, now, turns=turns, input_tokens=input_tokens, output_tokens=output_tokens,
+        cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
+    )
 
 
-def _usage_add(tenant_id: int, now: datetime, **amounts: int) -> None:
-    day = timezone.localdate(now)
+def _session_usage_update(session_id: str, now: datetime, **amounts: int) -> None:
+    Session.objects.filter(id=session_id).update(
+        **{name: F(name) + amount for name, amount in amounts.items()}, last_activity_at=now,
+    )
+
+
+# --- the tenants' daily usage, written behind -----------------------------------
+
+USAGE_FIELDS = (
+    "sessions", "turns", "input_tokens", "output_tokens", "cache_read_tokens",
+    "cache_write_tokens",
+)
+
+
+class UsageBuffer:
+    """The ``DailyUsage`` counts this process added and has not written yet,
+    per (tenant, day). Every open and every turn of a tenant adds to the same
+    row; written from inside their transactions, that row's lock made them
+    wait for one another through their commits. Here they only add in
+    memory; ``flush`` writes each (tenant, day) in one UPDATE, outside any
+    session's transaction.
+
+    It flushes when a count arrives and the last flush is at least
+    ``OWLLAYER_USAGE_FLUSH_INTERVAL`` seconds old (0: every count is written
+    at once), on the serving process's timer (``aitp.processes``) and when
+    the process stops. A flush the database refuses keeps its counts for the
+    next one. A process killed outright loses at most one interval's counts;
+    the monthly token quota (``aitp.limits``) sees another process's tokens
+    at most one interval late."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[int, date], Counter] = {}
+        self._last_flush = time.monotonic()
+
+    def add(self, tenant_id: int, day: date, amounts: dict[str, int]) -> None:
+        amounts = {name: amount for name, amount in amounts.items() if amount}
+        with self._lock:
+            self._pending.setdefault((tenant_id, day), Counter()).update(amounts)
+
+    def pending(self) -> dict[tuple[int, date], dict[str, int]]:
+        """What is not written yet (a copy)."""
+        with self._lock:
+            return {row: dict(amounts) for row, amounts in self._pending.items()}
+
+    def due(self) -> bool:
+        interval = settings.OWLLAYER_USAGE_FLUSH_INTERVAL
+        if interval <= 0:
+            return True
+        # Never from inside a transaction: the row lock would last until its commit.
+        return time.monotonic() - self._last_flush >= interval and not connection.in_atomic_block
+
+    def flush(self) -> int:
+        """Write every pending count, one statement per (tenant, day) row;
+        returns how many rows were written. Raises what the database raised,
+        after putting back what it could not write."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            self._last_flush = time.monotonic()
+        rows = list(pending.items())
+        for done, ((tenant_id, day), amounts) in enumerate(rows):
+            try:
+                _usage_write(tenant_id, day, amounts)
+            except DatabaseError:
+                for row, left in rows[done:]:
+                    self.add(*row, left)
+                raise
+        return len(rows)
+
+
+_usage = UsageBuffer()
+
+
+def usage_count(tenant_id: int, now: datetime, **amounts: int) -> None:
+    """Count these amounts in the tenant's day (``DailyUsage``), written
+    behind (see UsageBuffer). Call it once the work they count is committed."""
+    _usage.add(tenant_id, timezone.localdate(now), amounts)
+    if _usage.due():
+        usage_flush_logged()
+
+
+def usage_flush() -> int:
+    """Write this process's pending usage counts now (the timer, the stop,
+    tests). Returns how many (tenant, day) rows were written."""
+    return _usage.flush()
+
+
+def usage_flush_logged() -> int:
+    """``usage_flush`` for callers whose own work is done: a database that
+    cannot take the counts now keeps them pending and says so."""
+    try:
+        return _usage.flush()
+    except DatabaseError as exc:
+        logger.warning("usage counts not written yet, kept for the next flush (%s)",
+                       type(exc).__name__)
+        return 0
+
+
+def usage_pending() -> dict[tuple[int, date], dict[str, int]]:
+    return _usage.pending()
+
+
+def _usage_write(tenant_id: int, day: date, amounts: dict[str, int]) -> None:
     changes = {k: F(k) + v for k, v in amounts.items() if v}
+    if not changes:
+        return
     # The day's row exists but for the first write of the day: one UPDATE.
-    if changes and DailyUsage.objects.filter(tenant_id=tenant_id, date=day).update(**changes):
+    if DailyUsage.objects.filter(tenant_id=tenant_id, date=day).update(**changes):
         return
     row, _ = DailyUsage.objects.get_or_create(tenant_id=tenant_id, date=day)
-    if changes:
-        DailyUsage.objects.filter(pk=row.pk).update(**changes)
+    DailyUsage.objects.filter(pk=row.pk).update(**changes)
 
 
 # --- the conversation and the tool-call ledger --------------------------------
@@ -411,12 +554,14 @@ def turn_checkpoint(
     """What a turn has produced since its last checkpoint, in one transaction:
     the final outcomes of calls that ended since (``tool_call_finish``
     arguments), conversation messages, the ledger rows of the calls about to
-    run, and the turn's token usage. Outcomes, messages and calls are
-    idempotent (a checkpoint interrupted half way may be written again);
-    usage is added once."""
+    run, and the turn's token usage on its session's row. Outcomes, messages
+    and calls are idempotent (a checkpoint interrupted half way may be
+    written again); usage is added once, and counted in the tenant's day
+    (written behind, see UsageBuffer) only once the transaction committed."""
+    now = timezone.now()
     with transaction.atomic():
         for outcome in finished:
-            tool_call_finish(**outcome)
+            tool_call_finish(**outcome, now=now)
         if messages:
             ConversationMessage.objects.bulk_create(
                 [
@@ -431,7 +576,9 @@ def turn_checkpoint(
         if calls:
             tool_calls_record(session_id=session_id, turn=turn, calls=list(calls))
         if usage is not None:
-            session_add_usage(session_id=session_id, tenant_id=tenant_id, **usage)
+            _session_usage_update(session_id, now, **usage)
+    if usage is not None:
+        usage_count(tenant_id, now, **usage)
 
 
 def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
@@ -479,10 +626,10 @@ def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str |
 
 def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
                      risk: str | None = None, origin: str | None = None,
-                     created_at: datetime | None = None) -> None:
+                     created_at: datetime | None = None, now: datetime | None = None) -> None:
     """Write a call's one final outcome; a call already final is left alone.
     ``created_at``, when the caller recorded the row with it, saves a read."""
-    now = timezone.now()
+    now = now or timezone.now()
     if created_at is None:
         call = ToolCall.objects.filter(call_id=call_id).only("created_at", "status").first()
         if call is None or call.status in ToolCall.FINAL_STATUSES:

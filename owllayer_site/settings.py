@@ -408,6 +408,10 @@ OWLLAYER_SWEEP_INTERVAL = env_float("OWLLAYER_SWEEP_INTERVAL", 60.0, minimum=0.5
 # On SIGTERM, open pages are told to reconnect elsewhere (1001) and running
 # turns are cancelled; the process exits after at most this many seconds.
 OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0)
+# The tenants' daily usage counters are added up in each process and written
+# at most this many seconds later (and when it stops); 0 writes every count
+# at once. A process killed outright loses at most this long of counts.
+OWLLAYER_USAGE_FLUSH_INTERVAL = env_float("OWLLAYER_USAGE_FLUSH_INTERVAL", 1.0, minimum=0.0)
 
 # --- Voice (README "Voice (engines)") -------------------------------------
 # Whether sessions are offered voice at all (they are only when both engines
