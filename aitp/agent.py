@@ -160,8 +160,9 @@ class Agent:
                 await streamer.close()
                 skip = (Outcome(CANCELLED, error="Tool round limit reached; answer without tools.")
                         if force_answer else None)
-                await self._run_tools(completion.content, tool_uses, skip=skip)
+                # The round's text is stored with its tool calls, heard or not.
                 round_start = len("".join(full_text))
+                await self._run_tools(completion.content, tool_uses, skip=skip)
                 if force_answer:
                     break
                 await self.io.set_state("answering")

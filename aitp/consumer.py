@@ -161,6 +161,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.listening: Listening | None = None
         self.turn_listening: Listening | None = None
         self.audio_budget: AudioBudget | None = None
+        # VOICE_STATE_EVENT interrupted, once the cut turn is over.
+        self.interrupted: p.Message | None = None
         self.teardown_task: asyncio.Task | None = None
         self.feed: WatcherFeed | None = None
         self.row_writer = SessionRowWriter(own=self._own)
@@ -343,13 +345,18 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
 
     def _barge_in(self, reason: str) -> None:
         """The user spoke over the agent: its voice stops now, its turn is
-        cancelled (pending calls end as cancelled), the page hears interrupted."""
+        cancelled (pending calls end as cancelled), and the page hears
+        interrupted as soon as the turn is over."""
         running = self.turn_task is not None and not self.turn_task.done()
         still_listening = self.turn_listening is not None and self.turn_listening.utterance is None
+        answer = p.voice_state("interrupted", reason=reason or "barge_in")
         if running and not still_listening:
             self.agent.interrupt()
             self.turn_task.cancel()
-        self.machine.send(p.voice_state("interrupted", reason=reason or "barge_in"))
+            # Sent when the turn is over, so the page's next message is a new turn.
+            self.interrupted = answer
+        else:
+            self.machine.send(answer)
 
     async def end_turn(self, done: p.Message | None) -> None:
         """The agent's turn is over (it calls this last, whatever happened
@@ -363,6 +370,9 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         turn is over before the frame is queued."""
         self.machine.end_turn()
         self.turn_listening = None
+        if self.interrupted is not None:
+            self.machine.send(self.interrupted)
+            self.interrupted = None
         if done is not None:
             self.machine.send(done)
         self._next_voice_turn()

@@ -89,6 +89,10 @@ class StreamedMessage:
     # Send an SSE error event after this many events, then end the body.
     error_after_events: int | None = None
     error: dict | None = None
+    # Wait for `hold` to be set before sending event number hold_after_events:
+    # the test decides when the rest of the stream comes.
+    hold: threading.Event | None = None
+    hold_after_events: int | None = None
 
 
 @dataclass
@@ -661,6 +665,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write_chunk(_frame("error", response.error or {}))
                 self._write_chunk(b"")
                 return "complete"
+            if count == response.hold_after_events and response.hold is not None:
+                while not response.hold.wait(0.05):
+                    if stopping.is_set():
+                        self._drop_connection()
+                        return "broken"
             delay = response.first_event_delay if count == 0 else response.event_delay
             if delay and stopping.wait(delay):
                 self._drop_connection()
