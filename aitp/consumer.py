@@ -537,6 +537,9 @@ class TurnPort:
 
     async def set_state(self, state: str) -> None:
         self._consumer.row_writer.state_changed(state)
+        if state == "waiting_approval" and self._consumer.turn_listening is not None:
+            # A voice turn now waits for the user's decision.
+            await self.send_message(p.voice_state("waiting_for_input"))
 
 
 async def _load_server_tools(tenant_id: int) -> list:
