@@ -11,7 +11,7 @@ import pytest
 from aitp_client import AitpClient, final_text, system_event
 from tests.aitp.conftest import ORIGIN
 from tests.aitp.test_voice_e2e import PATIENCE, frames_until, kind
-from tests.support.fake_anthropic import FakeAnthropicServer, text_response
+from tests.support.fake_anthropic import FakeAnthropicServer, text_response, tool_use_response
 from tests.support.fake_speech import FakeSpeechServer
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -95,3 +95,37 @@ async def test_a_refused_speech_engine_is_the_pages_error_and_the_session_goes_o
     assert failed[-1]["payload"] == {"chunk": "", "done": True}
     assert final_text(after) == "Typing works."
     assert fake.requests and len(fake.requests) == 1
+
+
+CHECKOUT = {
+    "name": "checkout",
+    "description": "Pay for the cart",
+    "parameters": {"type": "OBJECT", "properties": {}},
+    "risk": "high",
+}
+
+
+async def test_a_voice_turn_waiting_for_the_users_approval_says_so(server, fake, speech, api_key):
+    fake.enqueue(
+        tool_use_response([("toolu_pay", "checkout", {})]),
+        text_response("Paid.", chunks=1),
+    )
+    speech.transcripts.append("pay for my cart")
+    client = AitpClient(server.ws_url(), api_key=api_key.raw, origin=ORIGIN)
+    await client.connect(timeout=PATIENCE)
+    try:
+        await client.context_update("/cart", "Cart", tools=[CHECKOUT])
+        await client.recv_until(system_event("tools_effective"), timeout=PATIENCE)
+        await client.send("AUDIO_STREAM", {"data": SPOKEN, "mimeType": "audio/pcm;rate=16000"})
+        await client.send("VOICE_INPUT_END", {"reason": "user_stop"})
+        call = (await frames_until(client, "TOOL_CALL"))[-1]["payload"]
+        await client.send("APPROVAL_REQUEST", {"callId": call["callId"], "toolName": "checkout",
+                                               "risk": "high", "args": {}, "message": "Pay now?"})
+        waiting = await frames_until(client, "voice:waiting_for_input")
+        await client.send("APPROVAL_RESPONSE", {"callId": call["callId"], "approved": True,
+                                                "result": {"paid": True}})
+        rest = await frames_until(client, "done")
+    finally:
+        await client.close()
+    assert waiting[-1]["payload"] == {"event": "waiting_for_input"}
+    assert final_text(rest) == "Paid."
