@@ -322,10 +322,19 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     def _start_turn(self, text: str) -> None:
         self.turn_task = self._own(asyncio.create_task(self.agent.run_turn(text)), "turn")
 
-    def _start_voice_turn(self, listening: Listening) -> None:
+    def _start_voice_turn(self, listening: Listening, *, checked: bool = True) -> None:
         listening.claimed = True
         self.turn_listening = listening
-        self.turn_task = self._own(asyncio.create_task(self.agent.run_turn(voice=listening)), "turn")
+        turn = self.agent.run_turn(voice=listening) if checked else self._limited_voice_turn(listening)
+        self.turn_task = self._own(asyncio.create_task(turn), "turn")
+
+    async def _limited_voice_turn(self, listening: Listening) -> None:
+        """A turn the microphone started: the same input limits and token quota as typing."""
+        if await self.rate_limits.allow_user_input(self.machine, tenant_id=self.session_row.tenant_id):
+            await self.agent.run_turn(voice=listening)
+            return
+        self.machine.send(p.voice_state("turn_complete"))
+        await self.end_turn(p.agent_response("", True))  # refused: its error, then done
 
     def _audio_chunk(self, pcm: bytes) -> None:
         if not self.audio_budget.take(len(pcm), asyncio.get_running_loop().time()):
@@ -341,7 +350,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         """An utterance no turn has taken starts one as soon as no other runs."""
         listening = self.listening
         if listening is not None and not listening.claimed and self.machine.start_voice_turn():
-            self._start_voice_turn(listening)
+            self._start_voice_turn(listening, checked=False)
 
     def _barge_in(self, reason: str) -> None:
         """The user spoke over the agent: its voice stops now, its turn is

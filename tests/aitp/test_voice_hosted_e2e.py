@@ -129,3 +129,23 @@ async def test_a_voice_turn_waiting_for_the_users_approval_says_so(server, fake,
         await client.close()
     assert waiting[-1]["payload"] == {"event": "waiting_for_input"}
     assert final_text(rest) == "Paid."
+
+
+async def test_speaking_counts_against_the_same_input_limit_as_typing(
+        daphne_factory, fake, speech, api_key):
+    server = daphne_factory(
+        OWLLAYER_LLM="anthropic", ANTHROPIC_API_KEY=API_KEY, ANTHROPIC_BASE_URL=fake.base_url,
+        OWLLAYER_MODEL="claude-test-model", OWLLAYER_LLM_MAX_RETRIES=0, OWLLAYER_VOICE="1",
+        OWLLAYER_STT="openai", OWLLAYER_TTS="openai", OWLLAYER_VOICE_API_KEY=VOICE_KEY,
+        OWLLAYER_VOICE_BASE_URL=speech.base_url, OWLLAYER_USER_INPUTS_PER_MINUTE="1",
+    )
+    fake.enqueue(text_response("Your cart is empty.", chunks=1))
+    client = await open_client(server, api_key)
+    try:
+        first = await speak_once(client)
+        second = await speak_once(client)
+    finally:
+        await client.close()
+    assert final_text(first) == "Your cart is empty."
+    assert [kind(f) for f in second] == ["error:rate_limited", "voice:turn_complete", "AGENT_RESPONSE"]
+    assert len(fake.requests) == 1
