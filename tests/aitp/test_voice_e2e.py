@@ -47,24 +47,29 @@ def fake():
 
 @pytest.fixture
 def server(daphne_factory, fake, tmp_path):
+    return start_server(daphne_factory, fake, tmp_path)
+
+
+def start_server(daphne_factory, fake, tmp_path, **env):
     grammar = tmp_path / "shop.jsgf"
     grammar.write_text(GRAMMAR)
-    return daphne_factory(
-        OWLLAYER_LLM="anthropic",
-        ANTHROPIC_API_KEY=API_KEY,
-        ANTHROPIC_BASE_URL=fake.base_url,
-        OWLLAYER_MODEL="claude-test-model",
-        OWLLAYER_LLM_MAX_RETRIES=0,
-        OWLLAYER_LLM_TIMEOUT=30,
-        OWLLAYER_VOICE="1",
-        OWLLAYER_STT="pocketsphinx",
-        OWLLAYER_TTS="espeak",
-        OWLLAYER_STT_GRAMMAR=str(grammar),
-        OWLLAYER_ESPEAK_WPM=str(WPM),
-        OWLLAYER_VOICE_IDLE_SECONDS="2",
-        OWLLAYER_VOICE_BYTES_PER_SECOND="32000",
-        OWLLAYER_HANDSHAKE_TIMEOUT="60",
-    )
+    settings = {
+        "OWLLAYER_LLM": "anthropic",
+        "ANTHROPIC_API_KEY": API_KEY,
+        "ANTHROPIC_BASE_URL": fake.base_url,
+        "OWLLAYER_MODEL": "claude-test-model",
+        "OWLLAYER_LLM_MAX_RETRIES": 0,
+        "OWLLAYER_LLM_TIMEOUT": 30,
+        "OWLLAYER_VOICE": "1",
+        "OWLLAYER_STT": "pocketsphinx",
+        "OWLLAYER_TTS": "espeak",
+        "OWLLAYER_STT_GRAMMAR": str(grammar),
+        "OWLLAYER_ESPEAK_WPM": str(WPM),
+        "OWLLAYER_VOICE_IDLE_SECONDS": "2",
+        "OWLLAYER_VOICE_BYTES_PER_SECOND": "32000",
+        "OWLLAYER_HANDSHAKE_TIMEOUT": "60",
+    }
+    return daphne_factory(**{**settings, **env})
 
 
 async def open_client(server, api_key) -> AitpClient:
@@ -280,3 +285,22 @@ async def test_a_whole_audio_message_is_heard_and_answered(server, fake, api_key
     kinds = [kind(f) for f in frames]
     assert kinds[0] == "transcript:user" and frames[0]["payload"]["data"]["text"] == "show me the headphones"
     assert "AUDIO_STREAM" in kinds and kinds[-2:] == ["voice:turn_complete", "AGENT_RESPONSE"]
+
+
+async def test_the_servers_voice_activity_detection_ends_the_utterance(daphne_factory, fake, tmp_path, api_key):
+    # Only the detector can end it: no VOICE_INPUT_END, and a pause far longer than the test.
+    server = start_server(daphne_factory, fake, tmp_path, OWLLAYER_SERVER_VAD="1",
+                          OWLLAYER_VOICE_IDLE_SECONDS="600")
+    fake.enqueue(text_response("Here they are.", chunks=1))
+    client = await open_client(server, api_key)
+    try:
+        await say_aloud(client, "show me the headphones", end=False)
+        quiet = base64.b64encode(silence(0.25)).decode()
+        for _ in range(5):  # well over the detector's 0.8 s of silence after the words
+            await client.send("AUDIO_STREAM", {"data": quiet, "mimeType": "audio/pcm;rate=16000"})
+        frames = await frames_until(client, "done")
+    finally:
+        await client.close()
+    heard = [f["payload"]["data"]["text"] for f in frames if kind(f) == "transcript:user"]
+    assert heard == ["show me the headphones"]
+    assert final_text(frames) == "Here they are."
