@@ -2,8 +2,7 @@
 
 ``aitp`` is the ground floor: every other app imports it, and it imports
 none of them. Where a turn needs something an upper app owns (human
-approvals of risky calls, the tenant's server tools; soon speech engines and
-rate limits), this module declares the interface as a ``Protocol`` and the
+approvals of risky calls, the tenant's server tools), this module declares the interface as a ``Protocol`` and the
 upper app registers its implementation at start-up, in its
 ``AppConfig.ready()``::
 
@@ -104,8 +103,9 @@ class InstallDemoTools(Protocol):
     def __call__(self, *, tenant: Any) -> Any: ...
 
 
-# The ports a turn may use. Speech engines and rate limits join here, in the
-# same shape: a Protocol above, a slot below, a getter.
+# The ports a turn may use; another joins in the same shape: a Protocol above,
+# a slot below, a getter. Speech engines need none: they live on the ground
+# floor (aitp.voice), chosen by settings like the LLM backends.
 _provided: dict[str, Any] = {}
 PORTS = ("approvals", "demo_tools")
 
