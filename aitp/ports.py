@@ -2,9 +2,9 @@
 
 ``aitp`` is the ground floor: every other app imports it, and it imports
 none of them. Where a turn needs something an upper app owns (human
-approvals of risky calls, the tenant's server tools), this module declares the interface as a ``Protocol`` and the
-upper app registers its implementation at start-up, in its
-``AppConfig.ready()``::
+approvals of risky calls, the tenant's server tools), this module declares
+the interface as a ``Protocol`` and the upper app registers its
+implementation at start-up, in its ``AppConfig.ready()``::
 
     from aitp import ports
     ports.provide(approvals=ApprovalsProvider())
