@@ -91,6 +91,8 @@ class Listening:
         told why, with an error event.
         """
         utterance = await self.wait()
+        logger.info("utterance ended (%s): %.1f s of audio%s", utterance.reason, utterance.audio.seconds,
+                    ", cut at the longest utterance" if utterance.truncated else "")
         if not utterance.audio.pcm:
             await send(p.error_event("empty_audio", "No audio was received."))
             return "", None
