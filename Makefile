@@ -29,6 +29,7 @@ BENCH_REDIS ?= redis://127.0.0.1:6379/0
 #   make mutate MUTANTS='approvals.audit.*'
 MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.services.x_api_key_refusal__*' 'aitp.services.x_session_open__*' \
+	'aitp.services.x__session_open_refusal__*' \
 	'aitp.services.x_live_sessions_filter__*' 'aitp.services.x_sessions_close_stale__*' \
 	'aitp.ledger.*' 'approvals.audit.*' 'approvals.services.*' \
 	'approvals.models.x_policy_parties__*' 'aitp.tools.xǁRiskǁhighest__*' 'aitp.calls.*' \

@@ -475,3 +475,30 @@ def test_a_key_one_character_over_the_longest_is_refused_without_a_lookup(
     _, raw = services.api_key_create(tenant=tenant)
     with django_assert_num_queries(0):
         assert services.api_key_lookup(raw + "x" * (201 - len(raw))) is None
+
+
+def test_a_tenant_whose_token_quota_is_used_up_opens_no_session(tenant):
+    from aitp.models import DailyUsage
+
+    tenant.monthly_token_quota = 100
+    tenant.save(update_fields=["monthly_token_quota"])
+    DailyUsage.objects.create(tenant=tenant, date=timezone.localdate(), input_tokens=100)
+    _, raw = services.api_key_create(tenant=tenant)
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert session is None and not Session.objects.exists()
+    assert refusal == services.Refusal(
+        "usage_limit_exceeded", "API key usage limit exceeded.", "usage limit exceeded")
+
+
+def test_a_keys_last_use_is_rewritten_only_once_it_is_older_than_a_minute(tenant):
+    key, raw = services.api_key_create(tenant=tenant)
+    recent = timezone.now() - timedelta(seconds=50)
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=recent)
+    services.session_open(raw_key=raw, info=handshake())
+    key.refresh_from_db()
+    assert key.last_used_at == recent
+
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=recent - timedelta(seconds=20))
+    opened, _ = services.session_open(raw_key=raw, info=handshake())
+    key.refresh_from_db()
+    assert key.last_used_at == Session.objects.get(id=opened.id).started_at
