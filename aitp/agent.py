@@ -35,6 +35,7 @@ from aitp.ledger import CANCELLED, ERROR, INVALID_ARGS, UNAVAILABLE, Ledger, Out
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.ports import ServerTool
 from aitp.tools import Risk, ToolSurface, validate_arguments
+from aitp.turn_state import TurnState
 
 __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "TurnIO",
            "bounded_history"]
@@ -130,7 +131,7 @@ class Agent:
         # Where the text of the round not yet stored starts in the full text.
         round_start = 0
         try:
-            await self.io.set_state("answering")
+            await self.io.set_state(TurnState.ANSWERING)
             if voice is not None:
                 text, _ = await voice.hear(self.io.send_message)
                 if not text:
@@ -165,7 +166,7 @@ class Agent:
                 await self._run_tools(completion.content, tool_uses, skip=skip)
                 if force_answer:
                     break
-                await self.io.set_state("answering")
+                await self.io.set_state(TurnState.ANSWERING)
             await streamer.close()
             if speaker is not None:
                 await speaker.finish()
@@ -201,7 +202,7 @@ class Agent:
                 await streamer.discard()
                 # Bookkeeping runs even while the task is being cancelled.
                 await self._checkpoint(usage=usage)
-                await self.io.set_state("idle")
+                await self.io.set_state(TurnState.IDLE)
             finally:
                 # Last of all, whatever the bookkeeping raised: the page may
                 # send its next message the moment it reads the done frame,

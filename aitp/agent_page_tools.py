@@ -15,6 +15,7 @@ from aitp.agent_approvals import Approvals
 from aitp.agent_parts import TurnParts, unknown_call
 from aitp.calls import CallEvent, CallStatus
 from aitp.ledger import ERROR, EXPIRED, SUCCESS, TIMEOUT, Outcome, PendingCall, wait_until_deadline
+from aitp.turn_state import TurnState
 
 
 class PageTools:
@@ -34,7 +35,7 @@ class PageTools:
             # Shielded: the frame is out, so the row must say so even if the
             # turn is cancelled this very moment (the page left).
             await asyncio.shield(parts.store.mark_call(call, CallStatus.SENT.value, sent=True))
-            await parts.io.set_state("waiting_tool")
+            await parts.io.set_state(TurnState.WAITING_TOOL)
             outcome = await wait_until_deadline(call, call.future)
             if outcome is not None:
                 return outcome

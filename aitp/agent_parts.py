@@ -16,6 +16,7 @@ from aitp import protocol as p
 from aitp.agent_store import AgentStore
 from aitp.ledger import Ledger
 from aitp.tools import ToolSurface
+from aitp.turn_state import TurnState
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ class TurnIO(Protocol):
 
     def page(self) -> PageSnapshot: ...
 
-    async def set_state(self, state: str) -> None:
-        """answering / waiting_tool / waiting_approval / idle, for watchers."""
+    async def set_state(self, state: TurnState) -> None:
+        """Where the turn is now, for the session row and its watchers."""
 
 
 # The name the tests and the consumer know the port by.

@@ -19,6 +19,7 @@ from aitp.calls import CallEvent, CallStatus, Party
 from aitp.ledger import DENIED, ERROR, EXPIRED, SUCCESS, UNAVAILABLE, Outcome, PendingCall
 from aitp.ports import ServerTool
 from aitp.tools import canonical_json
+from aitp.turn_state import TurnState
 
 # The turn logs under one name, whichever piece of it writes the line.
 logger = logging.getLogger("aitp.agent")
@@ -52,7 +53,7 @@ class ServerTools:
                 )
                 call.approval_id = approval.id
                 call.step(CallEvent.APPROVAL_REQUESTED)
-                await parts.io.set_state("waiting_approval")
+                await parts.io.set_state(TurnState.WAITING_APPROVAL)
                 if approval.needs_user:
                     await parts.io.send_message(p.system_event("approval_required", message=message,
                                                                data={"callId": call.call_id}))
@@ -80,7 +81,7 @@ class ServerTools:
         else:
             call.step(CallEvent.STARTED)
         await parts.store.mark_call(call, CallStatus.RUNNING.value)
-        await parts.io.set_state("answering")
+        await parts.io.set_state(TurnState.ANSWERING)
         try:
             result = await runner.run(
                 call.args, session_id=parts.session_id, tenant_id=parts.tenant_id, call_id=call.call_id

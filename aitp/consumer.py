@@ -60,6 +60,7 @@ from aitp.session import (
     VoiceInterrupted,
 )
 from aitp.tools import ToolSurface
+from aitp.turn_state import TurnState
 from aitp.voice.utterance import AudioBudget, VoiceLimits
 from aitp.watch_feed import WatcherFeed
 
@@ -544,9 +545,9 @@ class TurnPort:
         machine = self._consumer.machine
         return PageSnapshot(machine.url, machine.title, machine.context)
 
-    async def set_state(self, state: str) -> None:
+    async def set_state(self, state: TurnState) -> None:
         self._consumer.row_writer.state_changed(state)
-        if state == "waiting_approval" and self._consumer.turn_listening is not None:
+        if state == TurnState.WAITING_APPROVAL and self._consumer.turn_listening is not None:
             # A voice turn now waits for the user's decision.
             await self.send_message(p.voice_state("waiting_for_input"))
 

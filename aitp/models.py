@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from aitp.calls import FINAL as FINAL_CALL_STATUSES
 from aitp.calls import CallStatus
+from aitp.turn_state import TurnState
 from tenants.models import Tenant
 
 
@@ -46,10 +47,11 @@ class ApiKey(models.Model):
 
 class Session(models.Model):
     class State(models.TextChoices):
-        IDLE = "idle", "Idle"
-        ANSWERING = "answering", "Agent answering"
-        WAITING_TOOL = "waiting_tool", "Waiting for a tool"
-        WAITING_APPROVAL = "waiting_approval", "Waiting for approval"
+        # A turn's states come from the turn itself (aitp.agent_parts.TurnState).
+        IDLE = TurnState.IDLE.value, "Idle"
+        ANSWERING = TurnState.ANSWERING.value, "Agent answering"
+        WAITING_TOOL = TurnState.WAITING_TOOL.value, "Waiting for a tool"
+        WAITING_APPROVAL = TurnState.WAITING_APPROVAL.value, "Waiting for approval"
         ENDED = "ended", "Ended"
 
     id = models.CharField(primary_key=True, max_length=40)

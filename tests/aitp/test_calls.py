@@ -95,3 +95,17 @@ def test_the_ledger_table_offers_every_status_with_a_label():
 
     assert ToolCall.Status.choices == [(s.value, s.label) for s in S]
     assert {str(s) for s in ToolCall.FINAL_STATUSES} == {s.value for s in FINAL}
+
+
+def test_a_turns_states_are_the_session_rows_states_and_nothing_else():
+    from aitp.models import Session
+    from aitp.turn_state import TurnState
+
+    assert {state.value for state in TurnState} == set(Session.State.values) - {Session.State.ENDED}
+
+
+def test_a_refused_event_says_which_event_in_which_state_and_who_made_it():
+    with pytest.raises(PageMistake) as caught:
+        calls.step(S.SUCCESS, E.SUCCEEDED, by=Party.PAGE)
+
+    assert str(caught.value) == "succeeded is not allowed in state success (by page)"
