@@ -172,7 +172,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.closed = False
         self.rate_limits = connection_limits()
         # Accept first: every refusal is an AITP error frame + 1008, never an
-        # HTTP 403 the browser would retry forever (wire-compat.md section 2).
+        # HTTP 403 the browser would retry forever (protocol.md §10).
         await self.accept()
         self.timers = [
             self._own(asyncio.create_task(self._handshake_deadline()), "handshake timer"),
@@ -376,7 +376,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
 
     def _turn_over(self, done: p.Message | None) -> None:
         """The one place a turn ends, run or refused. The page may send its
-        next message as soon as it reads the done frame (wire-compat 6): the
+        next message as soon as it reads the done frame (protocol.md §5): the
         turn is over before the frame is queued."""
         self.machine.end_turn()
         self.turn_listening = None

@@ -1,8 +1,8 @@
 """AITP wire format: the 14 message types, frame parsing, serialization.
 
 Pure and synchronous: no Django, no Channels, no asyncio, no I/O. The rules
-quoted in comments come from docs/aitp-spec.md ("the spec") and
-docs/wire-compat.md ("wire-compat"), which describe what deployed clients do.
+quoted in comments are the protocol's, as docs/protocol.md describes them
+(what this server implements and what the deployed clients do).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 PROTOCOL_VERSION = "1.0.0"
 
-# wire-compat section 8: "one frame: 1 MiB (daphne's default limit)".
+# protocol.md §11: "one frame: 1 MiB (daphne's default limit)".
 DEFAULT_MAX_BYTES = 1024 * 1024
 # Objects and lists inside one frame, the envelope counting as 1. A page's
 # context is a few levels deep; thousands of levels only break the layers
@@ -125,7 +125,7 @@ class HandshakeAck(Payload):
     serverVersion: str
     protocolVersion: str
     capabilities: list[str]
-    # wire-compat 3: any value but an integer >= 1 invalidates the whole ACK.
+    # protocol.md §1: any value but an integer >= 1 invalidates the whole ACK.
     maxActiveTools: int | None = Field(default=None, ge=1)
 
 
@@ -161,7 +161,7 @@ class ApprovalRequest(Payload):
     toolName: str
     risk: Literal["none", "low", "high", "critical"]
     args: dict
-    # wire-compat 3: an empty message makes the client drop the frame.
+    # protocol.md §1: an empty message makes the client drop the frame.
     message: str = Field(min_length=1)
 
 
@@ -544,7 +544,7 @@ def make_message(type: MessageType, payload: BaseModel | dict, *, meta: dict | N
 def serialize(message: Message) -> str:
     """Compact JSON for one frame.
 
-    wire-compat 3: the deployed client drops a whole frame when an optional
+    protocol.md §1: the deployed client drops a whole frame when an optional
     field is null, so None-valued payload fields and a None meta are left out.
     Only top-level payload fields are pruned: a null inside args, data or a
     result is data, not an absent field.

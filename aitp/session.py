@@ -30,7 +30,7 @@ from aitp.voice import inbound
 from aitp.voice.audio import AudioRefused
 from aitp.voice.base import Audio
 
-# wire-compat.md section 2: the client treats 1008 as permanent.
+# protocol.md §10: the client treats 1008 as permanent.
 CLOSE_POLICY = 1008
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_GOING_AWAY = 1001
@@ -377,7 +377,7 @@ class SessionMachine:
 
     def refuse(self, code: str, message: str, reason: str, *, close_code: int = CLOSE_POLICY) -> None:
         """A permanent refusal: an error the client can show, then a close it
-        will not retry (wire-compat.md section 2)."""
+        will not retry (protocol.md §10)."""
         if self.state is State.CLOSED:
             return
         self._queue(p.error_event(code, message))

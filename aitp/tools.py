@@ -2,7 +2,7 @@
 
 Pure: no Django, no Channels, no asyncio; the Python client (aitp_client)
 imports it too. Clients declare tools in CONTEXT_UPDATE.activeTools with
-upper-case AITP schemas (wire-compat 4); the model needs lower-case JSON
+upper-case AITP schemas (protocol.md §4); the model needs lower-case JSON
 Schema, and the arguments it produces are checked against that schema (by
 jsonschema) before a TOOL_CALL leaves the server.
 """
@@ -135,7 +135,7 @@ def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool") -> ToolS
         # Detach from the frame it came in: the spec is frozen, its schema should be too.
         parameters = copy.deepcopy(parameters)
 
-    # wire-compat 4: absent means none; any other value is an error, never a silent none.
+    # protocol.md §4: absent means none; any other value is an error, never a silent none.
     risk_raw = raw.get("risk")
     if risk_raw is None:
         risk = Risk.NONE
@@ -399,7 +399,7 @@ class ToolSurface:
         return self._by_name.get(name)
 
     def to_event_data(self) -> dict:
-        """data of SYSTEM_EVENT tools_effective (wire-compat 4)."""
+        """data of SYSTEM_EVENT tools_effective (protocol.md §4)."""
         return {
             "effectiveTools": [t.to_wire() for t in self.effective],
             "serverTools": [t.to_wire() for t in self.server_tools],

@@ -372,7 +372,7 @@ async def _start_turn(peer: Peer, index: int, log: Observations, *,
     """Send the turn's USER_INPUT until accepted; the time of the FIRST try
     and the frames up to the TOOL_CALL (the baseline: the echo).
 
-    done:true ends the turn for the page (wire-compat 6), which may send its
+    done:true ends the turn for the page (protocol.md §5), which may send its
     next message at once, as this loop does. A server that still refuses it
     with turn_in_progress has a race: the refusal is counted (the report
     notes it) and the message retried; the sample's clock keeps running from

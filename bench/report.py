@@ -50,21 +50,21 @@ class ThroughputTarget:
         return OK if measured is not None and measured >= self.min_ratio else OVER
 
 
-# The contract's numbers (docs/wire-compat.md) and the budgets derived from them.
+# The deployed client's numbers (docs/protocol.md) and the budgets derived from them.
 TARGETS = {
     "handshake": LatencyTarget(
         stat="p95", max_ratio=5.0, max_ms=100.0,
-        source="wire-compat 1: answer HANDSHAKE_INIT well inside the client's 5,000 ms, "
+        source="protocol.md §3: answer HANDSHAKE_INIT well inside the client's 5,000 ms, "
                "a few ms after the key lookup",
     ),
     "context_round_trip": LatencyTarget(
         stat="p95", max_ratio=5.0, max_ms=100.0,
-        source="wire-compat 4: the update follows the ACK and is flushed before every "
+        source="protocol.md §4: the update follows the ACK and is flushed before every "
                "TOOL_RESULT, so it gets the handshake's budget",
     ),
     "tool_turn": LatencyTarget(
         stat="p95", max_ratio=10.0, max_ms=500.0,
-        source="wire-compat 5/8: the tool round trip sits inside the 10 s tool wait; the "
+        source="protocol.md §6-7 and §11: the tool round trip sits inside the 10 s tool wait; the "
                "server's share (no model time offline) must stay a small part of it",
     ),
     "concurrency": ThroughputTarget(

@@ -1,6 +1,6 @@
 """PCM on the wire: mime types, WAV in and out, resampling, and AUDIO_STREAM chunks.
 
-wire-compat 7: the microphone comes up as `audio/pcm;rate=16000` (16-bit
+protocol.md, voice: the microphone comes up as `audio/pcm;rate=16000` (16-bit
 little-endian mono, about 256 ms a chunk); the agent's voice goes down as
 `audio/pcm;rate=24000`. Resampling is soxr's (a well-kept resampler), never
 interpolation written here. Pure: no Django, no asyncio.

@@ -1,6 +1,6 @@
 """Checking the audio a page sends, before any of it is buffered or transcribed.
 
-Two ways in (aitp-spec 4 and 10, wire-compat 7):
+Two ways in (docs/protocol.md, voice turns):
 - AUDIO_STREAM chunks of the live microphone: `audio/pcm;rate=16000`, base64
   of 16-bit little-endian mono samples, about 256 ms each;
 - USER_INPUT {modality:"audio", content, mimeType}: one whole message, PCM
