@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import quote
 
 import pytest
@@ -16,6 +16,18 @@ import pytest
 from tests.support.daphne import DaphneFactory, server_env
 
 CHROMIUM = "/usr/bin/chromium"
+# Headless Debian Chromium on a machine without outside network: without the
+# background-networking flags it keeps trying to reach Google's hosts.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 # The Python client waits 5 s for a handshake or a frame, as the deployed
@@ -172,3 +184,18 @@ def chromium_path() -> str:
             pytest.fail(f"{CHROMIUM} is missing in CI (`make setup` installs it)")
         pytest.skip(f"needs {CHROMIUM} (`make setup` installs it as root)")
     return path
+
+
+@pytest.fixture
+async def browser(chromium_path: str) -> AsyncIterator:
+    """A headless Chromium for one test (a module may override it, e.g. with a microphone)."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()

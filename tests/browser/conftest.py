@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
@@ -32,16 +32,6 @@ from tests.support.fake_anthropic import FakeAnthropicServer
 if TYPE_CHECKING:
     from aitp.models import ApiKey
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CLIENT_JS = Path(__file__).resolve().parents[2] / "static" / "owllayer" / "owllayer-client.js"
 # Where the fake server serves the client module; pages import it from there.
 CLIENT_PATH = "/owllayer-client.js"
@@ -71,18 +61,6 @@ async def eventually(predicate: Callable[[], Awaitable[bool] | bool], *, timeout
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def browser(chromium_path: str) -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(
-            executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True
-        )
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @pytest.fixture

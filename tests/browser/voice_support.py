@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, async_playwright
 
-from tests.browser.conftest import CHROMIUM_ARGS, ack, frame
+from tests.browser.conftest import ack, frame
+from tests.conftest import CHROMIUM_ARGS
 
 SPOKEN = "Please add two pro headphones to my cart."
 # protocol.md, voice: 16-bit mono PCM at 16 kHz up, about 256 ms a chunk.

@@ -6,7 +6,6 @@ test-artifacts/screenshots/<test>/."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -25,23 +24,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 # Only a broken build waits this long.
 SOON_MS = 15_000
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOP = "https://shop.example"
 OTHER_SHOP = "https://other.example"
-
-
-@pytest.fixture
-async def browser(chromium_path: str) -> AsyncIterator:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=chromium_path,
-                                                    args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @pytest.fixture

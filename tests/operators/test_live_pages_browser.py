@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -29,21 +28,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 # Only a broken build waits this long.
 SOON_MS = 15_000
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture
-async def browser(chromium_path: str) -> AsyncIterator:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=chromium_path,
-                                                    args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 class AitpPage:

@@ -14,7 +14,7 @@ from approvals import services as approval_services
 from approvals.models import ServerTool
 from demo.order_tools import demo_tools_install
 from tests.operators.conftest import make_call, make_session, make_user
-from tests.operators.test_live_pages_browser import browser, operator_tab, screenshot  # noqa: F401
+from tests.operators.test_live_pages_browser import operator_tab, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
