@@ -143,6 +143,12 @@ async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_
         assert not await tab.is_visible(f"{detail} pre")
         await tab.click(f"{detail} summary >> nth=0")
         await tab.wait_for_selector(f"{detail} >> nth=0 >> pre >> text=open_orders")
+
+        # The record is fetched again as the session goes on; what she opened stays open.
+        await page.send("USER_INPUT", {"modality": "text", "content": "one more thing"})
+        await page.recv_until("AGENT_RESPONSE", done=True)
+        await tab.wait_for_selector("#conversation >> text=one more thing")
+        assert await tab.is_visible(f"{detail} >> nth=0 >> pre >> text=open_orders")
         await screenshot(tab, request, "01-live-session")
 
         # Ending it asks first: declined, nothing is sent.
