@@ -36,6 +36,20 @@ _tts: TextToSpeech | None = None
 _problems: dict[tuple[str, str], list[str]] = {}
 
 
+# The engines each setting may name: (module in this package, class).
+_STT_ENGINES = {"pocketsphinx": (".offline", "PocketSphinxStt"), "openai": (".hosted", "HostedStt")}
+_TTS_ENGINES = {"espeak": (".offline", "EspeakTts"), "openai": (".hosted", "HostedTts")}
+
+
+def _make(engines: dict[str, tuple[str, str]], choice: str, what: str):
+    if choice not in engines:
+        raise ValueError(f"unknown {what} engine {choice!r}")
+    import importlib
+
+    module, name = engines[choice]
+    return getattr(importlib.import_module(module, __name__), name)()
+
+
 def get_stt() -> SpeechToText:
     """The process-wide speech-to-text engine for settings.OWLLAYER_STT."""
     global _stt
@@ -44,16 +58,7 @@ def get_stt() -> SpeechToText:
     choice = settings.OWLLAYER_STT
     with _lock:
         if _stt is None or _stt.name != choice:
-            if choice == "pocketsphinx":
-                from .offline import PocketSphinxStt
-
-                _stt = PocketSphinxStt()
-            elif choice == "openai":
-                from .hosted import HostedStt
-
-                _stt = HostedStt()
-            else:
-                raise ValueError(f"unknown speech-to-text engine {choice!r}")
+            _stt = _make(_STT_ENGINES, choice, "speech-to-text")
         return _stt
 
 
@@ -65,16 +70,7 @@ def get_tts() -> TextToSpeech:
     choice = settings.OWLLAYER_TTS
     with _lock:
         if _tts is None or _tts.name != choice:
-            if choice == "espeak":
-                from .offline import EspeakTts
-
-                _tts = EspeakTts()
-            elif choice == "openai":
-                from .hosted import HostedTts
-
-                _tts = HostedTts()
-            else:
-                raise ValueError(f"unknown text-to-speech engine {choice!r}")
+            _tts = _make(_TTS_ENGINES, choice, "text-to-speech")
         return _tts
 
 
