@@ -408,23 +408,6 @@ def _live_sessions_without_gone_processes(key: ApiKey, now: datetime) -> int:
     return live.exclude(process__in=gone).count() if gone else live.count()
 
 
-def session_add_usage(
-    *, session_id: str, tenant_id: int, input_tokens: int, output_tokens: int,
-    cache_read_tokens: int, cache_write_tokens: int, turns: int = 0,
-) -> None:
-    """Add a turn's tokens to its session's row (one UPDATE, in the caller's
-    transaction) and count them in the tenant's day (written behind)."""
-    now = timezone.now()
-    _session_usage_update(
-        session_id, now, turns=turns, input_tokens=input_tokens, output_tokens=output_tokens,
-        cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
-    )
-    usage_count(
-        tenant_id, now, turns=turns, input_tokens=input_tokens, output_tokens=output_tokens,
-        cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
-    )
-
-
 def _session_usage_update(session_id: str, now: datetime, **amounts: int) -> None:
     Session.objects.filter(id=session_id).update(
         **{name: F(name) + amount for name, amount in amounts.items()}, last_activity_at=now,
