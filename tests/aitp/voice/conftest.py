@@ -1,6 +1,7 @@
 """Speech made at test time with eSpeak NG, and a skip when it is not installed."""
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -8,8 +9,10 @@ import pytest
 from aitp.voice.audio import CLIENT_RATE, resample
 from aitp.voice.base import Audio
 
+# Skipped on a laptop without it; in CI (which `make setup` provisions) the
+# tests run anyway and fail, so a missing engine is never a quiet skip.
 needs_espeak = pytest.mark.skipif(
-    shutil.which("espeak-ng") is None,
+    shutil.which("espeak-ng") is None and os.environ.get("CI") != "true",
     reason="espeak-ng is not installed (make setup installs it)",
 )
 
