@@ -222,18 +222,14 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):
             self.row_writer.context_changed(event)
-        elif isinstance(event, UserTextReceived):
+        elif isinstance(event, (UserTextReceived, UserAudioReceived)):
             tenant_id = self.session_row.tenant_id
-            if await self.rate_limits.allow_user_input(self.machine, tenant_id=tenant_id):
+            if not await self.rate_limits.allow_user_input(self.machine, tenant_id=tenant_id):
+                self._turn_over(p.agent_response("", True))  # refused: its error, then done
+            elif isinstance(event, UserTextReceived):
                 self._start_turn(event.text)
             else:
-                self._turn_over(p.agent_response("", True))  # refused: its error, then done
-        elif isinstance(event, UserAudioReceived):
-            tenant_id = self.session_row.tenant_id
-            if await self.rate_limits.allow_user_input(self.machine, tenant_id=tenant_id):
                 self._start_voice_turn(Listening(audio=event.audio))
-            else:
-                self._turn_over(p.agent_response("", True))
         elif isinstance(event, AudioChunkReceived):
             self._audio_chunk(event.pcm)
         elif isinstance(event, VoiceInputEnded):
