@@ -12,6 +12,8 @@ baseline answers with the product's byte sizes (``label``s of
 from __future__ import annotations
 
 import asyncio
+import base64
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -141,12 +143,15 @@ async def paired(product: Side, baseline: Side, *, repeats: int, run_one: RunOne
 
 async def open_pages(target: Target, api_key: str, log: Observations, count: int,
                      phase: str, *, timeout: float | None = None,
-                     refused: list[str] | None = None) -> list[Peer]:
+                     refused: list[str] | None = None,
+                     context: Callable[[int], dict] | None = page_context,
+                     capability: str | None = None) -> list[Peer]:
     """``count`` sessions, each with the page's ten-tool CONTEXT_UPDATE
     answered (tools_effective; the baseline: the product's bytes), opened
-    OPEN_CONCURRENCY at a time. A failed open fails the whole, unless
-    ``refused`` is given: then each failure is appended to it and the
-    sessions that did open are returned."""
+    OPEN_CONCURRENCY at a time. ``context=None``: the handshake only;
+    ``capability``: HANDSHAKE_ACK must offer it. A failed open fails the
+    whole, unless ``refused`` is given: then each failure is appended to it
+    and the sessions that did open are returned."""
     gate = asyncio.Semaphore(OPEN_CONCURRENCY)
     answered = echo_or(is_tools_effective)
 
@@ -154,8 +159,11 @@ async def open_pages(target: Target, api_key: str, log: Observations, count: int
         async with gate:
             peer = await Peer.open(target, api_key, log, phase, timeout=timeout or LOAD_TIMEOUT)
             try:
-                await peer.exchange("CONTEXT_UPDATE", page_context(index), answered,
-                                    label="context10", timeout=timeout or LOAD_TIMEOUT)
+                if capability is not None:
+                    peer.require_capability(capability)
+                if context is not None:
+                    await peer.exchange("CONTEXT_UPDATE", context(index), answered,
+                                        label="context10", timeout=timeout or LOAD_TIMEOUT)
             except BaseException:
                 await peer.close()
                 raise
@@ -395,6 +403,92 @@ async def delta_frame_size(side: Side, api_key: str, log: Observations) -> int:
     return sorted(sizes)[len(sizes) // 2]
 
 
+# --- voice turns -----------------------------------------------------------------------
+
+# What the page's user says: a short request, spoken by eSpeak NG a little
+# slower than its default (as the voice tests' microphone), with silence
+# around it as a microphone picks up.
+VOICE_UTTERANCE = "what is in my cart"
+MIC_WPM = 130
+MIC_SILENCE_SECONDS = 0.3
+MIC_RATE = 16000
+# 256 ms of 16 kHz 16-bit mono a chunk, as the deployed client sends.
+MIC_CHUNK_BYTES = 8192
+# Turns each session runs at a concurrency step, at least: with one each, the
+# sessions would only ever speak in lock step.
+MIN_VOICE_TURNS = 2
+
+
+def spoken_utterance(text: str = VOICE_UTTERANCE) -> bytes:
+    """``text`` spoken by the espeak-ng binary, as 16 kHz 16-bit mono PCM with
+    silence before and after: the voice line's microphone, made once per run."""
+    from aitp.voice.audio import resample
+    from aitp.voice.base import SpeechError
+    from aitp.voice.offline import EspeakConfig, EspeakTts
+
+    try:
+        spoken = EspeakTts(EspeakConfig(words_per_minute=MIC_WPM)).synthesize_now(text)
+    except SpeechError as exc:
+        raise BenchError(f"the voice line speaks its utterance with eSpeak NG: "
+                         f"{exc.detail or exc.message} (make espeak installs it; --only "
+                         "without voice skips the line)") from None
+    silence = b"\0\0" * int(MIC_SILENCE_SECONDS * MIC_RATE)
+    return silence + resample(spoken, MIC_RATE).pcm + silence
+
+
+def microphone_chunks(pcm: bytes, size: int = MIC_CHUNK_BYTES) -> list[str]:
+    """PCM cut into AUDIO_STREAM chunks (whole 16-bit samples), each base64."""
+    if size < 2 or size % 2:
+        raise ValueError(f"a chunk holds whole 16-bit samples, got {size} bytes")
+    return [base64.b64encode(pcm[start:start + size]).decode("ascii")
+            for start in range(0, len(pcm), size)]
+
+
+def concurrency_steps(cap: int) -> list[int]:
+    """1, 2, 4, 8, ... up to ``cap``, and ``cap`` itself."""
+    if cap < 1:
+        raise ValueError(f"the largest concurrency must be >= 1, got {cap}")
+    steps = [1]
+    while steps[-1] * 2 <= cap:
+        steps.append(steps[-1] * 2)
+    if steps[-1] != cap:
+        steps.append(cap)
+    return steps
+
+
+def voice_turns_per_session(samples: int, sessions: int) -> int:
+    """Turns each of ``sessions`` runs so a step has at least ``samples``
+    (and every session at least MIN_VOICE_TURNS)."""
+    return max(MIN_VOICE_TURNS, math.ceil(samples / sessions))
+
+
+async def voice_turns(side: Side, api_key: str, log: Observations, *, sessions: int,
+                      per_session: int, chunks: Sequence[str], phase: str = "voice",
+                      timeout: float = LOAD_TIMEOUT) -> Sample:
+    """``sessions`` pages at once, each offered ``audio`` at its handshake and
+    speaking ``per_session`` turns back to back (the utterance's chunks,
+    VOICE_INPUT_END, the answer to done:true). One latency per turn: from
+    VOICE_INPUT_END to the first AUDIO_STREAM frame of the agent's voice
+    (``extra["heard"]``: to the transcript of the utterance)."""
+    peers = await open_pages(side.target, api_key, log, sessions, phase, timeout=timeout,
+                             context=None, capability="audio")
+    latencies: list[float] = []
+    heard: list[float] = []
+
+    async def work(peer: Peer, number: int) -> None:
+        for _ in range(per_session):
+            turn = await measure.one_voice_turn(peer, chunks, timeout=timeout)
+            latencies.append(turn.first_audio)
+            heard.append(turn.heard)
+
+    try:
+        seconds = await _each(peers, work)
+    finally:
+        await _close_all(peers)
+    return Sample(count=len(latencies), seconds=seconds, latencies=latencies,
+                  extra={"heard": heard})
+
+
 def _dumps(frame: dict) -> str:
     import json
 
@@ -405,6 +499,7 @@ __all__ = [
     "ANSWER_TIMEOUT",
     "Sample",
     "Side",
+    "concurrency_steps",
     "delta_frame_size",
     "idle_memory",
     "opens",
@@ -413,4 +508,5 @@ __all__ = [
     "rss_bytes",
     "streamed_deltas",
     "turns",
+    "voice_turns",
 ]

@@ -31,6 +31,9 @@ ANSWER_TIMEOUT = 10.0
 # Frames read while waiting for one answer; the product sends a few
 # (waiting, deltas), never hundreds.
 MAX_FRAMES_PER_ANSWER = 200
+# A spoken answer is more: an AUDIO_STREAM frame per 250 ms of the agent's
+# voice, a transcript per sentence, the text deltas (protocol.md §5a).
+MAX_FRAMES_PER_VOICE_TURN = 2000
 
 # Most updates of a real page change its context; fewer change the route.
 ROUTE_EVERY = 10
@@ -146,6 +149,20 @@ def is_turn_done(frame: dict) -> bool:
     return frame.get("type") == "AGENT_RESPONSE" and frame["payload"].get("done") is True
 
 
+def is_agent_audio(frame: dict) -> bool:
+    return frame.get("type") == "AUDIO_STREAM"
+
+
+def is_voice_state(frame: dict, event: str) -> bool:
+    return frame.get("type") == "VOICE_STATE_EVENT" and frame["payload"].get("event") == event
+
+
+def is_transcript(frame: dict, role: str) -> bool:
+    if frame.get("type") != "SYSTEM_EVENT" or frame["payload"].get("kind") != "transcript":
+        return False
+    return (frame["payload"].get("data") or {}).get("role") == role
+
+
 def echo_or(predicate: Callable[[dict], bool]) -> Callable[[dict, dict], bool]:
     """The answer to ``sent``: the product's frame, or the baseline's echo of it."""
 
@@ -181,10 +198,26 @@ class Peer:
     async def close(self) -> None:
         await self.client.close()
 
+    def require_capability(self, name: str) -> None:
+        """The run measures what the handshake offered, or stops and says so."""
+        offered = list((self.client.ack or {}).get("capabilities") or [])
+        if name not in offered:
+            raise BenchError(f"{self.target.name}: HANDSHAKE_ACK offered {offered}, not "
+                             f"{name!r}")
+
+    async def send(self, frame_type: str, payload: dict) -> None:
+        """Send one frame that has no answer of its own (a microphone chunk)."""
+        try:
+            await self.client.ws.send(json.dumps(envelope(frame_type, payload)))
+        except ConnectionClosed as exc:
+            raise BenchError(f"{self.target.name}: connection closed during {frame_type}: "
+                             f"{exc}") from None
+
     async def exchange(self, frame_type: str, payload: dict,
                        answered: Callable[[dict, dict], bool], *, label: str | None = None,
                        on_frame: Callable[[dict, float], None] | None = None,
-                       timeout: float = ANSWER_TIMEOUT) -> list[dict]:
+                       timeout: float = ANSWER_TIMEOUT,
+                       max_frames: int = MAX_FRAMES_PER_ANSWER) -> list[dict]:
         """Send one frame and read up to its answer; the frames read, answer last.
 
         ``label`` names the exchange for comparable bytes: the product's
@@ -195,7 +228,7 @@ class Peer:
         if label is not None and self.target.is_baseline:
             payload = {**payload, REPLY_FIELD: self.log.reply_sizes(label)}
         frames = await self._send_and_read(envelope(frame_type, payload), frame_type, answered,
-                                           label, on_frame, timeout)
+                                           label, on_frame, timeout, max_frames)
         if self.target.check_frames and self.log.keep_frames:
             self.log.frames.extend((self.phase, frame) for frame in frames)
         return frames
@@ -203,14 +236,14 @@ class Peer:
     async def _send_and_read(self, sent: dict, frame_type: str,
                              answered: Callable[[dict, dict], bool], label: str | None,
                              on_frame: Callable[[dict, float], None] | None,
-                             timeout: float) -> list[dict]:
+                             timeout: float, max_frames: int) -> list[dict]:
         ws = self.client.ws
         frames: list[dict] = []
         sizes: list[int] = []
         try:
             async with asyncio.timeout(timeout):
                 await ws.send(json.dumps(sent))
-                for _ in range(MAX_FRAMES_PER_ANSWER):
+                for _ in range(max_frames):
                     raw = await ws.recv()
                     if on_frame is not None:
                         received_at = clock()
@@ -224,7 +257,7 @@ class Peer:
                     _raise_on_error(self.target, frame)
                 else:
                     raise BenchError(f"{self.target.name}: no answer to {frame_type} within "
-                                     f"{MAX_FRAMES_PER_ANSWER} frames")
+                                     f"{max_frames} frames")
         except TimeoutError:
             seen = ", ".join(str(f.get("type")) for f in frames) or "nothing"
             raise BenchError(f"{self.target.name}: no answer to {frame_type} within "
@@ -396,6 +429,56 @@ async def _start_turn(peer: Peer, index: int, log: Observations, *,
         return started, frames
     raise BenchError(f"{peer.target.name}: the previous turn did not end after "
                      f"{MAX_TURN_RETRIES} tries")
+
+
+# The microphone of the voice line (protocol.md §5a): 16 kHz 16-bit mono PCM.
+MIC_MIME = "audio/pcm;rate=16000"
+
+
+@dataclass(frozen=True)
+class VoiceTurn:
+    """Seconds from sending VOICE_INPUT_END to reading the transcript of what
+    was heard, and to reading the first AUDIO_STREAM frame of the answer."""
+
+    heard: float
+    first_audio: float
+
+
+async def one_voice_turn(peer: Peer, chunks: Sequence[str], *,
+                         timeout: float = ANSWER_TIMEOUT) -> VoiceTurn:
+    """One spoken turn: the utterance as AUDIO_STREAM chunks (base64 PCM),
+    VOICE_INPUT_END, then every frame up to the turn's done:true. Its
+    ``first_audio`` is how long the user waits, once they stop speaking, to
+    hear the answer (transcription, the turn, the first sentence's
+    synthesis); ``heard`` the transcription's share of it."""
+    for chunk in chunks:
+        await peer.send("AUDIO_STREAM", {"data": chunk, "mimeType": MIC_MIME})
+    seen: dict[str, float] = {}
+
+    def on_frame(frame: dict, received_at: float) -> None:
+        if is_agent_audio(frame):
+            seen.setdefault("audio", received_at)
+        elif is_transcript(frame, "user"):
+            seen.setdefault("heard", received_at)
+
+    started = clock()
+    frames = await peer.exchange("VOICE_INPUT_END", {"reason": "user_stop"},
+                                 lambda frame, _sent: is_turn_done(frame), on_frame=on_frame,
+                                 timeout=timeout, max_frames=MAX_FRAMES_PER_VOICE_TURN)
+    _require_spoken(peer.target, frames)
+    return VoiceTurn(heard=seen["heard"] - started, first_audio=seen["audio"] - started)
+
+
+def _require_spoken(target: Target, frames: Sequence[dict]) -> None:
+    """A voice turn that was not heard, or not spoken back, measured something else."""
+    if not any(is_transcript(frame, "user") for frame in frames):
+        raise BenchError(f"{target.name}: the voice turn ended without a transcript of the "
+                         "utterance")
+    spoken = [number for number, frame in enumerate(frames) if is_agent_audio(frame)]
+    if not spoken:
+        raise BenchError(f"{target.name}: the voice turn ended without the agent's voice")
+    if not any(is_voice_state(frame, "turn_complete") for frame in frames[spoken[-1]:]):
+        raise BenchError(f"{target.name}: the agent's voice did not end with turn_complete")
 
 
 def _require_tool_ran(target: Target, final: dict) -> None:

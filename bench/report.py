@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from bench.stats import PERCENTILES, latency_summary, ratio
+from bench.stats import PERCENTILES, doubling_point, latency_summary, ratio
 
 REPORT_VERSION = 1
 OK = "ok"
@@ -149,15 +149,16 @@ LINE_CHECKS = {
 INFO = "-"
 
 
-def line_measure(name: str, title: str, stats: list[tuple[str, float, float]], *,
+def line_measure(name: str, title: str, stats: list[tuple[str, float, float | None]], *,
                  checks_of: str | None = None, raw: dict | None = None) -> dict:
     """A line of (stat, product, baseline) rows, each with its ratio and,
     where the targets name the stat, its verdict. ``checks_of``: the
-    targets to apply (default: the line's name; none for informative lines)."""
+    targets to apply (default: the line's name; none for informative lines).
+    A row whose baseline is None is a finding of its own, without a ratio."""
     checks = {check.stat: check for check in LINE_CHECKS.get(checks_of or name, ())}
     rows = []
     for stat, product, baseline in stats:
-        measured = ratio(product, baseline)
+        measured = None if baseline is None else ratio(product, baseline)
         check = checks.get(stat)
         rows.append({
             "stat": stat, "product": product, "baseline": baseline, "ratio": measured,
@@ -173,6 +174,40 @@ def line_measure(name: str, title: str, stats: list[tuple[str, float, float]], *
         "raw": raw or {},
         "verdict": (OK if all(v == OK for v in verdicts) else OVER) if verdicts else INFO,
     }
+
+
+VOICE_DOUBLING = 2.0
+
+
+def voice_measure(name: str, title: str, steps: Sequence[tuple[int, dict]], *,
+                  raw: dict | None = None) -> dict:
+    """The voice line: (sessions, figures) per concurrency step, fewest
+    sessions first, the first step being one session; each step's figures
+    hold ``latency_ms`` (a latency summary) and whatever else the raw
+    report should keep. The rows compare each step with that one session of
+    the same run (the "baseline" column: the same stat at one session; ratio
+    = step / one session), then say how many concurrent sessions were held
+    before the p50 doubled."""
+    if not steps or steps[0][0] != 1:
+        raise ValueError("the voice line's first step is one session")
+    single = steps[0][1]["latency_ms"]
+    rows: list[tuple[str, float, float | None]] = []
+    for sessions, figures in steps:
+        unit = "session" if sessions == 1 else "sessions"
+        rows.append((f"p50 ms, {sessions} {unit}", figures["latency_ms"]["p50"], single["p50"]))
+        rows.append((f"p99 ms, {sessions} {unit}", figures["latency_ms"]["p99"], single["p99"]))
+    held, doubled_at = doubling_point(
+        [(sessions, figures["latency_ms"]["p50"]) for sessions, figures in steps], VOICE_DOUBLING)
+    if doubled_at is None:
+        rows.append((f"sessions, p50 under {VOICE_DOUBLING:g}x up to", float(held), None))
+    else:
+        rows.append((f"sessions held before p50 {VOICE_DOUBLING:g}x", float(held), None))
+    return line_measure(name, title, rows, raw={
+        **(raw or {}), "held_sessions": held, "p50_doubled_at": doubled_at,
+        "steps": [{"sessions": sessions, **figures,
+                   "p50_ratio": ratio(figures["latency_ms"]["p50"], single["p50"])}
+                  for sessions, figures in steps],
+    })
 
 
 def build_report(*, config: dict, environment: dict, measures: list[dict],
@@ -200,10 +235,12 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
     for measure in report["measures"]:
         if measure["kind"] == "line":
             for number, row in enumerate(measure["rows"]):
+                alone = row["baseline"] is None
                 rows.append((
                     measure["title"] if number == 0 else "", row["stat"],
-                    _number(row["product"]), _number(row["baseline"]), _ratio(row["ratio"]),
-                    row["target"], row["verdict"],
+                    _count(row["product"]) if alone else _number(row["product"]),
+                    "" if alone else _number(row["baseline"]),
+                    "" if alone else _ratio(row["ratio"]), row["target"], row["verdict"],
                 ))
             continue
         verdict = (measure["target"]["text"], measure["verdict"])
@@ -280,6 +317,11 @@ def _number(value: float) -> str:
     if value >= 10:
         return f"{value:.1f}"
     return f"{value:.2f}"
+
+
+def _count(value: float) -> str:
+    """A finding of its own (a row without a baseline): whole numbers as such."""
+    return f"{value:,.0f}" if float(value).is_integer() else _number(value)
 
 
 def _ratio(value: float | None) -> str:

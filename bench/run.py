@@ -48,6 +48,8 @@ SESSION_CAP_HEADROOM = 64
 PHASE_TIMEOUT = 1800.0
 # The fake model's pace between two text deltas (the streaming line).
 STREAM_EVENT_DELAY = 0.02
+# The voice line's product: the offline model and the offline speech engines.
+VOICE_ENV = {"OWLLAYER_VOICE": "1", "OWLLAYER_STT": "pocketsphinx", "OWLLAYER_TTS": "espeak"}
 
 
 @dataclass(frozen=True)
@@ -70,16 +72,22 @@ class BenchConfig:
     stream_turns: int
     stream_deltas: int
     line_repeats: int
+    # the voice line: concurrency steps 1, 2, 4, ... up to voice_sessions, each
+    # with at least voice_samples turns
+    voice_sessions: int
+    voice_samples: int
 
 
 FULL = BenchConfig(handshakes=200, round_trips=500, turns=50, sessions=32, updates=50, repeats=3,
                    warmup=10, turn_sessions=50, turn_sessions_large=200, turns_per_session=5,
                    opens=1000, open_concurrency=50, idle_sessions=5000, stream_sessions=50,
-                   stream_turns=4, stream_deltas=20, line_repeats=2)
+                   stream_turns=4, stream_deltas=20, line_repeats=2, voice_sessions=16,
+                   voice_samples=16)
 QUICK = BenchConfig(handshakes=40, round_trips=100, turns=10, sessions=8, updates=20, repeats=1,
                     warmup=3, turn_sessions=50, turn_sessions_large=200, turns_per_session=2,
                     opens=150, open_concurrency=50, idle_sessions=300, stream_sessions=50,
-                    stream_turns=2, stream_deltas=20, line_repeats=1)
+                    stream_turns=2, stream_deltas=20, line_repeats=1, voice_sessions=8,
+                    voice_samples=8)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, BenchConfig]:
@@ -100,9 +108,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, BenchConfig]
                         help="the Redis of the postgres backend (default %(default)s)")
     parser.add_argument("--no-proxy", action="store_true",
                         help="skip the two-processes-behind-nginx line (postgres backend)")
-    parser.add_argument("--only", metavar="PHASES", type=_phases, default=PHASES,
+    parser.add_argument("--only", metavar="PHASES", type=_phases, default=None,
                         help="run only these phases, comma separated, of: "
-                             + ", ".join(PHASES))
+                             + ", ".join(PHASES) + " (default: all; voice on the embedded "
+                             "backend only)")
     parser.add_argument("--stream-default", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure streaming at the default OWLLAYER_STREAM_INTERVAL "
                              "(a third product process; default: yes)")
@@ -115,6 +124,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, BenchConfig]
         sizes.add_argument(f"--{field.name.replace('_', '-')}", type=_positive, metavar="N",
                            dest=field.name, default=None)
     args = parser.parse_args(argv)
+    if args.only is None:
+        args.only = default_phases(args.backend)
     preset = QUICK if args.quick else FULL
     overrides = {
         field.name: getattr(args, field.name)
@@ -124,7 +135,17 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, BenchConfig]
     return args, dataclasses.replace(preset, **overrides)
 
 
-PHASES = ("idle", "samples", "opens", "turns", "streaming", "proxy")
+PHASES = ("idle", "samples", "opens", "turns", "streaming", "voice", "proxy")
+# The voice line's figures are the speech engines' (a quick run on PostgreSQL +
+# Redis doubled at the same step as the embedded one): by default it runs on
+# the embedded backend only, and on PostgreSQL when --only names it.
+EMBEDDED_ONLY_PHASES = ("voice",)
+
+
+def default_phases(backend: str) -> tuple[str, ...]:
+    if backend == "postgres":
+        return tuple(phase for phase in PHASES if phase not in EMBEDDED_ONLY_PHASES)
+    return PHASES
 
 
 def _phases(raw: str) -> tuple[str, ...]:
@@ -151,7 +172,7 @@ class Run:
 
     def __init__(self, config: BenchConfig, server_set: servers.ServerSet, api_key: str,
                  drainer: Drainer, product: Side, baseline: Side, backend: str,
-                 scratch: Path, proxy_line: bool) -> None:
+                 scratch: Path, proxy_line: bool, utterance: bytes = b"") -> None:
         self.config = config
         self.server_set = server_set
         self.api_key = api_key
@@ -161,6 +182,7 @@ class Run:
         self.backend = backend
         self.scratch = scratch
         self.proxy_line = proxy_line
+        self.utterance = utterance
         self.log = Observations()
         self.measures: list[dict] = []
 
@@ -324,6 +346,45 @@ class Run:
         finally:
             self.server_set.stop(["stream-0", "stream-default", "fake-llm"])
 
+    async def voice(self) -> None:
+        """Voice turns on the offline engines, one concurrency step after the
+        other: VOICE_INPUT_END -> first AUDIO_STREAM frame, against the same
+        time at one session, and where its p50 doubles."""
+        config = self.config
+        server = next(server for server in self.server_set.started if server.name == "voice")
+        side = Side(Target("voice", server.ws_url(settings.OWLLAYER_WS_PATH), check_frames=True),
+                    [server.process.pid])
+        chunks = lines.microphone_chunks(self.utterance)
+        jobs = settings.OWLLAYER_VOICE_JOBS
+        try:
+            # Untimed: the first handshake checks the engines, and each thread of
+            # the speech pool loads its decoder on its first transcription.
+            async with asyncio.timeout(PHASE_TIMEOUT):
+                await lines.voice_turns(side, self.api_key, self.log, sessions=jobs,
+                                        per_session=1, chunks=chunks, phase="voice warm-up",
+                                        timeout=lines.WARMUP_TIMEOUT)
+            steps = []
+            for sessions in lines.concurrency_steps(config.voice_sessions):
+                per_session = lines.voice_turns_per_session(config.voice_samples, sessions)
+                _progress(f"voice turns: {sessions} sessions x {per_session} turns")
+                await self.drainer.drain(side.pids)
+                async with asyncio.timeout(PHASE_TIMEOUT):
+                    sample = await lines.voice_turns(
+                        side, self.api_key, self.log, sessions=sessions,
+                        per_session=per_session, chunks=chunks, phase=f"voice x{sessions}")
+                steps.append((sessions, {
+                    "turns_per_session": per_session, "count": sample.count,
+                    "seconds": sample.seconds, "latency_ms": latency_summary(sample.latencies),
+                    "heard_ms": latency_summary(sample.extra["heard"])}))
+        finally:
+            self.server_set.stop(["voice"])
+        self.measures.append(report.voice_measure(
+            "voice", "voice, end of speech -> first audio (vs 1 session)", steps,
+            raw={"speech_jobs": jobs, "stt": "pocketsphinx", "tts": "espeak",
+                 "utterance": lines.VOICE_UTTERANCE,
+                 "utterance_seconds": len(self.utterance) / (2 * lines.MIC_RATE),
+                 "chunks_per_turn": len(chunks)}))
+
     async def behind_proxy(self) -> None:
         """Turns at the large session count through nginx: one upstream, two
         upstreams, and the baseline behind the same nginx."""
@@ -382,6 +443,8 @@ class Run:
             await self.turns(config.turn_sessions_large)
         if "streaming" in phases:
             await self.streaming()
+        if "voice" in phases:
+            await self.voice()
         if self.proxy_line and "proxy" in phases:
             await self.behind_proxy()
 
@@ -442,7 +505,8 @@ def scratch_parent() -> str | None:
 
 def session_cap(config: BenchConfig) -> int:
     return max(config.idle_sessions, config.turn_sessions_large, config.turn_sessions,
-               config.stream_sessions, config.sessions, config.open_concurrency) \
+               config.stream_sessions, config.sessions, config.open_concurrency,
+               config.voice_sessions) \
         + SESSION_CAP_HEADROOM
 
 
@@ -457,6 +521,9 @@ def run(config: BenchConfig, *, backend: str = "embedded",
     server_set: servers.ServerSet | None = None
     run_env: environment.RunEnvironment | None = None
     try:
+        # The voice line's microphone, made before anything starts: without
+        # eSpeak NG the run stops here, not after the other lines.
+        utterance = lines.spoken_utterance() if "voice" in phases else b""
         run_env = environment.prepare(scratch, backend, postgres=postgres, redis=redis)
         _progress(f"[{backend}] preparing the database ({run_env.describe_short()})")
         environment.setup_database()
@@ -480,6 +547,9 @@ def run(config: BenchConfig, *, backend: str = "embedded",
                 specs["stream-default"] = servers.product_command
             extra_env = {"stream-0": {**llm_env, "OWLLAYER_STREAM_INTERVAL": "0"},
                          "stream-default": llm_env}
+        if "voice" in phases:
+            specs["voice"] = servers.product_command
+            extra_env["voice"] = VOICE_ENV
         started_servers = server_set.start(specs, env=extra_env)
         path = settings.OWLLAYER_WS_PATH
         product_server, baseline_server = started_servers["product"], started_servers["baseline"]
@@ -494,7 +564,8 @@ def run(config: BenchConfig, *, backend: str = "embedded",
                  [product_server.process.pid]),
             Side(Target("baseline", baseline_server.ws_url(path), check_frames=False),
                  [baseline_server.process.pid]),
-            backend, scratch, proxy_line=proxy_line and backend == "postgres")
+            backend, scratch, proxy_line=proxy_line and backend == "postgres",
+            utterance=utterance)
         try:
             asyncio.run(the_run.measure_all(phases))
         except (BenchError, NotDrained, proxy.ProxyError):
@@ -513,8 +584,9 @@ def run(config: BenchConfig, *, backend: str = "embedded",
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     notes = the_run.log.notes()
+    before = "a baseline sample" + (" or a voice step" if "voice" in phases else "")
     notes.append(f"the product was drained (rows closed, process quiet) "
-                 f"{the_run.drainer.drains} times before a baseline sample")
+                 f"{the_run.drainer.drains} times before {before}")
     return report.build_report(
         config=dataclasses.asdict(config),
         environment=described,

@@ -44,3 +44,27 @@ def ratio(product: float, baseline: float) -> float | None:
     if baseline <= 0:
         return None
     return product / baseline
+
+
+def doubling_point(p50_by_sessions: Sequence[tuple[int, float]],
+                   factor: float = 2.0) -> tuple[int, int | None]:
+    """How many concurrent sessions one process holds before a time doubles.
+
+    ``p50_by_sessions``: (sessions, p50) per step, fewest sessions first; the
+    first step is the reference (one session, measured in the same run).
+    Returns (held, doubled_at): ``doubled_at`` is the first step whose p50 is
+    at least ``factor`` times the first step's (None when no step is), and
+    ``held`` the step before it (the last step when none doubled).
+    """
+    if not p50_by_sessions:
+        raise ValueError("no steps")
+    sessions = [count for count, _p50 in p50_by_sessions]
+    if sessions != sorted(set(sessions)):
+        raise ValueError(f"steps must have ever more sessions, got {sessions}")
+    reference = p50_by_sessions[0][1]
+    if reference <= 0:
+        raise ValueError(f"the first step's time must be positive, got {reference}")
+    for number, (count, p50) in enumerate(p50_by_sessions[1:], start=1):
+        if p50 >= factor * reference:
+            return p50_by_sessions[number - 1][0], count
+    return sessions[-1], None

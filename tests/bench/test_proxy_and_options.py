@@ -45,6 +45,15 @@ def test_an_unknown_phase_is_refused_and_the_default_runs_them_all():
         parse_args(["--only", "turns,nonsense"])
 
 
+def test_the_voice_line_runs_on_postgres_only_when_named():
+    default, _config = parse_args(["--backend", "postgres"])
+    named, _config = parse_args(["--backend", "postgres", "--only", "turns,voice"])
+
+    assert "voice" in PHASES
+    assert default.only == tuple(phase for phase in PHASES if phase != "voice")
+    assert named.only == ("turns", "voice")
+
+
 def test_the_full_preset_measures_the_sizes_the_targets_name():
     _args, config = parse_args([])
 

@@ -23,9 +23,9 @@ TINY = ["--handshakes", "2", "--round-trips", "2", "--turns", "2", "--sessions",
         "--turn-sessions-large", "4", "--turns-per-session", "2", "--opens", "6",
         "--open-concurrency", "3", "--idle-sessions", "10", "--stream-sessions", "2",
         "--stream-turns", "1", "--stream-deltas", "3", "--line-repeats", "1",
-        "--no-stream-default"]
+        "--no-stream-default", "--voice-sessions", "2", "--voice-samples", "1"]
 LINES = ["idle_memory", "handshake", "context_round_trip", "tool_turn", "concurrency", "opens",
-         "turns", "turns", "streaming"]
+         "turns", "turns", "streaming", "voice"]
 # Set-up (migrate, two daphne start-ups) dominates; well under pytest's own timeout.
 RUN_TIMEOUT = 100
 
@@ -98,9 +98,14 @@ def test_a_tiny_run_reports_every_line_with_both_sides_and_a_ratio(tmp_path):
     # Every stamped delta of every streamed answer reached the page.
     assert measures["streaming"]["raw"]["product"]["count"] == 2 * 1 * 3
     assert measures["streaming"]["verdict"] in ("ok", "over")
+    # One session, then two, each speaking two turns; every turn heard and spoken back.
+    voice = measures["voice"]["raw"]
+    assert [(step["sessions"], step["count"]) for step in voice["steps"]] == [(1, 2), (2, 4)]
+    assert voice["held_sessions"] in (1, 2)
     for measure in report["measures"]:
         if measure["kind"] == "line":
-            assert all(row["ratio"] > 0 for row in measure["rows"]), measure["name"]
+            assert all(row["ratio"] > 0 for row in measure["rows"]
+                       if row["baseline"] is not None), measure["name"]
     assert any("drained" in note for note in report["notes"])
     throughput = measures["concurrency"]
     assert throughput["product"]["frames"] == throughput["baseline"]["frames"] == 2 * 2 * 2
