@@ -1,11 +1,11 @@
 """The watcher feed of one connection: what operators watching it live see.
 
 Every frame in (as the page sent it, rebuilt from the session machine's
-event) and out, and every change of the session (opened, context, state,
-closed), queued on the connection's ``aitp.live.LivePublisher`` so the
-connection never waits on the channel layer, and published only while
-someone watches. The consumer owns one per open
-session.
+event) and out, audio as its length only, and every change of the session
+(opened, context, state, closed), queued on the connection's
+``aitp.live.LivePublisher`` so the connection never waits on the channel
+layer, and published only while someone watches. The consumer owns one per
+open session.
 """
 from __future__ import annotations
 
@@ -14,10 +14,21 @@ import json
 from aitp import live
 from aitp.session import (
     ApprovalRequestReceived,
+    ApprovalResponseReceived,
+    AudioChunkReceived,
     ContextChanged,
     ToolResultReceived,
+    UserAudioReceived,
     UserTextReceived,
+    VoiceInputEnded,
+    VoiceInterrupted,
 )
+from aitp.voice.audio import AGENT_RATE, CLIENT_MIME, CLIENT_RATE
+from aitp.voice.base import SAMPLE_WIDTH
+
+# Audio reaches watchers as its length, never its samples: an operator reads
+# that the user or the agent is speaking, and for how long.
+AUDIO_OUT_MARK = '"type":"AUDIO_STREAM"'
 
 
 class WatcherFeed:
@@ -37,7 +48,8 @@ class WatcherFeed:
         await self.publisher.watchers_changed(event)
 
     def outbound(self, frame: str) -> None:
-        self.publisher.frame("out", frame)
+        if self.publisher.watched:
+            self.publisher.frame("out", describe_outbound(frame))
 
     def session_changed(self, what: str, **fields) -> None:
         self.publisher.session_changed(what, **fields)
@@ -58,6 +70,35 @@ def describe_inbound(event) -> str:
         body = {"type": "TOOL_RESULT", "payload": event.result.model_dump(exclude_none=True)}
     elif isinstance(event, ApprovalRequestReceived):
         body = {"type": "APPROVAL_REQUEST", "payload": event.request.model_dump(exclude_none=True)}
-    else:
+    elif isinstance(event, ApprovalResponseReceived):
         body = {"type": "APPROVAL_RESPONSE", "payload": event.response.model_dump(exclude_none=True)}
+    elif isinstance(event, AudioChunkReceived):
+        body = {"type": "AUDIO_STREAM", "payload": _audio_length(CLIENT_MIME, len(event.pcm), CLIENT_RATE)}
+    elif isinstance(event, UserAudioReceived):
+        body = {"type": "USER_INPUT", "payload": {
+            "modality": "audio",
+            **_audio_length(f"audio/pcm;rate={event.audio.rate}", len(event.audio.pcm), event.audio.rate)}}
+    elif isinstance(event, VoiceInputEnded):
+        body = {"type": "VOICE_INPUT_END", "payload": {"reason": event.reason}}
+    elif isinstance(event, VoiceInterrupted):
+        body = {"type": "VOICE_INTERRUPT", "payload": {"reason": event.reason}}
+    else:
+        body = {"type": type(event).__name__, "payload": {}}
     return json.dumps(body, ensure_ascii=False, default=str)
+
+
+def describe_outbound(frame: str) -> str:
+    """A frame sent to the page, for watchers: as sent, but the agent's
+    audio as its length."""
+    if AUDIO_OUT_MARK not in frame[:120]:
+        return frame
+    message = json.loads(frame)
+    payload = message.get("payload") or {}
+    data = str(payload.get("data", ""))
+    size = len(data) * 3 // 4 - data[-2:].count("=")
+    message["payload"] = _audio_length(str(payload.get("mimeType", "")), size, AGENT_RATE)
+    return json.dumps(message, ensure_ascii=False)
+
+
+def _audio_length(mime_type: str, size: int, rate: int) -> dict:
+    return {"mimeType": mime_type, "bytes": size, "seconds": round(size / (SAMPLE_WIDTH * rate), 3)}
