@@ -204,7 +204,7 @@ class ConversationMessageAdmin(RecordAdmin):
 @admin.register(DailyUsage)
 class DailyUsageAdmin(RecordAdmin):
     list_display = ["tenant", "date", "sessions", "turns", "input_tokens", "output_tokens",
-                    "cache_read_tokens", "cache_write_tokens"]
+                    "cache_read_tokens", "cache_write_tokens", "audio_heard_ms", "audio_spoken_ms"]
     list_filter = ["tenant"]
     date_hierarchy = "date"
     readonly_fields = [f.name for f in DailyUsage._meta.fields]

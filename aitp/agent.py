@@ -30,7 +30,7 @@ from aitp.agent_parts import AgentConfig, AgentIO, ApprovalLimits, PageSnapshot,
 from aitp.agent_server_tools import ServerTools
 from aitp.agent_store import AgentStore
 from aitp.agent_text import TextStreamer, bounded_history
-from aitp.agent_voice import Listening, Speaker
+from aitp.agent_voice import Listening, Speaker, audio_usage, voice_record
 from aitp.ledger import CANCELLED, ERROR, INVALID_ARGS, UNAVAILABLE, Ledger, Outcome, PendingCall, new_call_id
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.ports import ServerTool
@@ -201,7 +201,7 @@ class Agent:
                     await speaker.aclose()
                 await streamer.discard()
                 # Bookkeeping runs even while the task is being cancelled.
-                await self._checkpoint(usage=usage)
+                await self._checkpoint(usage=usage, audio=audio_usage(voice, speaker))
                 await self.io.set_state(TurnState.IDLE)
             finally:
                 # Last of all, whatever the bookkeeping raised: the page may
@@ -296,13 +296,17 @@ class Agent:
         # per message.
         self._unsaved.append({"seq": self._seq, "role": role, "content": content})
 
-    async def _checkpoint(self, *, calls: list[PendingCall] = (), usage: Usage | None = None) -> None:
+    async def _checkpoint(self, *, calls: list[PendingCall] = (), usage: Usage | None = None,
+                          audio: dict[str, int] | None = None) -> None:
         """Write what the turn produced since the last checkpoint. Messages stay
+        if self._speaker is not None:  # a voice turn: the stored copy says so
+            content = voice_record(role, content, self._speaker, interrupted=self._barged_in)
         buffered until the write returns, so a checkpoint cut short by a
         cancellation is simply written again (it is idempotent)."""
         messages = list(self._unsaved)
         await self.store.checkpoint(
-            turn=self.turn, messages=messages, calls=calls, usage=usage, turns=1 if usage else 0
+            turn=self.turn, messages=messages, calls=calls, usage=usage, turns=1 if usage else 0,
+            audio=audio,
         )
         del self._unsaved[: len(messages)]
 

@@ -37,9 +37,12 @@ class AgentStore:
         self._created: dict[str, object] = {}
 
     async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
-                         usage: Usage | None = None, turns: int = 0) -> None:
+                         usage: Usage | None = None, turns: int = 0,
+                         audio: dict[str, int] | None = None) -> None:
         """One database round trip for what the turn produced since the last
-        one, outcomes of finished calls included."""
+        one, outcomes of finished calls included. ``audio`` (a voice turn's
+        milliseconds heard and spoken, ``agent_voice.audio_usage``) is
+        counted with ``usage``."""
         await self._marks_written()
         finished = list(self._finished)
         if not (messages or calls or usage is not None or finished):
@@ -69,6 +72,7 @@ class AgentStore:
                 "output_tokens": usage.output_tokens,
                 "cache_read_tokens": usage.cache_read_tokens,
                 "cache_write_tokens": usage.cache_write_tokens,
+                **(audio or {}),
             },
         )
         self._forget(finished)

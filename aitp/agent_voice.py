@@ -14,6 +14,12 @@ A voice turn is the ordinary turn (``aitp.agent``) with two ends added:
   sent, so a barge-in (``stop()``) knows where the user stopped hearing.
 A SpeechError becomes the page's error event with its code; the turn goes on
 (or ends) as text.
+
+What a voice turn leaves in the record: ``audio_usage`` (milliseconds of
+the utterance heard and of the agent's audio actually sent, counted with the
+turn's tokens) and ``voice_record`` (the stored copy of a message marked as
+heard, said, or said until a barge-in interrupted it; the model's copy is
+left as it is).
 """
 from __future__ import annotations
 
@@ -24,8 +30,8 @@ from collections.abc import Awaitable, Callable
 
 from aitp import protocol as p
 from aitp.voice import SpeechError, get_stt, get_tts
-from aitp.voice.audio import agent_chunks, agent_payload
-from aitp.voice.base import Audio, Transcription
+from aitp.voice.audio import AGENT_RATE, agent_chunks, agent_payload
+from aitp.voice.base import SAMPLE_WIDTH, Audio, Transcription
 from aitp.voice.pipeline import SpeechPipeline
 from aitp.voice.speaking import SpokenProgress
 from aitp.voice.utterance import Utterance, UtteranceBuffer, VoiceLimits
@@ -119,8 +125,13 @@ class Speaker:
         self.progress = SpokenProgress()
         self.stopped = False
         self.failed: SpeechError | None = None
-        self.seconds = 0.0  # of audio sent
+        self.sent_bytes = 0  # of audio sent (24 kHz 16-bit mono)
         self._task = asyncio.create_task(self._speak())
+
+    @property
+    def seconds(self) -> float:
+        """Of audio sent: a barge-in stops the count with the voice."""
+        return self.sent_bytes / (SAMPLE_WIDTH * AGENT_RATE)
 
     def feed(self, text: str) -> None:
         if self.stopped or self.failed is not None:
@@ -162,8 +173,45 @@ class Speaker:
                         return
                     await self._send(p.make_message(p.MessageType.AUDIO_STREAM, agent_payload(chunk)))
                     self.progress.sent(len(chunk))
-                    self.seconds += len(chunk) / (2 * 24000)
+                    self.sent_bytes += len(chunk)
         except SpeechError as exc:
             logger.warning("speech synthesis failed: %s", exc)
             self.failed = exc
             await self._send(p.error_event(exc.code, exc.message))
+
+
+# --- what a voice turn leaves in the record ---------------------------------------
+
+# The "voice" mark on a stored text block (aitp.transcript reads it).
+HEARD = "heard"  # the user's words, transcribed from their speech
+SAID = "said"  # the agent's words, spoken
+INTERRUPTED = "interrupted"  # spoken until the user spoke over it: the text ends where the voice stopped
+
+
+def audio_usage(voice: Listening | None, speaker: Speaker | None) -> dict[str, int] | None:
+    """The turn's audio, in milliseconds, for its session and its tenant's
+    day: the utterance heard (once it ended) and the agent's audio sent.
+    None for a typed turn."""
+    if voice is None:
+        return None
+    heard = voice.utterance.audio.seconds if voice.utterance is not None else 0.0
+    spoken = speaker.seconds if speaker is not None else 0.0
+    return {"audio_heard_ms": round(heard * 1000), "audio_spoken_ms": round(spoken * 1000)}
+
+
+def voice_record(role: str, content: list[dict], speaker: Speaker, *, interrupted: bool) -> list[dict]:
+    """The stored copy of a voice turn's message: the user's words marked
+    heard; the agent's text marked said, or interrupted for the message a
+    barge-in cut (stored as far as it was said). Text the voice failed to
+    say is left unmarked. New blocks: the model's copy keeps none of this."""
+    if role == "user":
+        # The words come first, the page's description after (aitp.agent).
+        first = content[0] if content else None
+        if isinstance(first, dict) and first.get("type") == "text":
+            return [{**first, "voice": HEARD}, *content[1:]]
+        return content  # tool results
+    if speaker.failed is not None and not interrupted:
+        return content
+    mark = INTERRUPTED if interrupted else SAID
+    return [{**block, "voice": mark} if isinstance(block, dict) and block.get("type") == "text" else block
+            for block in content]

@@ -83,6 +83,10 @@ class Session(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     cache_read_tokens = models.PositiveBigIntegerField(default=0)
     cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    # Voice: milliseconds of the user's speech heard (utterances transcribed)
+    # and of the agent's audio sent (a barge-in stops the count where it stopped the voice).
+    audio_heard_ms = models.PositiveBigIntegerField(default=0)
+    audio_spoken_ms = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["-started_at"]
@@ -101,6 +105,14 @@ class Session(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def audio_heard_seconds(self) -> float:
+        return self.audio_heard_ms / 1000
+
+    @property
+    def audio_spoken_seconds(self) -> float:
+        return self.audio_spoken_ms / 1000
 
 
 class ServerProcess(models.Model):
@@ -187,6 +199,8 @@ class DailyUsage(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     cache_read_tokens = models.PositiveBigIntegerField(default=0)
     cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    audio_heard_ms = models.PositiveBigIntegerField(default=0)
+    audio_spoken_ms = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["-date"]

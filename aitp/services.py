@@ -537,7 +537,8 @@ def turn_checkpoint(
     """What a turn has produced since its last checkpoint, in one transaction:
     the final outcomes of calls that ended since (``tool_call_finish``
     arguments), conversation messages, the ledger rows of the calls about to
-    run, and the turn's token usage on its session's row. Outcomes, messages
+    run, and the turn's usage on its session's row (its tokens and, for a
+    voice turn, ``audio_heard_ms`` and ``audio_spoken_ms``). Outcomes, messages
     and calls are idempotent (a checkpoint interrupted half way may be
     written again); usage is added once, and counted in the tenant's day
     (written behind, see UsageBuffer) only once the transaction committed."""

@@ -12,6 +12,12 @@ The agent stores, beside the user's words, a text block describing the page
 they were on (``[page]`` then url, title and context lines; aitp.agent). It is
 read here as a block of its own kind, "page", so pages show the words as the
 user wrote them and the page as a detail; the stored rows are unchanged.
+
+A voice turn's stored text blocks carry one more key, ``voice``
+(aitp.agent_voice.voice_record): "heard" on the user's words transcribed from
+their speech, "said" on the agent's words spoken, "interrupted" on the
+agent's words a barge-in cut (stored as far as they were said). It is read
+into ``Block.voice``; a block without it was typed or written.
 ``action_words`` names a recorded operator action ("session_end") in words.
 """
 from __future__ import annotations
@@ -29,10 +35,13 @@ class Block:
     name: str = ""  # the tool's name (tool_use), the page's title (page), the block's own type (other)
     ref: str = ""  # the tool_use id (tool_use, tool_result), the page's url (page)
     is_error: bool = False
+    voice: str = ""  # text of a voice turn: "heard", "said" or "interrupted"
 
     @property
     def title(self) -> str:
         """A one-line heading, for pages that show every kind of block alike."""
+        if self.voice:
+            return VOICE_TITLES[self.voice]
         if self.kind == "tool_use":
             return f"calls {self.name or '?'}"
         if self.kind == "tool_result":
@@ -40,6 +49,21 @@ class Block:
         if self.kind == "page":
             return f"on {self.name or self.ref or 'a page'}"
         return self.name if self.kind == "other" else ""
+
+    @property
+    def cut_note(self) -> str:
+        """Where a barge-in stopped the agent's voice; empty for any other block."""
+        return INTERRUPTED_NOTE if self.voice == "interrupted" else ""
+
+
+# What a voice mark says, as a text block's heading.
+VOICE_TITLES = {
+    "heard": "heard (spoken by the page user)",
+    "said": "said aloud",
+    "interrupted": "said aloud until the page user interrupted",
+}
+# Shown where the voice stopped, after the text of an "interrupted" block.
+INTERRUPTED_NOTE = "the page user spoke over the agent here; the rest of the answer was not said"
 
 
 # Levels of objects and lists shown; deeper ones are summarised. Indented
@@ -147,7 +171,9 @@ def content_block(item: Any) -> Block:
     kind = item.get("type")
     if kind == "text":
         text = str(item.get("text", ""))
-        return page_block(text) or Block(kind="text", text=text)
+        voice = item.get("voice")
+        return page_block(text) or Block(kind="text", text=text,
+                                         voice=voice if isinstance(voice, str) and voice in VOICE_TITLES else "")
     if kind == "tool_use":
         return Block(kind="tool_use", text=pretty_json(item.get("input", {})),
                      name=str(item.get("name", "")), ref=str(item.get("id", "")))

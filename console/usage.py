@@ -23,15 +23,26 @@ class DayUsage:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    # Voice: milliseconds of the users' speech heard and of the agent's audio sent.
+    audio_heard_ms: int = 0
+    audio_spoken_ms: int = 0
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
     @property
+    def audio_heard_seconds(self) -> float:
+        return self.audio_heard_ms / 1000
+
+    @property
+    def audio_spoken_seconds(self) -> float:
+        return self.audio_spoken_ms / 1000
+
+    @property
     def used(self) -> bool:
         return bool(self.sessions or self.turns or self.tokens or self.cache_read_tokens
-                    or self.cache_write_tokens)
+                    or self.cache_write_tokens or self.audio_heard_ms or self.audio_spoken_ms)
 
 
 def daily_usage(tenant: Tenant, *, today: date, days: int = USAGE_DAYS) -> list[DayUsage]:
@@ -57,6 +68,8 @@ def daily_usage(tenant: Tenant, *, today: date, days: int = USAGE_DAYS) -> list[
                 output_tokens=row.output_tokens,
                 cache_read_tokens=row.cache_read_tokens,
                 cache_write_tokens=row.cache_write_tokens,
+                audio_heard_ms=row.audio_heard_ms,
+                audio_spoken_ms=row.audio_spoken_ms,
             )
         )
     return result

@@ -83,6 +83,8 @@ def usage(request: HttpRequest, access: Access) -> HttpResponse:
             "sessions": sum(d.sessions for d in days),
             "turns": sum(d.turns for d in days),
             "tokens": sum(d.tokens for d in days),
+            "audio_heard_seconds": sum(d.audio_heard_ms for d in days) / 1000,
+            "audio_spoken_seconds": sum(d.audio_spoken_ms for d in days) / 1000,
         },
         recent_sessions=recent,
         recent_limit=RECENT_SESSIONS,

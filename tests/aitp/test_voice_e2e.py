@@ -192,7 +192,7 @@ async def test_a_barge_in_stops_the_voice_and_stores_what_the_user_heard(server,
     assert "AUDIO_STREAM" not in [kind(f) for f in stopped + after]
     assert final_text(after) == "Of course."
     messages = await stored(client.session_id)
-    assert messages[1] == ("assistant", [{"type": "text", "text": first.strip()}])
+    assert messages[1] == ("assistant", [{"type": "text", "text": first.strip(), "voice": "interrupted"}])
     assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
 
 
