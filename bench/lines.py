@@ -469,15 +469,22 @@ async def voice_turns(side: Side, api_key: str, log: Observations, *, sessions: 
     speaking ``per_session`` turns back to back (the utterance's chunks,
     VOICE_INPUT_END, the answer to done:true). One latency per turn: from
     VOICE_INPUT_END to the first AUDIO_STREAM frame of the agent's voice
-    (``extra["heard"]``: to the transcript of the utterance)."""
+    (``extra["heard"]``: to the transcript of the utterance). A turn the
+    product answered ``no_speech`` is no sample: ``extra["unheard"]`` counts
+    them."""
     peers = await open_pages(side.target, api_key, log, sessions, phase, timeout=timeout,
                              context=None, capability="audio")
     latencies: list[float] = []
     heard: list[float] = []
+    unheard = 0
 
     async def work(peer: Peer, number: int) -> None:
+        nonlocal unheard
         for _ in range(per_session):
             turn = await measure.one_voice_turn(peer, chunks, timeout=timeout)
+            if turn.first_audio is None or turn.heard is None:
+                unheard += 1
+                continue
             latencies.append(turn.first_audio)
             heard.append(turn.heard)
 
@@ -485,8 +492,11 @@ async def voice_turns(side: Side, api_key: str, log: Observations, *, sessions: 
         seconds = await _each(peers, work)
     finally:
         await _close_all(peers)
+    if not latencies:
+        raise BenchError(f"{side.target.name}: none of {unheard} voice turns was heard "
+                         "(no_speech)")
     return Sample(count=len(latencies), seconds=seconds, latencies=latencies,
-                  extra={"heard": heard})
+                  extra={"heard": heard, "unheard": unheard})
 
 
 def _dumps(frame: dict) -> str:

@@ -217,18 +217,21 @@ class Peer:
                        answered: Callable[[dict, dict], bool], *, label: str | None = None,
                        on_frame: Callable[[dict, float], None] | None = None,
                        timeout: float = ANSWER_TIMEOUT,
-                       max_frames: int = MAX_FRAMES_PER_ANSWER) -> list[dict]:
+                       max_frames: int = MAX_FRAMES_PER_ANSWER,
+                       tolerated: frozenset[str] = frozenset()) -> list[dict]:
         """Send one frame and read up to its answer; the frames read, answer last.
 
         ``label`` names the exchange for comparable bytes: the product's
         answer sizes are recorded under it, and the baseline is asked to
         answer with those sizes. ``on_frame(frame, received_at)`` sees each
         frame as it arrives (the clock read right after the socket gave it).
+        An error event stops the run, unless its code is ``tolerated``: then
+        it is one more frame read on the way to the answer.
         """
         if label is not None and self.target.is_baseline:
             payload = {**payload, REPLY_FIELD: self.log.reply_sizes(label)}
         frames = await self._send_and_read(envelope(frame_type, payload), frame_type, answered,
-                                           label, on_frame, timeout, max_frames)
+                                           label, on_frame, timeout, max_frames, tolerated)
         if self.target.check_frames and self.log.keep_frames:
             self.log.frames.extend((self.phase, frame) for frame in frames)
         return frames
@@ -236,7 +239,8 @@ class Peer:
     async def _send_and_read(self, sent: dict, frame_type: str,
                              answered: Callable[[dict, dict], bool], label: str | None,
                              on_frame: Callable[[dict, float], None] | None,
-                             timeout: float, max_frames: int) -> list[dict]:
+                             timeout: float, max_frames: int,
+                             tolerated: frozenset[str]) -> list[dict]:
         ws = self.client.ws
         frames: list[dict] = []
         sizes: list[int] = []
@@ -254,7 +258,7 @@ class Peer:
                         on_frame(frame, received_at)
                     if answered(frame, sent):
                         break
-                    _raise_on_error(self.target, frame)
+                    _raise_on_error(self.target, frame, tolerated)
                 else:
                     raise BenchError(f"{self.target.name}: no answer to {frame_type} within "
                                      f"{max_frames} frames")
@@ -280,10 +284,18 @@ def _envelope_or_raise(target: Target, raw: str | bytes) -> dict:
     return frame
 
 
-def _raise_on_error(target: Target, frame: dict) -> None:
+def error_code(frame: dict) -> str | None:
+    """The code of an error event (None for any other frame)."""
     if frame.get("type") == "SYSTEM_EVENT" and frame["payload"].get("kind") == "error":
+        return str((frame["payload"].get("data") or {}).get("code", "no code"))
+    return None
+
+
+def _raise_on_error(target: Target, frame: dict,
+                    tolerated: frozenset[str] = frozenset()) -> None:
+    code = error_code(frame)
+    if code is not None and code not in tolerated:
         payload = frame["payload"]
-        code = (payload.get("data") or {}).get("code", "no code")
         if code == "turn_in_progress":
             raise TurnInProgress(f"{target.name}: {payload.get('message')}")
         raise BenchError(f"{target.name} answered an error: {payload.get('message')} ({code})")
@@ -435,13 +447,19 @@ async def _start_turn(peer: Peer, index: int, log: Observations, *,
 MIC_MIME = "audio/pcm;rate=16000"
 
 
+# What the product answers an utterance in which its engine heard no words:
+# the turn ends (turn_complete, done:true) and the session goes on.
+NO_SPEECH = "no_speech"
+
+
 @dataclass(frozen=True)
 class VoiceTurn:
     """Seconds from sending VOICE_INPUT_END to reading the transcript of what
-    was heard, and to reading the first AUDIO_STREAM frame of the answer."""
+    was heard, and to reading the first AUDIO_STREAM frame of the answer;
+    both None when the product answered that it heard no words."""
 
-    heard: float
-    first_audio: float
+    heard: float | None
+    first_audio: float | None
 
 
 async def one_voice_turn(peer: Peer, chunks: Sequence[str], *,
@@ -450,7 +468,8 @@ async def one_voice_turn(peer: Peer, chunks: Sequence[str], *,
     VOICE_INPUT_END, then every frame up to the turn's done:true. Its
     ``first_audio`` is how long the user waits, once they stop speaking, to
     hear the answer (transcription, the turn, the first sentence's
-    synthesis); ``heard`` the transcription's share of it."""
+    synthesis); ``heard`` the transcription's share of it. A turn answered
+    ``no_speech`` is read to its end and returned without times."""
     for chunk in chunks:
         await peer.send("AUDIO_STREAM", {"data": chunk, "mimeType": MIC_MIME})
     seen: dict[str, float] = {}
@@ -464,7 +483,10 @@ async def one_voice_turn(peer: Peer, chunks: Sequence[str], *,
     started = clock()
     frames = await peer.exchange("VOICE_INPUT_END", {"reason": "user_stop"},
                                  lambda frame, _sent: is_turn_done(frame), on_frame=on_frame,
-                                 timeout=timeout, max_frames=MAX_FRAMES_PER_VOICE_TURN)
+                                 timeout=timeout, max_frames=MAX_FRAMES_PER_VOICE_TURN,
+                                 tolerated=frozenset({NO_SPEECH}))
+    if any(error_code(frame) == NO_SPEECH for frame in frames):
+        return VoiceTurn(heard=None, first_audio=None)
     _require_spoken(peer.target, frames)
     return VoiceTurn(heard=seen["heard"] - started, first_audio=seen["audio"] - started)
 

@@ -372,9 +372,16 @@ class Run:
                     sample = await lines.voice_turns(
                         side, self.api_key, self.log, sessions=sessions,
                         per_session=per_session, chunks=chunks, phase=f"voice x{sessions}")
+                unheard = sample.extra["unheard"]
+                if unheard:
+                    self.log.extra_notes.append(
+                        f"voice, {sessions} sessions: {unheard} of {unheard + sample.count} "
+                        "turns were answered no_speech (the utterance was not heard) and "
+                        "are not in the samples")
                 steps.append((sessions, {
                     "turns_per_session": per_session, "count": sample.count,
-                    "seconds": sample.seconds, "latency_ms": latency_summary(sample.latencies),
+                    "unheard": unheard, "seconds": sample.seconds,
+                    "latency_ms": latency_summary(sample.latencies),
                     "heard_ms": latency_summary(sample.extra["heard"])}))
         finally:
             self.server_set.stop(["voice"])
@@ -570,7 +577,7 @@ def run(config: BenchConfig, *, backend: str = "embedded",
             asyncio.run(the_run.measure_all(phases))
         except (BenchError, NotDrained, proxy.ProxyError):
             for server in server_set.started:
-                if not server.running:
+                if server.died:
                     _progress(f"the {server.name} server died; its log:\n{server.log_tail()}")
             raise
     finally:

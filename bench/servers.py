@@ -62,6 +62,8 @@ class Server:
     process: subprocess.Popen
     port: int
     log_path: Path
+    # Set by stop(): a server the run stopped did not die.
+    stopped: bool = False
 
     def ws_url(self, path: str) -> str:
         return f"ws://{HOST}:{self.port}{path}"
@@ -69,6 +71,11 @@ class Server:
     @property
     def running(self) -> bool:
         return self.process.poll() is None
+
+    @property
+    def died(self) -> bool:
+        """It exited without being stopped (a crash, the OOM killer)."""
+        return not self.stopped and not self.running
 
     def log_tail(self) -> str:
         try:
@@ -79,6 +86,7 @@ class Server:
 
     def stop(self) -> int:
         """SIGTERM, then SIGKILL when it is still running after STOP_TIMEOUT."""
+        self.stopped = True
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

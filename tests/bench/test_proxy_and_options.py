@@ -1,10 +1,13 @@
 """The nginx configuration and the run's options (pure: nothing is started)."""
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
+from bench import servers
 from bench.proxy import render_conf
 from bench.run import PHASES, _without_options, parse_args, session_cap
 
@@ -61,3 +64,20 @@ def test_the_full_preset_measures_the_sizes_the_targets_name():
     assert config.open_concurrency == 50
     assert config.idle_sessions == 5000
     assert config.stream_sessions == 50
+
+
+def test_a_server_the_run_stopped_did_not_die_but_one_that_exited_on_its_own_did(tmp_path):
+    sleeper = servers.spawn("sleeper", lambda port: [sys.executable, "-c",
+                                                     "import time; time.sleep(60)"],
+                            os.environ, tmp_path)
+    quitter = servers.spawn("quitter", lambda port: [sys.executable, "-c", "pass"],
+                            os.environ, tmp_path)
+    try:
+        sleeper.stop()
+        quitter.process.wait(30)
+
+        assert not sleeper.running and not sleeper.died
+        assert quitter.died
+    finally:
+        sleeper.stop()
+        quitter.stop()

@@ -201,6 +201,30 @@ async def test_a_voice_turn_is_timed_from_the_end_of_speech_to_the_first_audio_f
     assert len(ws.received) == 6  # read to done:true: the next turn starts clean
 
 
+NO_SPEECH = frame("SYSTEM_EVENT", {"kind": "error", "message": "I didn't catch that.",
+                                   "data": {"code": "no_speech"}})
+
+
+async def test_a_turn_answered_no_speech_is_read_to_its_end_and_has_no_times(clock):
+    ws = SpeakingSocket([(0.5, NO_SPEECH), (0.1, COMPLETE), (0.1, DONE)], clock)
+    page = peer(PRODUCT, ws, Observations(keep_frames=False))
+
+    turn = await measure.one_voice_turn(page, ["AAAA"])
+
+    assert (turn.heard, turn.first_audio) == (None, None)
+    assert len(ws.received) == 3
+
+
+async def test_any_other_error_in_a_voice_turn_stops_the_line(clock):
+    failed = frame("SYSTEM_EVENT", {"kind": "error", "message": "Speech failed.",
+                                    "data": {"code": "speech_failed"}})
+    ws = SpeakingSocket([(0.5, failed), (0.1, COMPLETE), (0.1, DONE)], clock)
+    page = peer(PRODUCT, ws, Observations(keep_frames=False))
+
+    with pytest.raises(BenchError, match="speech_failed"):
+        await measure.one_voice_turn(page, ["AAAA"])
+
+
 async def test_a_voice_turn_that_is_never_spoken_back_stops_the_line(clock):
     ws = SpeakingSocket([(0.5, TRANSCRIPT), (0.1, DELTA), (0.1, COMPLETE), (0.1, DONE)], clock)
     page = peer(PRODUCT, ws, Observations(keep_frames=False))
@@ -241,3 +265,40 @@ def test_without_espeak_ng_the_voice_line_stops_before_anything_starts(monkeypat
 
     with pytest.raises(BenchError, match="make espeak"):
         lines.spoken_utterance()
+
+
+def fake_pages(monkeypatch, turns: list[measure.VoiceTurn]) -> None:
+    """One page whose voice turns come out as ``turns``, in order."""
+    answers = iter(turns)
+
+    async def open_pages(*args, **kwargs):
+        return [peer(PRODUCT, FakeSocket(lambda sent: [], FakeClock()),
+                     Observations(keep_frames=False))]
+
+    async def one_voice_turn(page, chunks, *, timeout):
+        return next(answers)
+
+    monkeypatch.setattr(lines, "open_pages", open_pages)
+    monkeypatch.setattr(measure, "one_voice_turn", one_voice_turn)
+
+
+async def test_a_step_counts_the_turns_not_heard_and_keeps_them_out_of_its_samples(monkeypatch):
+    fake_pages(monkeypatch, [measure.VoiceTurn(0.2, 0.5), measure.VoiceTurn(None, None),
+                             measure.VoiceTurn(0.3, 0.7)])
+    side = lines.Side(PRODUCT, [1])
+
+    sample = await lines.voice_turns(side, "key", Observations(), sessions=1, per_session=3,
+                                     chunks=["AAAA"])
+
+    assert sample.count == 2
+    assert sample.latencies == [0.5, 0.7]
+    assert sample.extra == {"heard": [0.2, 0.3], "unheard": 1}
+
+
+async def test_a_step_in_which_no_turn_was_heard_stops_the_line(monkeypatch):
+    fake_pages(monkeypatch, [measure.VoiceTurn(None, None)] * 2)
+    side = lines.Side(PRODUCT, [1])
+
+    with pytest.raises(BenchError, match="none of 2 voice turns was heard"):
+        await lines.voice_turns(side, "key", Observations(), sessions=1, per_session=2,
+                                chunks=["AAAA"])
