@@ -4,11 +4,12 @@ anthropic agent talks through the real SDK to the fake Messages API, which
 plays the model. Each step's screenshot lands in test-artifacts/."""
 from __future__ import annotations
 
+import re
 from urllib.parse import quote
 
 import pytest
 from asgiref.sync import sync_to_async
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, WebSocketRoute, expect
 
 from aitp import services
 from aitp.models import ToolCall
@@ -301,6 +302,28 @@ async def test_the_page_reconnects_by_itself_when_the_server_comes_back(store, p
     assert await page.evaluate("window.__owl.sessionId") != first_session
     answer = await say(page, '/tool open_product {"productId": "charging-dock"}')
     assert "open_product succeeded" in answer
+
+
+async def test_after_a_handshake_that_timed_out_the_page_reconnects_and_asks_for_typing_again(
+        store, page, shot):
+    sockets = []
+
+    def nobody_answers_the_first(ws: WebSocketRoute) -> None:
+        sockets.append(ws)
+        if len(sockets) > 1:
+            ws.connect_to_server()
+
+    await page.route_web_socket(re.compile(r"/owllayer\?"), nobody_answers_the_first)
+    await page.goto(store.url)
+    await expect(page.locator(".owl-msg-error")).to_have_text("Handshake timeout")
+
+    # The client retries by itself; the second socket reaches the server.
+    await expect(status(page)).to_have_text("connected", timeout=30_000)
+    await expect(page.locator("#owl-input")).to_be_enabled()
+    await expect(page.locator("#owl-input")).to_have_attribute("placeholder", re.compile("^Try /tool"))
+    await shot("reconnected-after-a-timeout")
+    answer = await say(page, "/tool open_cart")
+    assert answer.startswith("open_cart succeeded.")
 
 
 # --- the anthropic agent (the fake Messages API plays the model) -----------------------

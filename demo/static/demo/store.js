@@ -516,6 +516,8 @@ function toggleMicrophone() {
 // The session is over for good (refused, ended by an operator, gave up):
 // nothing typed could be sent any more.
 const ENDED_STATES = ["closed", "error"];
+const ENDED_PLACEHOLDER = "This conversation has ended. Reload the page to start another.";
+const typingPlaceholder = input.placeholder;
 
 function connectAssistant() {
   const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
@@ -528,7 +530,9 @@ function connectAssistant() {
     showStatus();
     sendButton.disabled = state !== "connected";
     input.disabled = ENDED_STATES.includes(state);
-    if (input.disabled) input.placeholder = "This conversation has ended. Reload the page to start another.";
+    // An error the client recovers from (a handshake that timed out) ends
+    // in "connected" again: then the prompt to type is back too.
+    input.placeholder = input.disabled ? ENDED_PLACEHOLDER : typingPlaceholder;
     if (state === "reconnecting" && !lostConnection) {
       lostConnection = true;
       showMessage("note", "Lost the connection to the assistant. Reconnecting…");
