@@ -15,6 +15,7 @@ import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from playwright.async_api import Browser, async_playwright
 
@@ -32,18 +33,38 @@ AGENT_CHUNK_SECONDS = 0.25
 PAUSE_SECONDS = 1.5
 
 
-def speech_wav(folder: Path, text: str = SPOKEN) -> Path:
-    """eSpeak NG saying `text`, then a pause."""
+def speech_wav(folder: Path, text: str = SPOKEN, *, words_per_minute: int | None = None,
+               lead_seconds: float = 0.0, hiss: float = 0.0) -> Path:
+    """eSpeak NG saying `text` (after `lead_seconds` of silence), then a
+    pause: 16-bit mono PCM, the WAV Chromium's fake capture device plays.
+
+    `hiss`: the level (standard deviation, in samples) of a quiet room's
+    noise under all of it. A real microphone never hears exact digital
+    silence, and PocketSphinx's noise estimate goes wrong on one that does.
+    """
     spoken = folder / "spoken.wav"
-    subprocess.run(["espeak-ng", "-w", str(spoken), text], check=True, timeout=60)
+    speed = ["-s", str(words_per_minute)] if words_per_minute else []
+    subprocess.run(["espeak-ng", *speed, "-w", str(spoken), text], check=True, timeout=60)
     with wave.open(str(spoken)) as source:
         params = source.getparams()
-        frames = source.readframes(source.getnframes())
+        speech = np.frombuffer(source.readframes(source.getnframes()), dtype="<i2")
+    assert (params.nchannels, params.sampwidth) == (1, 2), params
+    lead = np.zeros(int(params.framerate * lead_seconds))
+    pause = np.zeros(int(params.framerate * PAUSE_SECONDS))
+    samples = np.concatenate([lead, speech, pause])
+    if hiss:
+        # Seeded: every run plays the very same recording.
+        samples += np.random.default_rng(13).normal(0.0, hiss, len(samples))
     path = folder / "microphone.wav"
     with wave.open(str(path), "wb") as target:
         target.setparams(params)
-        target.writeframes(frames + b"\0" * (int(params.framerate * PAUSE_SECONDS) * params.sampwidth))
+        target.writeframes(np.clip(samples, -32768, 32767).astype("<i2").tobytes())
     return path
+
+
+def wav_seconds(path: Path) -> float:
+    with wave.open(str(path)) as recording:
+        return recording.getnframes() / recording.getframerate()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,184 @@
+"""The demo store's microphone end to end: real Chromium whose microphone is an
+eSpeak NG recording (Chromium's fake capture device plays the WAV made at test
+time), the store on a real daphne process with the offline speech engines
+(PocketSphinx listening for a small grammar, eSpeak NG speaking), and the
+anthropic agent through the real SDK to the fake Messages API, which plays the
+model. What the test checks is what the page shows and counts, and what the
+server stored."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from playwright.async_api import Page, expect
+
+from aitp.models import ConversationMessage, ToolCall
+from aitp_client import AitpClient
+from tests.aitp.voice.conftest import needs_espeak
+from tests.browser.conftest import MODEL_API_KEY, Store, eventually, print_logs, start_store
+from tests.browser.store_support import answers, nothing_dropped, status, tool_calls
+from tests.browser.voice_support import (  # noqa: F401 (browser, microphone_*: fixtures)
+    MIC_CHUNK_BYTES,
+    browser,
+    microphone_allowed,
+    microphone_loops,
+    speech_wav,
+    wav_seconds,
+)
+from tests.support.fake_anthropic import text_response, tool_use_response
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), needs_espeak]
+
+# What the shopper says: words of the grammar below, spoken at a speed this
+# model hears reliably (tests/aitp/test_voice_e2e.py).
+HEARD = "add two headphones to my cart"
+WORDS_PER_MINUTE = 130
+# The page opens the microphone, then starts the utterance: the recording
+# begins with a moment of silence so that none of it is spoken before.
+LEAD_SECONDS = 1.0
+# A quiet room's noise under the recording (about -35 dBFS, below the page's
+# speech level). Over digital silence, and through Chromium's noise
+# suppression, PocketSphinx often hears another command or nothing.
+HISS = 600.0
+GRAMMAR = """#JSGF V1.0;
+grammar shop;
+public <command> = (add | remove) (one | two | three) (headphones | speakers) to my cart
+                 | what is in my cart | show me the headphones;
+"""
+FIRST_WORDS = "Adding two Pro Headphones."
+ANSWER = "Two Pro Headphones are in your cart."
+PRODUCT_PATH = "/demo/products/pro-headphones/"
+
+
+@pytest.fixture(scope="module")
+def microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return speech_wav(tmp_path_factory.mktemp("voice"), HEARD, words_per_minute=WORDS_PER_MINUTE,
+                      lead_seconds=LEAD_SECONDS, hiss=HISS)
+
+
+@pytest.fixture
+def voice_store(daphne_factory, model, tmp_path) -> Iterator[Store]:
+    """The store with voice on the offline engines and the anthropic agent."""
+    grammar = tmp_path / "shop.jsgf"
+    grammar.write_text(GRAMMAR)
+    started = start_store(daphne_factory, {
+        "OWLLAYER_LLM": "anthropic",
+        "ANTHROPIC_API_KEY": MODEL_API_KEY,
+        "ANTHROPIC_BASE_URL": model.base_url,
+        "OWLLAYER_LLM_MAX_RETRIES": "0",
+        "OWLLAYER_VOICE": "1",
+        "OWLLAYER_STT": "pocketsphinx",
+        "OWLLAYER_TTS": "espeak",
+        "OWLLAYER_STT_GRAMMAR": str(grammar),
+    })
+    yield started
+    print_logs(started)
+
+
+async def offers_voice(store: Store) -> None:
+    """A first handshake, so that the page's own is not the one that waits
+    while the server process loads its speech engines (the first check of
+    them takes seconds on a busy machine; the page gives up after five)."""
+    client = AitpClient(store.server.ws_url(), api_key=store.raw_key, origin=store.server.http_url)
+    try:
+        ack = await client.connect(timeout=60)
+    finally:
+        await client.close()
+    assert "audio" in ack["capabilities"], store.server.logs()
+
+
+async def open_product_page(page: Page, store: Store) -> None:
+    """The Pro Headphones page (its tools include add_to_cart), with the microphone offered."""
+    await offers_voice(store)
+    await page.goto(f"{store.server.http_url}{PRODUCT_PATH}?apiKey={quote(store.raw_key, safe='')}")
+    await expect(status(page)).to_have_text("connected")
+    await expect(mic(page)).to_have_attribute("data-state", "ready")
+
+
+def chat_entries(page: Page):
+    return page.locator("#owl-messages > .owl-msg")
+
+
+def mic(page: Page):
+    return page.locator("#owl-mic")
+
+
+async def voice(page: Page) -> dict:
+    """The client's voice counters (window.__owl.voice)."""
+    return await page.evaluate("window.__owl.voice")
+
+
+async def received(page: Page, type_: str) -> list[dict]:
+    """The payloads of the frames of `type_` the page received, in order."""
+    frames = await page.evaluate("window.__owl.frames")
+    return [frame["payload"] for frame in frames if frame["type"] == type_]
+
+
+async def speak_into_the_microphone(page: Page, recording: Path) -> None:
+    """Click the microphone, let the whole recording go up, click again to send."""
+    await mic(page).click()
+    await expect(mic(page)).to_have_attribute("data-state", "listening")
+    chunks = math.ceil(wav_seconds(recording) * 16000 * 2 / MIC_CHUNK_BYTES)
+    await eventually(lambda: page.evaluate(f"window.__owl.voice.sentChunks >= {chunks}"),
+                     timeout=30, what=f"{chunks} chunks of the recording to go up")
+    await mic(page).click()
+
+
+async def stored(session_id: str) -> list[tuple[str, list]]:
+    return [(m.role, m.content) async for m in
+            ConversationMessage.objects.filter(session_id=session_id).order_by("seq")]
+
+
+@pytest.mark.parametrize("microphone_loops", [False])
+async def test_a_spoken_request_fills_the_cart_and_the_answer_is_shown_and_spoken(
+        voice_store, model, page, microphone, shot):
+    model.enqueue(
+        tool_use_response([("toolu_voice_cart", "add_to_cart", {"quantity": 2})], text=FIRST_WORDS),
+        text_response(ANSWER, chunks=3),
+    )
+    await open_product_page(page, voice_store)
+    await shot("ready")
+
+    await speak_into_the_microphone(page, microphone)
+
+    # What was heard, the words before the call, the call, the answer: in that order.
+    await expect(page.locator(".owl-msg-user[data-voice=true]")).to_have_text(HEARD)
+    await expect(answers(page)).to_have_text([ANSWER])
+    assert (await chat_entries(page).all_inner_texts())[-4:] == [
+        HEARD, FIRST_WORDS, "✓ add_to_cart (quantity 2) done", ANSWER]
+    await expect(page.locator("#cart-count")).to_have_text("2")
+    await shot("answered")
+    # The answer was spoken to its end: every chunk played, in order, and
+    # the server closed the voice turn.
+    await expect(mic(page)).to_have_attribute("data-state", "ready")
+    assert await received(page, "VOICE_STATE_EVENT") == [{"event": "turn_complete"}]
+    spoken = await voice(page)
+    assert spoken["receivedChunks"] == len(await received(page, "AUDIO_STREAM")) > 0
+    assert spoken["played"] == list(range(1, spoken["receivedChunks"] + 1))
+    assert spoken["playedChunks"] == spoken["receivedChunks"]
+    assert (spoken["ignoredChunks"], spoken["stoppedChunks"], spoken["interrupts"]) == (0, 0, 0)
+    said = [event["data"] for event in await received(page, "SYSTEM_EVENT") if event["kind"] == "transcript"]
+    assert said[0] == {"role": "user", "text": HEARD}
+    assert " ".join(event["text"] for event in said[1:]) == f"{FIRST_WORDS} {ANSWER}"
+    assert [frame["payload"] for frame in await page.evaluate("window.__owl.sent")
+            if frame["type"] == "VOICE_INPUT_END"] == [{"reason": "user_stop"}]
+    await nothing_dropped(page)
+
+    # The server's record: what was heard, the call and its result, the answer.
+    assert model.requests[0]["messages"][-1]["content"][0]["text"] == HEARD
+    [call] = await tool_calls("add_to_cart")
+    assert (call.tool_use_id, call.status, call.arguments) == (
+        "toolu_voice_cart", ToolCall.Status.SUCCESS, {"quantity": 2})
+    assert call.result["cart"]["itemCount"] == 2
+    messages = await stored(await page.evaluate("window.__owl.sessionId"))
+    assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[0][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
+    assert messages[1][1] == [
+        {"type": "text", "text": FIRST_WORDS, "voice": "said"},
+        {"type": "tool_use", "id": "toolu_voice_cart", "name": "add_to_cart", "input": {"quantity": 2}},
+    ]
+    assert messages[2][1][0]["tool_use_id"] == "toolu_voice_cart"
+    assert messages[3][1] == [{"type": "text", "text": ANSWER, "voice": "said"}]
