@@ -136,9 +136,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, BenchConfig]
 
 
 PHASES = ("idle", "samples", "opens", "turns", "streaming", "voice", "proxy")
-# The voice line's figures are the speech engines' (a quick run on PostgreSQL +
-# Redis doubled at the same step as the embedded one): by default it runs on
-# the embedded backend only, and on PostgreSQL when --only names it.
+# The voice line's time is mostly the speech engines' (the transcript alone is
+# most of it: its raw heard_ms), not the database's: by default it runs on the
+# embedded backend only, and on PostgreSQL when --only names it.
 EMBEDDED_ONLY_PHASES = ("voice",)
 
 
