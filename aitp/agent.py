@@ -291,6 +291,8 @@ class Agent:
         else:
             self.history.append({"role": role, "content": content})
         self._seq += 1
+        if self._speaker is not None:  # a voice turn: the stored copy says so
+            content = voice_record(role, content, self._speaker, interrupted=self._barged_in)
         # Written at the turn's next checkpoint, with the calls about to run
         # or with the turn's usage: one database round trip instead of one
         # per message.
@@ -299,8 +301,6 @@ class Agent:
     async def _checkpoint(self, *, calls: list[PendingCall] = (), usage: Usage | None = None,
                           audio: dict[str, int] | None = None) -> None:
         """Write what the turn produced since the last checkpoint. Messages stay
-        if self._speaker is not None:  # a voice turn: the stored copy says so
-            content = voice_record(role, content, self._speaker, interrupted=self._barged_in)
         buffered until the write returns, so a checkpoint cut short by a
         cancellation is simply written again (it is idempotent)."""
         messages = list(self._unsaved)
