@@ -30,7 +30,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from aitp import calls, limits, liveness, notify
+from aitp import calls, limits, liveness, notify, open_statements
 from aitp.calls import CallStatus
 from aitp.models import (
     ApiKey,
@@ -93,11 +93,8 @@ def api_key_lookup(raw_key: str, *, for_update: bool = False) -> ApiKey | None:
     PostgreSQL, the tenant row is not locked)."""
     if not raw_key or len(raw_key) < LOOKUP_PREFIX_LENGTH or len(raw_key) > 200:
         return None
-    rows = ApiKey.objects.select_related("tenant")
-    if for_update:
-        # Not FOR UPDATE: see session_open.
-        rows = rows.select_for_update(no_key=True, of=("self",))
-    key = rows.filter(prefix=raw_key[:LOOKUP_PREFIX_LENGTH]).first()
+    # Not FOR UPDATE: see session_open. One statement built once (every open reads it twice).
+    key = open_statements.key_with_tenant(raw_key[:LOOKUP_PREFIX_LENGTH], for_update=for_update)
     if key is None:
         # Hash anyway so an unknown prefix costs the same as a wrong key.
         _key_hash(raw_key)
@@ -198,8 +195,12 @@ def api_key_refusal(key: ApiKey | None, *, origin: str | None, now: datetime) ->
 
 def live_sessions_filter(now: datetime) -> dict:
     """Rows of sessions that are open on a process still alive."""
-    stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
-    return {"ended_at__isnull": True, "last_seen_at__gte": stale_before}
+    return {"ended_at__isnull": True, "last_seen_at__gte": _stale_before(now)}
+
+
+def _stale_before(now: datetime) -> datetime:
+    """A session row not seen since this time is stale: its process stopped refreshing it."""
+    return now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
     if refusal is not None:
         return None, refusal
     with transaction.atomic():
-        session = Session.objects.create(
+        session = Session(
             id=info.session_id,
             tenant=key.tenant,
             api_key=key,
@@ -252,6 +253,7 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
             last_seen_at=now,
             last_activity_at=now,
         )
+        open_statements.session_insert(session)
         refusal = _session_open_refusal(raw_key, info, now)
         if refusal is not None:
             transaction.set_rollback(True)
@@ -274,8 +276,8 @@ def _session_open_refusal(raw_key: str, info: HandshakeInfo, now: datetime) -> R
     if limits.token_quota_used_up(key.tenant, now=now):
         return Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
                        limits.USAGE_LIMIT_REASON)
-    # The live sessions of the key, this one included.
-    live = Session.objects.filter(api_key=key, **live_sessions_filter(now)).count()
+    # The live sessions of the key, this one included (live_sessions_filter).
+    live = open_statements.live_session_count(key.pk, seen_since=_stale_before(now))
     if live > key.max_sessions:
         live = _live_sessions_without_gone_processes(key, now)
     if live > key.max_sessions:
@@ -332,11 +334,8 @@ def session_write_live(
 
 
 def session_close(*, session_id: str, code: int | None, reason: str = "") -> None:
-    now = timezone.now()
-    Session.objects.filter(id=session_id, ended_at__isnull=True).update(
-        ended_at=now, close_code=code, close_reason=(reason or "")[:200], state=Session.State.ENDED,
-        last_seen_at=now,
-    )
+    open_statements.session_end(session_id, now=timezone.now(), code=code,
+                                reason=(reason or "")[:200], state=Session.State.ENDED)
 
 
 def sessions_close_stale(*, now: datetime | None = None) -> int:

@@ -1,0 +1,205 @@
+"""A session open's and close's statements, built once, not compiled per call.
+
+Every open runs the same few statements: the key's row with its tenant (once
+without a lock, once under it), the session's insert, the count of the key's
+live sessions; every close one update. Through the ORM each is a query
+compiled anew on every call, and that Python costs far more than the
+database takes to run the statement -- on the database threads, under the
+GIL the event loop needs for everyone's frames. Here each statement's text
+is built once per database vendor from the models' metadata; values go in
+through their model field's ``get_db_prep_save`` and rows come out through
+the converters the ORM would apply, so the rows and instances are the ones
+the ORM would write and build (the services calling these say what they
+mean; the tests of the services pin it on both backends).
+
+Call only from a database thread (``aitp.db``), inside the service's
+transaction where it has one.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from datetime import datetime
+from functools import cache
+from typing import cast
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models import Model
+
+from aitp.models import ApiKey, Session
+from tenants.models import Tenant
+
+
+class _Table:
+    """A model's table and concrete fields, quoted for one database vendor."""
+
+    def __init__(self, model: type[Model]) -> None:
+        quote = connection.ops.quote_name
+        self.model = model
+        self.name = quote(model._meta.db_table)
+        self.fields = list(model._meta.concrete_fields)
+        self.field = {f.name: f for f in self.fields}
+        self.column = {f.name: f"{self.name}.{quote(f.column)}" for f in self.fields}
+        self.bare = {f.name: quote(f.column) for f in self.fields}
+        self.select = ", ".join(self.column[f.name] for f in self.fields)
+
+    def prep(self, name: str, value):
+        """A value as the ORM would send it for this field."""
+        return self.field[name].get_db_prep_save(value, connection)
+
+
+@cache
+def _table(model: type[Model], vendor: str) -> _Table:
+    return _Table(model)
+
+
+def _t(model: type[Model]) -> _Table:
+    return _table(model, connection.vendor)
+
+
+# --- reading rows as the ORM would build them ------------------------------------
+
+# The converters of each connection (each database thread has its own), per
+# model: [(position, converters, column expression)] for the fields that need any.
+_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_converters_lock = threading.Lock()
+
+
+def _converters_of(models: tuple[type[Model], ...]) -> list[tuple[int, list, object]]:
+    conn = connections[DEFAULT_DB_ALIAS]  # this thread's wrapper, not the proxy
+    per_connection = _converters.get(conn)
+    if per_connection is None:
+        with _converters_lock:
+            per_connection = _converters.setdefault(conn, {})
+    found = per_connection.get(models)
+    if found is None:
+        found = []
+        position = 0
+        for model in models:
+            table = _t(model)
+            for f in table.fields:
+                column = f.get_col(model._meta.db_table)
+                convs = conn.ops.get_db_converters(column) + column.get_db_converters(conn)
+                if convs:
+                    found.append((position, convs, column))
+                position += 1
+        per_connection[models] = found
+    return found
+
+
+def _converted(models: tuple[type[Model], ...], row) -> list:
+    values = list(row)
+    for position, convs, column in _converters_of(models):
+        value = values[position]
+        for convert in convs:
+            value = convert(value, column, connection)
+        values[position] = value
+    return values
+
+
+def _instance(model: type[Model], values: list) -> Model:
+    return model.from_db(connection.alias, None, values)
+
+
+# --- the key ---------------------------------------------------------------------
+
+
+@cache
+def _key_sql(vendor: str, for_update: bool) -> str:
+    key, tenant = _t(ApiKey), _t(Tenant)
+    sql = (
+        f"SELECT {key.select}, {tenant.select} FROM {key.name} "
+        f"INNER JOIN {tenant.name} ON ({key.column['tenant']} = {tenant.column['id']}) "
+        f"WHERE {key.column['prefix']} = %s"
+    )
+    if for_update and connection.features.has_select_for_update:
+        # As select_for_update(no_key=True, of=("self",)): the key row only.
+        sql += " " + connection.ops.for_update_sql(
+            no_key=connection.features.has_select_for_no_key_update,
+            of=(key.name,) if connection.features.has_select_for_update_of else (),
+        )
+    return sql
+
+
+_KEY_AND_TENANT = (ApiKey, Tenant)
+
+
+def key_with_tenant(prefix: str, *, for_update: bool = False) -> ApiKey | None:
+    """The key row of this lookup prefix with its tenant (``key.tenant`` set),
+    or None. ``for_update`` locks the key row (FOR NO KEY UPDATE OF the key
+    on PostgreSQL; SQLite's transaction holds the write lock already)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_key_sql(connection.vendor, for_update), [prefix])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = _converted(_KEY_AND_TENANT, row)
+    split = len(_t(ApiKey).fields)
+    key = _instance(ApiKey, values[:split])
+    tenant = _instance(Tenant, values[split:])
+    ApiKey._meta.get_field("tenant").set_cached_value(key, tenant)
+    return cast(ApiKey, key)
+
+
+# --- the session -----------------------------------------------------------------
+
+
+@cache
+def _insert_sql(vendor: str) -> str:
+    table = _t(Session)
+    columns = ", ".join(table.bare[f.name] for f in table.fields)
+    marks = ", ".join(["%s"] * len(table.fields))
+    return f"INSERT INTO {table.name} ({columns}) VALUES ({marks})"
+
+
+def session_insert(session: Session) -> None:
+    """Insert a new session row (its primary key set by the caller), as
+    ``save(force_insert=True)`` would; the instance is then saved."""
+    table = _t(Session)
+    params = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in table.fields]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(connection.vendor), params)
+    session._state.adding = False
+    session._state.db = connection.alias
+
+
+@cache
+def _live_count_sql(vendor: str) -> str:
+    table = _t(Session)
+    return (
+        f"SELECT COUNT(*) FROM {table.name} WHERE {table.bare['api_key']} = %s "
+        f"AND {table.bare['ended_at']} IS NULL AND {table.bare['last_seen_at']} >= %s"
+    )
+
+
+def live_session_count(key_id: int, *, seen_since: datetime) -> int:
+    """The key's open sessions seen since then (``services.live_sessions_filter``)."""
+    table = _t(Session)
+    with connection.cursor() as cursor:
+        cursor.execute(_live_count_sql(connection.vendor),
+                       [table.prep("api_key", key_id), table.prep("last_seen_at", seen_since)])
+        return cursor.fetchone()[0]
+
+
+@cache
+def _end_sql(vendor: str) -> str:
+    table = _t(Session)
+    sets = ", ".join(f"{table.bare[name]} = %s" for name in _END_FIELDS)
+    return (f"UPDATE {table.name} SET {sets} WHERE {table.bare['id']} = %s "
+            f"AND {table.bare['ended_at']} IS NULL")
+
+
+_END_FIELDS = ("ended_at", "close_code", "close_reason", "state", "last_seen_at")
+
+
+def session_end(session_id: str, *, now: datetime, code: int | None, reason: str,
+                state: str) -> int:
+    """Close the session row if it is still open; returns how many rows closed."""
+    table = _t(Session)
+    values = {"ended_at": now, "close_code": code, "close_reason": reason, "state": state,
+              "last_seen_at": now}
+    params = [table.prep(name, values[name]) for name in _END_FIELDS]
+    params.append(table.prep("id", session_id))
+    with connection.cursor() as cursor:
+        cursor.execute(_end_sql(connection.vendor), params)
+        return cursor.rowcount
