@@ -84,7 +84,7 @@ class SessionRowWriter:
             if event is not None:
                 snapshot = {
                     "url": event.url, "title": event.title, "context": event.context,
-                    "tools": [tool.to_wire() for tool in event.tools],
+                    "tools": [tool.wire for tool in event.tools],  # shared: serialized as they are
                 }
             await db_call(
                 services.session_write_live,

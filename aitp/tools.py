@@ -92,19 +92,40 @@ class ToolSpec:
         """JSON Schema for the model; always {"type": "object", ...}. A fresh copy."""
         return copy.deepcopy(self._json_schema)
 
-    def to_wire(self) -> dict:
+    @cached_property
+    def wire(self) -> dict:
+        """The declaration as it goes on the wire, built once and shared: for
+        serializing as it is (frames, rows); never change it (``to_wire()``
+        gives a copy of one's own)."""
         wire: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
             "risk": Risk(self.risk).value,
         }
         if self.parameters is not None:
-            wire["parameters"] = copy.deepcopy(self.parameters)
+            wire["parameters"] = self.parameters
         return wire
+
+    def to_wire(self) -> dict:
+        """The declaration as it goes on the wire. A fresh copy."""
+        return json_copy(self.wire)
 
     def to_anthropic(self) -> dict:
         return {"name": self.name, "description": self.description,
                 "input_schema": self.input_schema}
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of a JSON tree (dicts, lists, text, numbers, booleans,
+    null), several times cheaper than ``copy.deepcopy``; anything else in it
+    is deep-copied as ``copy.deepcopy`` would."""
+    if isinstance(value, dict):
+        return {key: json_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_copy(item) for item in value]
+    if value is None or isinstance(value, (str, int, float)):
+        return value  # immutable (bool is an int)
+    return copy.deepcopy(value)
 
 
 # --- declarations -------------------------------------------------------------
@@ -133,7 +154,7 @@ def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool") -> ToolS
         if parameters["type"].upper() != "OBJECT":
             raise ToolError(f"{path}.parameters.type: must be OBJECT")
         # Detach from the frame it came in: the spec is frozen, its schema should be too.
-        parameters = copy.deepcopy(parameters)
+        parameters = json_copy(parameters)
 
     # protocol.md §4: absent means none; any other value is an error, never a silent none.
     risk_raw = raw.get("risk")
@@ -399,12 +420,14 @@ class ToolSurface:
         return self._by_name.get(name)
 
     def to_event_data(self) -> dict:
-        """data of SYSTEM_EVENT tools_effective (protocol.md §4)."""
+        """data of SYSTEM_EVENT tools_effective (protocol.md §4). The lists are
+        new; the declarations in them are the specs' shared ``wire``: serialize
+        it, never change it."""
         return {
-            "effectiveTools": [t.to_wire() for t in self.effective],
-            "serverTools": [t.to_wire() for t in self.server_tools],
-            "clientTools": [t.to_wire() for t in self.client_tools],
-            "ignoredClientTools": [t.to_wire() for t in self.ignored],
+            "effectiveTools": [t.wire for t in self.effective],
+            "serverTools": [t.wire for t in self.server_tools],
+            "clientTools": [t.wire for t in self.client_tools],
+            "ignoredClientTools": [t.wire for t in self.ignored],
         }
 
     def anthropic_tools(self) -> list[dict]:
