@@ -436,6 +436,14 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
 
     # --- teardown -------------------------------------------------------------------
 
+    async def websocket_disconnect(self, message) -> None:
+        """Channels' own, without its ``aclose_old_connections`` on the shared
+        sync thread at every close: this consumer's database work runs
+        through ``db_call``, which tidies around each call (``DbCallConsumer``).
+        Its groups are left in ``disconnect``."""
+        await self.disconnect(message["code"])
+        raise StopConsumer()
+
     async def disconnect(self, code: int) -> None:
         if not self.closed:
             self.closed = True
