@@ -171,9 +171,12 @@ class Speaker:
                 for chunk in chunks:
                     if self.stopped:
                         return
-                    await self._send(p.make_message(p.MessageType.AUDIO_STREAM, agent_payload(chunk)))
+                    # Counted as it is handed over: the connection queues a
+                    # frame before its first pause (TurnPort.send_message), so a
+                    # barge-in cancelling this await no longer stops it.
                     self.progress.sent(len(chunk))
                     self.sent_bytes += len(chunk)
+                    await self._send(p.make_message(p.MessageType.AUDIO_STREAM, agent_payload(chunk)))
         except SpeechError as exc:
             logger.warning("speech synthesis failed: %s", exc)
             self.failed = exc
