@@ -15,6 +15,7 @@ count and the commit only.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -27,10 +28,10 @@ from datetime import date, datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import F
 from django.utils import timezone
 
-from aitp import calls, limits, liveness, notify, open_statements
+from aitp import calls, limits, liveness, notify, open_statements, statements
 from aitp.calls import CallStatus
 from aitp.models import (
     ApiKey,
@@ -323,10 +324,11 @@ def session_write_live(
         )
     if state is not None:
         fields["state"] = state
-    live = Session.objects.filter(id=session_id, ended_at__isnull=True)
     if not visits:
-        live.update(**fields)  # one statement: no transaction round trips
+        # One statement: no transaction round trips.
+        statements.session_live_update(session_id=session_id, fields=fields)
         return
+    live = Session.objects.filter(id=session_id, ended_at__isnull=True)
     with transaction.atomic():
         history = live.values_list("page_history", flat=True).first()
         fields["page_history"] = [*(history or []), *visits][-PAGE_HISTORY_LIMIT:]
@@ -408,9 +410,7 @@ def _live_sessions_without_gone_processes(key: ApiKey, now: datetime) -> int:
 
 
 def _session_usage_update(session_id: str, now: datetime, **amounts: int) -> None:
-    Session.objects.filter(id=session_id).update(
-        **{name: F(name) + amount for name, amount in amounts.items()}, last_activity_at=now,
-    )
+    statements.session_usage_add(session_id=session_id, now=now, amounts=amounts)
 
 
 # --- the tenants' daily usage, written behind -----------------------------------
@@ -546,18 +546,9 @@ def turn_checkpoint(
         for outcome in finished:
             tool_call_finish(**outcome, now=now)
         if messages:
-            ConversationMessage.objects.bulk_create(
-                [
-                    ConversationMessage(
-                        session_id=session_id, seq=m["seq"], turn=turn, role=m["role"],
-                        content=m["content"],
-                    )
-                    for m in messages
-                ],
-                ignore_conflicts=True,
-            )
+            statements.messages_insert(session_id=session_id, turn=turn, messages=messages, now=now)
         if calls:
-            tool_calls_record(session_id=session_id, turn=turn, calls=list(calls))
+            statements.calls_insert(session_id=session_id, turn=turn, calls=calls, now=now)
         if usage is not None:
             _session_usage_update(session_id, now, **usage)
     if usage is not None:
@@ -567,23 +558,7 @@ def turn_checkpoint(
 def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
     """Record every tool_use of one assistant message before any is dispatched,
     so a crash half way still leaves a row per call."""
-    ToolCall.objects.bulk_create(
-        [
-            ToolCall(
-                session_id=session_id,
-                turn=turn,
-                call_id=call["call_id"],
-                tool_use_id=call["tool_use_id"],
-                name=call["name"][:64],
-                arguments=call["arguments"],
-                risk=call.get("risk", "none"),
-                origin=call.get("origin", ToolCall.Origin.CLIENT),
-                **({"created_at": call["created_at"]} if call.get("created_at") else {}),
-            )
-            for call in calls
-        ],
-        ignore_conflicts=True,
-    )
+    statements.calls_insert(session_id=session_id, turn=turn, calls=calls, now=timezone.now())
 
 
 def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str | None = None,
@@ -592,19 +567,15 @@ def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str |
     a state the call table (``aitp.calls``) leads from, so it never undoes a
     final status, which a cancelled turn may have written first."""
     status = CallStatus(status).value
-    fields: dict = {
-        "status": Case(
-            When(status__in=[s.value for s in calls.sources(status)], then=Value(status)),
-            default=F("status"),
-        )
-    }
-    if sent:
-        fields["sent_at"] = timezone.now()
-    if risk is not None:
-        fields["risk"] = risk
-    if origin is not None:
-        fields["origin"] = origin
-    ToolCall.objects.filter(call_id=call_id).update(**fields)
+    statements.call_mark(
+        call_id=call_id, status=status, sources=_mark_sources(status),
+        sent_at=timezone.now() if sent else None, risk=risk, origin=origin,
+    )
+
+
+@functools.cache
+def _mark_sources(status: str) -> tuple[str, ...]:
+    return tuple(sorted(s.value for s in calls.sources(status)))
 
 
 def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
@@ -618,15 +589,14 @@ def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
         if call is None or call.status in ToolCall.FINAL_STATUSES:
             return
         created_at = call.created_at
-    ToolCall.objects.filter(call_id=call_id).exclude(status__in=ToolCall.FINAL_STATUSES).update(
-        status=status,
-        result=result,
-        error=error[:4000],
-        finished_at=now,
-        duration_ms=max(0, int((now - created_at).total_seconds() * 1000)),
-        **({"risk": risk} if risk is not None else {}),
-        **({"origin": origin} if origin is not None else {}),
+    statements.call_finish(
+        call_id=call_id, status=status, result=result, error=error[:4000], finished_at=now,
+        duration_ms=max(0, int((now - created_at).total_seconds() * 1000)), risk=risk,
+        origin=origin, finals=_FINAL_STATUSES,
     )
+
+
+_FINAL_STATUSES = tuple(sorted(str(s) for s in ToolCall.FINAL_STATUSES))
 
 
 # --- operator actions on a live session ----------------------------------------

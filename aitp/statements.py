@@ -1,0 +1,195 @@
+"""The turn's writes as statements built once, not compiled on every call.
+
+Every turn writes the same few rows: its conversation messages, the ledger
+rows of its tool calls, their progress and outcome, its usage on the session
+row. Through the ORM each of those is a query compiled anew on every call,
+and the Python that compiling takes costs far more than the database takes
+to run the statement -- on the database threads, under the GIL the event
+loop needs for everyone's frames. Here each statement's SQL text is built
+once per database vendor from the models' metadata, and every value goes
+through its model field's own ``get_db_prep_save``: the rows are the ones
+the ORM would write (the services that call these say what they mean; the
+tests of the services pin it on both backends).
+
+Call only from a database thread (``aitp.db``), inside the service's
+transaction where it has one.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from functools import cache
+
+from django.db import connection
+from django.db.models import Model
+from django.db.models.constants import OnConflict
+
+from aitp.models import ConversationMessage, Session, ToolCall
+
+
+class _Table:
+    """A model's table and columns, quoted for one database vendor."""
+
+    def __init__(self, model: type[Model], vendor: str) -> None:
+        quote = connection.ops.quote_name
+        self.vendor = vendor
+        self.name = quote(model._meta.db_table)
+        self.fields = {f.name: f for f in model._meta.concrete_fields}
+        self.column = {f.name: quote(f.column) for f in model._meta.concrete_fields}
+
+    def prep(self, name: str, value):
+        """A value as the ORM would send it for this field."""
+        return self.fields[name].get_db_prep_save(value, connection)
+
+
+@cache
+def _table(model: type[Model], vendor: str) -> _Table:
+    return _Table(model, vendor)
+
+
+def _t(model: type[Model]) -> _Table:
+    return _table(model, connection.vendor)
+
+
+def _execute(sql: str, params: Sequence) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+# --- inserts that skip rows already there (idempotent checkpoints) -------------
+
+
+@cache
+def _insert_ignoring_sql(model: type[Model], vendor: str, names: tuple[str, ...], rows: int) -> str:
+    table = _table(model, vendor)
+    ops = connection.ops
+    columns = ", ".join(table.column[name] for name in names)
+    row = "(" + ", ".join(["%s"] * len(names)) + ")"
+    suffix = ops.on_conflict_suffix_sql(
+        [table.fields[name] for name in names], OnConflict.IGNORE, None, None
+    )
+    return " ".join(filter(None, (
+        ops.insert_statement(on_conflict=OnConflict.IGNORE), table.name, f"({columns})",
+        "VALUES", ", ".join([row] * rows), suffix,
+    )))
+
+
+def _insert_ignoring(model: type[Model], names: tuple[str, ...], rows: list[tuple]) -> None:
+    if not rows:
+        return
+    table = _t(model)
+    sql = _insert_ignoring_sql(model, connection.vendor, names, len(rows))
+    _execute(sql, [table.prep(name, value) for row in rows for name, value in zip(names, row, strict=True)])
+
+
+MESSAGE_COLUMNS = ("session", "seq", "turn", "role", "content", "created_at")
+
+
+def messages_insert(*, session_id: str, turn: int, messages: Iterable[dict], now: datetime) -> None:
+    """Conversation messages ({seq, role, content}); a seq already stored is left alone."""
+    _insert_ignoring(ConversationMessage, MESSAGE_COLUMNS, [
+        (session_id, m["seq"], turn, m["role"], m["content"], now) for m in messages
+    ])
+
+
+CALL_COLUMNS = (
+    "session", "call_id", "tool_use_id", "turn", "name", "arguments", "risk", "origin",
+    "status", "result", "error", "created_at",
+)
+
+
+def calls_insert(*, session_id: str, turn: int, calls: Iterable[dict], now: datetime) -> None:
+    """Ledger rows of calls about to run, 'pending'; a call_id already recorded is left alone."""
+    _insert_ignoring(ToolCall, CALL_COLUMNS, [
+        (
+            session_id, call["call_id"], call["tool_use_id"], turn, call["name"][:64],
+            call["arguments"], call.get("risk", "none"), call.get("origin", ToolCall.Origin.CLIENT),
+            ToolCall.Status.PENDING.value, None, "", call.get("created_at") or now,
+        )
+        for call in calls
+    ])
+
+
+# --- updates --------------------------------------------------------------------
+
+
+@cache
+def _usage_add_sql(vendor: str, names: tuple[str, ...]) -> str:
+    table = _table(Session, vendor)
+    adds = ", ".join(f"{table.column[n]} = {table.column[n]} + %s" for n in names)
+    return (f"UPDATE {table.name} SET {adds}, {table.column['last_activity_at']} = %s "
+            f"WHERE {table.column['id']} = %s")
+
+
+def session_usage_add(*, session_id: str, now: datetime, amounts: dict[str, int]) -> None:
+    """Add to the session row's counters (tokens, turns, audio) and touch its last activity."""
+    names = tuple(sorted(amounts))
+    table = _t(Session)
+    _execute(_usage_add_sql(connection.vendor, names),
+             [*(int(amounts[n]) for n in names), table.prep("last_activity_at", now), session_id])
+
+
+@cache
+def _call_mark_sql(vendor: str, sources: tuple[str, ...], sent: bool, risk: bool,
+                   origin: bool) -> str:
+    table = _table(ToolCall, vendor)
+    status = table.column["status"]
+    sets = [f"{status} = CASE WHEN {status} IN ({', '.join(['%s'] * len(sources))}) "
+            f"THEN %s ELSE {status} END"]
+    sets += [f"{table.column[name]} = %s"
+             for name, wanted in (("sent_at", sent), ("risk", risk), ("origin", origin)) if wanted]
+    return f"UPDATE {table.name} SET {', '.join(sets)} WHERE {table.column['call_id']} = %s"
+
+
+def call_mark(*, call_id: str, status: str, sources: Iterable[str], sent_at: datetime | None,
+              risk: str | None, origin: str | None) -> None:
+    """Move a call to ``status`` if it is in one of ``sources``; set sent_at/risk/origin given."""
+    sources = tuple(sources)
+    table = _t(ToolCall)
+    sql = _call_mark_sql(connection.vendor, sources, sent_at is not None, risk is not None,
+                         origin is not None)
+    params: list = [*sources, status]
+    if sent_at is not None:
+        params.append(table.prep("sent_at", sent_at))
+    params += [value for value in (risk, origin) if value is not None]
+    _execute(sql, [*params, call_id])
+
+
+@cache
+def _call_finish_sql(vendor: str, finals: tuple[str, ...], risk: bool, origin: bool) -> str:
+    table = _table(ToolCall, vendor)
+    names = ["status", "result", "error", "finished_at", "duration_ms"]
+    names += [name for name, wanted in (("risk", risk), ("origin", origin)) if wanted]
+    sets = ", ".join(f"{table.column[name]} = %s" for name in names)
+    return (f"UPDATE {table.name} SET {sets} WHERE {table.column['call_id']} = %s "
+            f"AND NOT ({table.column['status']} IN ({', '.join(['%s'] * len(finals))}))")
+
+
+def call_finish(*, call_id: str, status: str, result, error: str, finished_at: datetime,
+                duration_ms: int, risk: str | None, origin: str | None,
+                finals: Iterable[str]) -> int:
+    """Write a call's final outcome unless its status is already one of ``finals``."""
+    finals = tuple(finals)
+    table = _t(ToolCall)
+    params = [status, table.prep("result", result), error, table.prep("finished_at", finished_at),
+              duration_ms]
+    params += [value for value in (risk, origin) if value is not None]
+    sql = _call_finish_sql(connection.vendor, finals, risk is not None, origin is not None)
+    return _execute(sql, [*params, call_id, *finals])
+
+
+@cache
+def _session_live_sql(vendor: str, names: tuple[str, ...]) -> str:
+    table = _table(Session, vendor)
+    sets = ", ".join(f"{table.column[name]} = %s" for name in names)
+    return (f"UPDATE {table.name} SET {sets} WHERE {table.column['id']} = %s "
+            f"AND {table.column['ended_at']} IS NULL")
+
+
+def session_live_update(*, session_id: str, fields: dict) -> int:
+    """Set these fields of a session row that is still open."""
+    names = tuple(sorted(fields))
+    table = _t(Session)
+    return _execute(_session_live_sql(connection.vendor, names),
+                    [*(table.prep(name, fields[name]) for name in names), session_id])
