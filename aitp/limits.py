@@ -351,12 +351,31 @@ async def _quota_checked_used_up(tenant_id: int, session_id: str | None) -> bool
         return False
 
 
+# tenant id -> (when read, used up?): the verdict of the last read, reused
+# for OWLLAYER_USAGE_FLUSH_INTERVAL seconds. The counts it reads are written
+# that late anyway; a tenant with many sessions reads it once per interval
+# instead of once per USER_INPUT.
+_quota_verdicts: dict[int, tuple[float, bool]] = {}
+
+
 async def _quota_used_up(tenant_id: int) -> bool:
+    from django.conf import settings
+
     from aitp.db import db_call
     from tenants.models import Tenant
+
+    fresh_for = settings.OWLLAYER_USAGE_FLUSH_INTERVAL
+    known = _quota_verdicts.get(tenant_id)
+    if known is not None and time.monotonic() - known[0] < fresh_for:
+        return known[1]
 
     def check() -> bool:
         tenant = Tenant.objects.filter(pk=tenant_id).only("monthly_token_quota").first()
         return tenant is not None and token_quota_used_up(tenant)
 
-    return await db_call(check)
+    used_up = await db_call(check)
+    if fresh_for > 0:
+        if len(_quota_verdicts) > 10_000:
+            _quota_verdicts.clear()
+        _quota_verdicts[tenant_id] = (time.monotonic(), used_up)
+    return used_up
