@@ -34,7 +34,7 @@ from aitp.agent_voice import Listening, Speaker, audio_usage, voice_record
 from aitp.ledger import CANCELLED, ERROR, INVALID_ARGS, UNAVAILABLE, Ledger, Outcome, PendingCall, new_call_id
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.ports import ServerTool
-from aitp.tools import Risk, ToolSurface, validate_arguments
+from aitp.tools import Risk, ToolSurface
 from aitp.turn_state import TurnState
 
 __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "TurnIO",
@@ -102,6 +102,9 @@ class Agent:
         self._seq = 0
         self._unsaved: list[dict] = []
         self._last_page: PageSnapshot | None = None
+        # The model-ready tool list and the surface it was built from.
+        self._tools_for: ToolSurface | None = None
+        self._tools: list[dict] = []
         # What pending calls become when the turn task is cancelled.
         self.cancel_status = CANCELLED
         # The running voice turn's voice, and whether a barge-in cut it.
@@ -229,13 +232,17 @@ class Agent:
         return [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
 
     def _tool_params(self, surface: ToolSurface) -> list[dict]:
-        tools = surface.anthropic_tools()
-        by_name = {spec.name: spec for spec in surface.effective}
-        for tool in tools:
-            note = RISK_NOTES.get(by_name[tool["name"]].risk) if tool["name"] in by_name else None
-            if note:
-                tool["description"] = (tool.get("description") or "") + note
-        return tools
+        """The tools as the model gets them, built once per tool surface (a
+        fresh list each time; its dicts are shared, and nothing writes to them)."""
+        if self._tools_for is not surface:
+            tools = surface.anthropic_tools()
+            by_name = {spec.name: spec for spec in surface.effective}
+            for tool in tools:
+                note = RISK_NOTES.get(by_name[tool["name"]].risk) if tool["name"] in by_name else None
+                if note:
+                    tool["description"] = (tool.get("description") or "") + note
+            self._tools_for, self._tools = surface, tools
+        return list(self._tools)
 
     def _build_request(self, *, force_answer: bool) -> LlmRequest:
         messages = [dict(m) for m in bounded_history(self.history, self.config.history_messages)]
@@ -371,7 +378,7 @@ class Agent:
         spec = call.spec = self.io.surface().get(call.name)
         if spec is None:
             return Outcome(UNAVAILABLE, error=f"The tool {call.name} is not available on this page.")
-        problems = validate_arguments(spec.input_schema, call.args)
+        problems = spec.argument_problems(call.args)
         if problems:
             return Outcome(
                 INVALID_ARGS, error="Invalid arguments: " + "; ".join(problems[:10])

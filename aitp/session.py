@@ -172,6 +172,7 @@ class SessionMachine:
     client_tools: tuple[ToolSpec, ...] = ()
     server_tools: tuple[ToolSpec, ...] = ()
     _outgoing: list[str] = field(default_factory=list)
+    _surface: ToolSurface | None = field(default=None, repr=False, compare=False)
 
     # --- input -----------------------------------------------------------
 
@@ -406,7 +407,14 @@ class SessionMachine:
 
     @property
     def surface(self) -> ToolSurface:
-        return ToolSurface.build(self.server_tools, self.client_tools)
+        """The same object while the page's and the server's tools stay the
+        same (the agent keys its model-ready tool list on it)."""
+        built = self._surface
+        if built is None or built.server_tools is not self.server_tools or (
+            built.client_tools is not self.client_tools
+        ):
+            built = self._surface = ToolSurface.build(self.server_tools, self.client_tools)
+        return built
 
     # --- output --------------------------------------------------------------
 

@@ -87,6 +87,14 @@ class ToolSpec:
     def _json_schema(self) -> dict:
         return aitp_to_json_schema(self.parameters)
 
+    @cached_property
+    def _validator(self):
+        return _ArgumentsValidator(_in_check_order(self._json_schema))
+
+    def argument_problems(self, args: Any) -> list[str]:
+        """``validate_arguments`` against this tool's schema (its validator built once)."""
+        return _problems(self._validator, args)
+
     @property
     def input_schema(self) -> dict:
         """JSON Schema for the model; always {"type": "object", ...}. A fresh copy."""
@@ -323,9 +331,12 @@ def validate_arguments(schema: dict, args: Any) -> list[str]:
     Extra properties are allowed. A value of the wrong type is reported once,
     whatever else its schema says.
     """
+    return _problems(_ArgumentsValidator(_in_check_order(schema)), args)
+
+
+def _problems(validator, args: Any) -> list[str]:
     if not isinstance(args, dict):
         return ["arguments must be an object"]
-    validator = _ArgumentsValidator(_in_check_order(schema))
     errors = list(validator.iter_errors(args))
     mistyped = {tuple(e.absolute_path) for e in errors if e.validator == "type"}
     messages: list[str] = []
