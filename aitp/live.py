@@ -4,16 +4,20 @@ record: the watcher re-reads the database for anything it shows in full).
 Nothing is published that nobody watches: a session's frames go out only
 while an operator is subscribed to that session (the watch socket tells the
 connection holding it, through the session's group, when one joins or
-leaves), and session events only while a watch group has members (known
-exactly on the in-memory layer; on Redis they are always sent, being a few
-per turn). A page's frame costs no channel-layer message, no JSON and no
-task switch while nobody looks.
+leaves), and session events only while a watch group has members: known
+exactly on the in-memory layer; on Redis as this process last asked (at most
+once per ``WATCH_PRESENCE_TTL`` per group, and at once for a watcher of this
+process). A watcher of another process that joined within that time may miss
+an event: the live list re-reads every session at least every heartbeat
+interval. A page's frame costs no channel-layer message, no JSON and no task
+switch while nobody looks.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.utils import timezone
@@ -86,7 +90,8 @@ def _local_group_has_members(layer: InMemoryChannelLayer, group: str) -> bool:
 
 def session_events_watched(tenant_id: int) -> bool:
     """Whether a session event of this tenant may have a watcher: exact on the
-    in-memory layer (every watcher is in this process), always on Redis."""
+    in-memory layer (every watcher is in this process); on Redis the
+    publisher asks (``publish_session``)."""
     layer = get_channel_layer()
     if layer is None:
         return False
@@ -94,6 +99,30 @@ def session_events_watched(tenant_id: int) -> bool:
         return True
     return (_local_group_has_members(layer, notify.ALL_WATCH_GROUP)
             or _local_group_has_members(layer, notify.tenant_watch_group(tenant_id)))
+
+
+# How long this process trusts what it learned of a watch group's members.
+WATCH_PRESENCE_TTL = 1.0
+# {watch group: (monotonic time learned, has members)}
+_watch_presence: dict[str, tuple[float, bool]] = {}
+
+
+def watch_groups_joined(groups: Iterable[str]) -> None:
+    """A watcher of this process joined these groups: events go to them from now on."""
+    now = time.monotonic()
+    for group in groups:
+        _watch_presence[group] = (now, True)
+
+
+async def _watch_group_watched(group: str) -> bool:
+    known = _watch_presence.get(group)
+    if known is not None and time.monotonic() - known[0] < WATCH_PRESENCE_TTL:
+        return known[1]
+    watched = await group_has_members(group)
+    if len(_watch_presence) > 10_000:
+        _watch_presence.clear()
+    _watch_presence[group] = (time.monotonic(), watched)
+    return watched
 
 
 async def publish_session(session, what: str, **fields) -> None:
@@ -107,8 +136,9 @@ async def publish_session(session, what: str, **fields) -> None:
         "at": timezone.now().isoformat(),
         **fields,
     }
-    await notify.asend(notify.tenant_watch_group(session.tenant_id), "watch.event", event=event)
-    await notify.asend(notify.ALL_WATCH_GROUP, "watch.event", event=event)
+    for group in (notify.tenant_watch_group(session.tenant_id), notify.ALL_WATCH_GROUP):
+        if await _watch_group_watched(group):
+            await notify.asend(group, "watch.event", event=event)
 
 
 class LivePublisher:

@@ -86,6 +86,7 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
             self.watch_groups.append(group)
+        live.watch_groups_joined(groups)
         self.user_id = user.pk
         # Accepted once in the groups: from the moment the page sees the
         # socket open, no change can slip past it.
