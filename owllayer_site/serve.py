@@ -107,6 +107,22 @@ def _raise_open_files_limit() -> None:
         pass
 
 
+def _check_voice_engines_early() -> None:
+    """Load the speech engines while daphne starts, on a thread of their own,
+    so the first handshake does not wait for it (whether HANDSHAKE_ACK may
+    offer audio; the answer is kept)."""
+    from django.conf import settings
+
+    if not settings.OWLLAYER_VOICE:
+        return
+    import threading
+
+    from aitp import voice
+
+    threading.Thread(target=voice.audio_available, name="owllayer-voice-check",
+                     daemon=True).start()
+
+
 def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     from django.conf import settings
     from django.db import DatabaseError, connections
@@ -120,6 +136,7 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
 
     from owllayer_site import access_log
     access_log.install()  # no ?apiKey= value in daphne's access log
+    _check_voice_engines_early()
 
     try:
         CommandLineInterface().run(
