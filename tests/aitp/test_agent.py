@@ -809,9 +809,10 @@ async def test_usage_of_every_request_is_summed_on_the_session_and_the_day(
 
     await turn(page, "go", answer_with(None))
 
-    # Recorded by the time the page reads the done frame.
+    # Recorded by the time the page reads the done frame (the turn's state
+    # is written behind, on its own schedule: not part of this promise).
     session = await Session.objects.aget(id=page.session_id)
-    assert (session.turns, session.state) == (1, "idle")
+    assert session.turns == 1
     assert (session.input_tokens, session.output_tokens) == (250, 60)
     assert (session.cache_read_tokens, session.cache_write_tokens) == (120, 7)
     day = await DailyUsage.objects.aget(tenant=tenant, date=timezone.localdate())
