@@ -36,7 +36,8 @@
  * AUDIO_STREAM chunks (audio/pcm;rate=24000) are played in order, end to
  * end. Once the microphone is open it keeps listening for the user's voice
  * (nothing is sent): speaking over the agent stops its voice at once, sends
- * VOICE_INTERRUPT and starts the next utterance (barge-in).
+ * VOICE_INTERRUPT and starts the next utterance (barge-in), which begins
+ * half a second back, so that the words that set it off go up whole.
  * The "voice" event carries the voice state: off (no audio offered), ready,
  * listening (the user's turn), waiting (for the agent's answer), speaking
  * (the agent's voice plays). "voice.event" carries each VOICE_STATE_EVENT
@@ -68,6 +69,9 @@ const DEFAULT_MAX_UTTERANCE_MS = 60000;
 // Barge-in: the level (RMS, full scale 1) and how long it must last.
 const DEFAULT_BARGE_IN_LEVEL = 0.02;
 const DEFAULT_BARGE_IN_MS = 120;
+// A barge-in's utterance begins this far back: the detector's 120 ms, the
+// soft start of the word before it, and the time its message takes.
+const DEFAULT_BARGE_IN_PREROLL_MS = 500;
 // The first agent chunk starts this far ahead, so that the next can follow without a gap.
 const PLAYBACK_LEAD_S = 0.05;
 // The server refused the utterance's audio: sending more of it cannot help.
@@ -436,6 +440,7 @@ export class OwlLayerClient {
       maxUtteranceMs: options.maxUtteranceMs || DEFAULT_MAX_UTTERANCE_MS,
       bargeInLevel: options.bargeInLevel || DEFAULT_BARGE_IN_LEVEL,
       bargeInMs: options.bargeInMs || DEFAULT_BARGE_IN_MS,
+      bargeInPrerollMs: options.bargeInPrerollMs || DEFAULT_BARGE_IN_PREROLL_MS,
       // The rate the microphone's context is asked for; the worklet makes 16 kHz of any.
       captureRate: options.captureRate || MIC_RATE,
     };
@@ -953,12 +958,13 @@ export class OwlLayerClient {
     return true;
   }
 
-  beginUtterance() {
+  /* preroll: begin with the last moments before now (a barge-in's first words). */
+  beginUtterance(preroll = false) {
     if (this.listening || !this.mic) return;
     this.listening = true;
     this.ending = false;
     this.wire.voice.utterances += 1;
-    this.mic.node.port.postMessage({ type: "start" });
+    this.mic.node.port.postMessage({ type: "start", preroll });
     clearTimeout(this.utteranceTimer);
     this.utteranceTimer = setTimeout(() => this.stopListening("timeout"), this.voiceOptions.maxUtteranceMs);
     this.settleVoice();
@@ -1029,6 +1035,7 @@ export class OwlLayerClient {
         processorOptions: {
           chunkSamples: MIC_CHUNK_SAMPLES, threshold: this.voiceOptions.bargeInLevel,
           speechMs: this.voiceOptions.bargeInMs,
+          prerollSamples: Math.round(MIC_RATE * this.voiceOptions.bargeInPrerollMs / 1000),
         },
       });
       node.port.onmessage = (event) => this.onMicMessage(event.data);
@@ -1062,7 +1069,7 @@ export class OwlLayerClient {
       if (this.playing.size && !this.listening) {
         this.wire.voice.bargeIns += 1;
         this.interrupt();
-        this.beginUtterance();
+        this.beginUtterance(true);
       }
     }
   }

@@ -11,9 +11,14 @@
  *
  * It also tells the page when someone speaks: a simple level detector over
  * 20 ms windows ("speech" after `speechMs` above `threshold`, "silence"
- * after `silenceMs` below it), which the client uses for barge-in.
+ * after `silenceMs` below it), which the client uses for barge-in. The
+ * detector hears a word only once it has begun, so the last
+ * `prerollSamples` (16 kHz) are kept: an utterance a barge-in starts begins
+ * with them, the whole word instead of its tail.
  *
  * Messages in:  {type: "start"}  drop what was captured so far;
+ *               {type: "start", preroll: true}  the same, but begin with
+ *                                 the last `prerollSamples`;
  *               {type: "flush"}  post the partial chunk now, as final.
  * Messages out: {type: "chunk", pcm: ArrayBuffer, final},
  *               {type: "speech"}, {type: "silence"}.
@@ -36,6 +41,10 @@ class OwlLayerCapture extends AudioWorkletProcessor {
     this.count = 0;
     this.chunk = new Int16Array(this.chunkSamples);
     this.filled = 0;
+    // The latest samples, a ring: what a barge-in's utterance begins with.
+    this.recent = new Int16Array(Math.max(0, Math.round(settings.prerollSamples || 0)));
+    this.recentAt = 0;
+    this.recentFilled = 0;
     // The level detector.
     this.energy = 0;
     this.windowFill = 0;
@@ -48,6 +57,7 @@ class OwlLayerCapture extends AudioWorkletProcessor {
   command(message) {
     if (message.type === "start") {
       this.filled = 0;
+      if (message.preroll) this.replayRecent();
     } else if (message.type === "flush") {
       this.post(true);
     }
@@ -61,11 +71,29 @@ class OwlLayerCapture extends AudioWorkletProcessor {
     this.port.postMessage({ type: "chunk", pcm, final }, [pcm]);
   }
 
-  /* One 16 kHz sample: into the chunk, and into the level detector. */
+  /* The kept samples, oldest first, into the new utterance's chunks. */
+  replayRecent() {
+    const size = this.recent.length;
+    for (let i = size - this.recentFilled; i < size; i++) {
+      this.append(this.recent[(this.recentAt + i) % size]);
+    }
+  }
+
+  append(sample) {
+    this.chunk[this.filled++] = sample;
+    if (this.filled === this.chunkSamples) this.post(false);
+  }
+
+  /* One 16 kHz sample: into the chunk, the kept samples and the level detector. */
   emit(value) {
     const clipped = Math.max(-1, Math.min(1, value));
-    this.chunk[this.filled++] = clipped < 0 ? clipped * 0x8000 : clipped * 0x7fff;
-    if (this.filled === this.chunkSamples) this.post(false);
+    const sample = clipped < 0 ? clipped * 0x8000 : clipped * 0x7fff;
+    this.append(sample);
+    if (this.recent.length) {
+      this.recent[this.recentAt] = sample;
+      this.recentAt = (this.recentAt + 1) % this.recent.length;
+      this.recentFilled = Math.min(this.recentFilled + 1, this.recent.length);
+    }
     this.energy += clipped * clipped;
     if (++this.windowFill === WINDOW_SAMPLES) this.judgeWindow();
   }

@@ -30,6 +30,9 @@ from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: f
 
 pytestmark = [pytest.mark.browser]
 
+# The client's level detector (RMS, full scale 1): at or above it is speech.
+BARGE_IN_LEVEL = 0.02
+
 RECORD_VOICE = (
     "window.voiceStates = []; window.voiceEvents = []; window.transcripts = []; window.errors = [];"
     "client.on('voice', (s) => window.voiceStates.push(s));"
@@ -39,8 +42,9 @@ RECORD_VOICE = (
 )
 
 
-def sent(connection: FakeConnection, type_: str) -> list[dict]:
-    return [message for message in connection.received if message["type"] == type_]
+def sent(connection: FakeConnection, type_: str, after: int = -1) -> list[dict]:
+    """The frames of `type_` the page sent (after the one at index `after`)."""
+    return [message for message in connection.received[after + 1:] if message["type"] == type_]
 
 
 async def voice(page) -> dict:
@@ -184,6 +188,38 @@ async def test_speaking_over_the_agent_stops_its_voice_sends_voice_interrupt_and
     await eventually(lambda: len(sent(connection, "AUDIO_STREAM")) > before_answer,
                      what="the next utterance's chunks")
     assert state["utterances"] == 2
+
+
+async def test_the_words_that_set_off_a_barge_in_begin_the_next_utterance_whole(fake_server, page):
+    async def script(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        await connection.send(audio_ack())
+        await connection.recv_type("VOICE_INPUT_END")
+        for chunk in tone_chunks(80):
+            await connection.send(chunk)
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_VOICE)
+    await page.wait_for_function("window.__owl.state === 'connected'")
+    assert await page.evaluate("client.startListening()") is True
+    connection = fake.connections[0]
+    await eventually(lambda: sent(connection, "AUDIO_STREAM"), what="the first microphone chunk")
+    await page.evaluate("client.stopListening()")
+    await eventually(lambda: sent(connection, "VOICE_INTERRUPT"), timeout=40, what="the barge-in")
+    interrupt_at = connection.received.index(sent(connection, "VOICE_INTERRUPT")[0])
+    # Three chunks of the next utterance: three quarters of a second.
+    await eventually(lambda: len(sent(connection, "AUDIO_STREAM", after=interrupt_at)) >= 3,
+                     what="the next utterance's first chunks")
+
+    utterance = np.frombuffer(b"".join(
+        base64.b64decode(m["payload"]["data"]) for m in sent(connection, "AUDIO_STREAM", after=interrupt_at)
+    ), dtype="<i2").astype(np.float64) / 32768
+    # The level of each 20 ms, as the detector measures it.
+    windows = [np.sqrt(np.mean(utterance[i:i + 320] ** 2)) for i in range(0, len(utterance) - 319, 320)]
+    # It starts in the quiet before the first word (the level detector heard
+    # the word only after it had begun), and the word follows.
+    assert windows[0] < BARGE_IN_LEVEL
+    assert max(windows) >= BARGE_IN_LEVEL
 
 
 async def test_an_utterance_longer_than_the_limit_ends_with_the_timeout_reason(fake_server, page):
