@@ -8,6 +8,7 @@ server stored."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -28,7 +29,7 @@ from tests.browser.voice_support import (  # noqa: F401 (browser, microphone_*: 
     speech_wav,
     wav_seconds,
 )
-from tests.support.fake_anthropic import text_response, tool_use_response
+from tests.support.fake_anthropic import StreamedMessage, TextBlock, text_response, tool_use_response
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), needs_espeak]
 
@@ -39,6 +40,12 @@ WORDS_PER_MINUTE = 130
 # The page opens the microphone, then starts the utterance: the recording
 # begins with a moment of silence so that none of it is spoken before.
 LEAD_SECONDS = 1.0
+# The silence after the words: a looping recording speaks again this much
+# later, which gives the agent time to answer (on a busy machine too) before
+# the shopper's next words; the first answer is longer than that.
+PAUSE_SECONDS = 8.0
+# How long the shopper takes to click after the last word.
+CLICK_AFTER_SECONDS = 0.5
 # A quiet room's noise under the recording (about -35 dBFS, below the page's
 # speech level). Over digital silence, and through Chromium's noise
 # suppression, PocketSphinx often hears another command or nothing.
@@ -51,12 +58,20 @@ public <command> = (add | remove) (one | two | three) (headphones | speakers) to
 FIRST_WORDS = "Adding two Pro Headphones."
 ANSWER = "Two Pro Headphones are in your cart."
 PRODUCT_PATH = "/demo/products/pro-headphones/"
+# An answer whose first sentences take some twelve seconds to say: the
+# recording, playing again, speaks over them.
+LONG_ANSWER = ("The Pro Headphones are closed-back and wireless, with active noise cancelling "
+               "that keeps a busy train quiet. Their battery lasts thirty hours on one charge, "
+               "and they fold flat into the travel case that comes with them.")
+NEVER_SAID = "They ship tomorrow by express courier."
+# Short: said before the recording speaks again.
+SECOND_ANSWER = "Of course."
 
 
 @pytest.fixture(scope="module")
 def microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return speech_wav(tmp_path_factory.mktemp("voice"), HEARD, words_per_minute=WORDS_PER_MINUTE,
-                      lead_seconds=LEAD_SECONDS, hiss=HISS)
+                      lead_seconds=LEAD_SECONDS, pause_seconds=PAUSE_SECONDS, hiss=HISS)
 
 
 @pytest.fixture
@@ -117,13 +132,32 @@ async def received(page: Page, type_: str) -> list[dict]:
     return [frame["payload"] for frame in frames if frame["type"] == type_]
 
 
+def chunks_of(seconds: float) -> int:
+    """How many of the page's microphone chunks `seconds` of it fill."""
+    return math.ceil(seconds * 16000 * 2 / MIC_CHUNK_BYTES)
+
+
+def words_seconds(recording: Path) -> float:
+    """How long the recording's words last."""
+    return wav_seconds(recording) - LEAD_SECONDS - PAUSE_SECONDS
+
+
+async def sent_chunks(page: Page) -> int:
+    return await page.evaluate("window.__owl.voice.sentChunks")
+
+
 async def speak_into_the_microphone(page: Page, recording: Path) -> None:
-    """Click the microphone, let the whole recording go up, click again to send."""
+    """Click the microphone, say the words, click again to send."""
     await mic(page).click()
     await expect(mic(page)).to_have_attribute("data-state", "listening")
-    chunks = math.ceil(wav_seconds(recording) * 16000 * 2 / MIC_CHUNK_BYTES)
-    await eventually(lambda: page.evaluate(f"window.__owl.voice.sentChunks >= {chunks}"),
-                     timeout=30, what=f"{chunks} chunks of the recording to go up")
+    await send_once_said(page, recording, LEAD_SECONDS + words_seconds(recording))
+
+
+async def send_once_said(page: Page, recording: Path, seconds: float) -> None:
+    """Click the microphone to send once `seconds` more of it went up."""
+    wanted = await sent_chunks(page) + chunks_of(seconds + CLICK_AFTER_SECONDS)
+    await eventually(lambda: page.evaluate(f"window.__owl.voice.sentChunks >= {wanted}"),
+                     timeout=30, what=f"{wanted} microphone chunks to go up")
     await mic(page).click()
 
 
@@ -182,3 +216,56 @@ async def test_a_spoken_request_fills_the_cart_and_the_answer_is_shown_and_spoke
     ]
     assert messages[2][1][0]["tool_use_id"] == "toolu_voice_cart"
     assert messages[3][1] == [{"type": "text", "text": ANSWER, "voice": "said"}]
+
+
+async def test_talking_over_the_spoken_answer_cuts_it_off_and_the_next_request_is_answered(
+        voice_store, model, page, microphone, shot):
+    # The model writes its first sentences, then waits: the answer is still
+    # being written when the shopper speaks over it.
+    writing = threading.Event()
+    model.enqueue(
+        StreamedMessage(blocks=[TextBlock([LONG_ANSWER + " ", NEVER_SAID])],
+                        hold=writing, hold_after_events=4),
+        text_response(SECOND_ANSWER, chunks=1),
+    )
+    heard = page.locator(".owl-msg-user[data-voice=true]")
+    try:
+        await open_product_page(page, voice_store)
+        await speak_into_the_microphone(page, microphone)
+        await expect(heard).to_have_text([HEARD])
+
+        # The recording plays again: the shopper speaks over the answer.
+        await eventually(lambda: page.evaluate("window.__owl.voice.bargeIns > 0"), timeout=40,
+                         what="the shopper to speak over the answer")
+        await expect(mic(page)).to_have_attribute("data-state", "listening")
+        await expect(page.locator(".owl-msg-agent[data-cut=true]")).to_have_text([LONG_ANSWER])
+        await shot("cut-off")
+        await send_once_said(page, microphone, words_seconds(microphone))
+    finally:
+        writing.set()
+
+    # The words that set the barge-in off were heard whole.
+    await expect(heard).to_have_text([HEARD, HEARD])
+    await expect(answers(page).last).to_have_text(SECOND_ANSWER)
+    await expect(mic(page)).to_have_attribute("data-state", "ready")
+    await shot("answered-again")
+    assert await received(page, "VOICE_STATE_EVENT") == [
+        {"event": "interrupted", "reason": "barge_in"}, {"event": "turn_complete"}]
+    assert [frame["payload"] for frame in await page.evaluate("window.__owl.sent")
+            if frame["type"] in ("VOICE_INTERRUPT", "VOICE_INPUT_END")] == [
+        {"reason": "user_stop"}, {"reason": "barge_in"}, {"reason": "user_stop"}]
+    spoken = await voice(page)
+    assert (spoken["bargeIns"], spoken["interrupts"], spoken["utterances"]) == (1, 1, 2)
+    # Cut off: some of the first answer's voice never played.
+    assert spoken["stoppedChunks"] > 0
+    assert spoken["playedChunks"] + spoken["stoppedChunks"] + spoken["ignoredChunks"] == spoken["receivedChunks"]
+    await nothing_dropped(page)
+
+    # The server stored the first answer as far as its voice went, marked
+    # interrupted, and then the second turn as usual.
+    messages = await stored(await page.evaluate("window.__owl.sessionId"))
+    assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[0][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
+    assert messages[1][1] == [{"type": "text", "text": LONG_ANSWER, "voice": "interrupted"}]
+    assert messages[2][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
+    assert messages[3][1] == [{"type": "text", "text": SECOND_ANSWER, "voice": "said"}]

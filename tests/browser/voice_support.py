@@ -34,7 +34,8 @@ PAUSE_SECONDS = 1.5
 
 
 def speech_wav(folder: Path, text: str = SPOKEN, *, words_per_minute: int | None = None,
-               lead_seconds: float = 0.0, hiss: float = 0.0) -> Path:
+               lead_seconds: float = 0.0, pause_seconds: float = PAUSE_SECONDS,
+               hiss: float = 0.0) -> Path:
     """eSpeak NG saying `text` (after `lead_seconds` of silence), then a
     pause: 16-bit mono PCM, the WAV Chromium's fake capture device plays.
 
@@ -50,7 +51,7 @@ def speech_wav(folder: Path, text: str = SPOKEN, *, words_per_minute: int | None
         speech = np.frombuffer(source.readframes(source.getnframes()), dtype="<i2")
     assert (params.nchannels, params.sampwidth) == (1, 2), params
     lead = np.zeros(int(params.framerate * lead_seconds))
-    pause = np.zeros(int(params.framerate * PAUSE_SECONDS))
+    pause = np.zeros(int(params.framerate * pause_seconds))
     samples = np.concatenate([lead, speech, pause])
     if hiss:
         # Seeded: every run plays the very same recording.
