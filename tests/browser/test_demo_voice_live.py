@@ -94,9 +94,9 @@ def voice_store(daphne_factory, model, tmp_path) -> Iterator[Store]:
 
 
 async def offers_voice(store: Store) -> None:
-    """A first handshake, so that the page's own is not the one that waits
-    while the server process loads its speech engines (the first check of
-    them takes seconds on a busy machine; the page gives up after five)."""
+    """A first handshake, which offers audio: the page's own then does not
+    wait for the server process to finish loading its speech engines (seconds
+    on a busy machine; the page gives up after five)."""
     client = AitpClient(store.server.ws_url(), api_key=store.raw_key, origin=store.server.http_url)
     try:
         ack = await client.connect(timeout=60)
