@@ -55,6 +55,9 @@ class AnthropicConfig:
     max_retries: int
     timeout: float
     max_retry_wait: float = 8.0
+    # The SDK's OpenTelemetry spans per call (its ANTHROPIC_OPEN_TELEMETRY*
+    # variables apply); off, no span attributes are worked out per request.
+    traces: bool = False
 
     @classmethod
     def from_settings(cls) -> AnthropicConfig:
@@ -66,6 +69,7 @@ class AnthropicConfig:
             max_retries=settings.OWLLAYER_LLM_MAX_RETRIES,
             timeout=settings.OWLLAYER_LLM_TIMEOUT,
             max_retry_wait=settings.OWLLAYER_LLM_MAX_RETRY_WAIT,
+            traces=settings.OWLLAYER_LLM_TRACES,
         )
 
 
@@ -159,6 +163,7 @@ def get_client(config: AnthropicConfig) -> anthropic.AsyncAnthropic:
                 timeout=anthropic.Timeout(
                     config.timeout, connect=min(CONNECT_TIMEOUT, config.timeout)
                 ),
+                open_telemetry=None if config.traces else False,
             )
             _client_key = key
         return _client

@@ -365,6 +365,24 @@ async def test_builds_a_new_client_when_the_base_url_changes():
         await close_client()
 
 
+async def test_the_sdk_client_makes_open_telemetry_spans_only_when_traces_are_turned_on():
+    quiet = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0, timeout=1.0)
+    traced = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0,
+                             timeout=1.0, traces=True)
+    try:
+        assert get_client(quiet)._tracer is None
+        assert get_client(traced)._tracer is not None
+    finally:
+        await close_client()
+
+
+def test_the_traces_setting_reaches_the_backend_configuration(settings):
+    settings.OWLLAYER_LLM_TRACES = False
+    assert AnthropicConfig.from_settings().traces is False
+    settings.OWLLAYER_LLM_TRACES = True
+    assert AnthropicConfig.from_settings().traces is True
+
+
 def test_get_backend_follows_the_llm_setting_and_keeps_one_instance(settings):
     reset_backend()
     try:
