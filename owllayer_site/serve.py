@@ -107,12 +107,16 @@ def _raise_open_files_limit() -> None:
         pass
 
 
-def _check_voice_engines_early() -> None:
-    """Load the speech engines while daphne starts, on a thread of their own,
-    so the first handshake does not wait for it (whether HANDSHAKE_ACK may
-    offer audio; the answer is kept)."""
+def _load_engines_early() -> None:
+    """Load the model's backend (the anthropic SDK takes a second of CPU to
+    import) before serving, and check the speech engines while daphne starts,
+    on a thread of their own: the first pages would otherwise wait for both,
+    and every other page's frames with them."""
     from django.conf import settings
 
+    from aitp import llm
+
+    llm.get_backend()
     if not settings.OWLLAYER_VOICE:
         return
     import threading
@@ -136,7 +140,7 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
 
     from owllayer_site import access_log
     access_log.install()  # no ?apiKey= value in daphne's access log
-    _check_voice_engines_early()
+    _load_engines_early()
 
     try:
         CommandLineInterface().run(
