@@ -549,14 +549,39 @@ def serialize(message: Message) -> str:
     Only top-level payload fields are pruned: a null inside args, data or a
     result is data, not an absent field.
     """
+    payload = message.payload
     envelope: dict[str, Any] = {
         "id": message.id,
         "type": MessageType(message.type).value,
         "timestamp": message.timestamp,
-        "payload": message.payload.model_dump(mode="json", exclude_none=True),
+        "payload": None,
     }
     if message.meta is not None:
         envelope["meta"] = message.meta
+    if type(payload) is SystemEvent:
+        # Its data is JSON as the server built it (tools_effective: every
+        # declaration of the page): written as it is, without pydantic's
+        # walk of each value; what json cannot write goes the long way below.
+        envelope["payload"] = _system_event_fields(payload)
+        try:
+            return _json_text(envelope)
+        except (TypeError, ValueError):
+            pass
+    envelope["payload"] = payload.model_dump(mode="json", exclude_none=True)
+    return _json_text(envelope)
+
+
+def _system_event_fields(event: SystemEvent) -> dict[str, Any]:
+    """SYSTEM_EVENT's payload as ``model_dump(exclude_none=True)`` gives it."""
+    fields: dict[str, Any] = {"kind": event.kind}
+    if event.message is not None:
+        fields["message"] = event.message
+    if event.data is not None:
+        fields["data"] = event.data
+    return fields
+
+
+def _json_text(envelope: dict[str, Any]) -> str:
     text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     try:
         text.encode("utf-8")
