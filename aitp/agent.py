@@ -177,8 +177,11 @@ class Agent:
             done = p.agent_response("".join(full_text), True)
             log.info("turn %s done: %s rounds", self.turn, rounds)
         except asyncio.CancelledError:
-            if speaker is not None and self._barged_in:
-                await self._store_heard(speaker, "".join(full_text), round_start)
+            if self._barged_in:
+                said = "".join(full_text)
+                # Spoken: as far as its audio went out; typed: as far as its text did.
+                said = speaker.spoken_text(said) if speaker is not None else said[:streamer.sent_chars]
+                await self._store_said(said, round_start)
             raise
         except LlmError as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
@@ -212,12 +215,12 @@ class Agent:
                 # and the turn must be over by then.
                 await self.io.end_turn(done)
 
-    async def _store_heard(self, speaker: Speaker, full_text: str, round_start: int) -> None:
-        """After a barge-in: the answer as far as the user heard it, stored
-        as the assistant's message (the part not stored with a tool round)."""
-        heard = speaker.spoken_text(full_text)[round_start:].strip()
-        if heard and self.history and self.history[-1]["role"] == "user":
-            await self._append("assistant", [{"type": "text", "text": heard}])
+    async def _store_said(self, said: str, round_start: int) -> None:
+        """After a barge-in: the answer as far as the user got it, stored as
+        the assistant's message (the part not stored with a tool round)."""
+        said = said[round_start:].strip()
+        if said and self.history and self.history[-1]["role"] == "user":
+            await self._append("assistant", [{"type": "text", "text": said}])
 
     def _page_blocks(self) -> list[dict]:
         page = self.io.page()

@@ -28,6 +28,8 @@ class TextStreamer:
         self._last_sent = float("-inf")
         self._timer: asyncio.Task | None = None
         self._sending = False
+        # Characters of text handed to the page so far (what a cut turn stores).
+        self.sent_chars = 0
 
     def push(self, text: str) -> None:
         if not text:
@@ -49,6 +51,7 @@ class TextStreamer:
         text = "".join(self._buffer)
         self._buffer.clear()
         self._last_sent = asyncio.get_running_loop().time()
+        self.sent_chars += len(text)
         self._sending = True
         try:
             await self._send(p.agent_response(text, False))

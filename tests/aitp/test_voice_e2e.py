@@ -196,6 +196,38 @@ async def test_a_barge_in_stops_the_voice_and_stores_what_the_user_heard(server,
     assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
 
 
+async def test_a_barge_in_over_a_typed_answer_stores_the_text_the_page_was_shown(
+    server, fake, api_key
+):
+    hold = threading.Event()
+    shown = "Your cart holds two pairs of headphones."
+    fake.enqueue(
+        StreamedMessage(blocks=[TextBlock([shown, " They ship tomorrow."])],
+                        hold=hold, hold_after_events=4),
+        text_response("Of course.", chunks=1),
+    )
+    client = await open_client(server, api_key)
+    try:
+        await client.send("USER_INPUT", {"modality": "text", "content": "what is in my cart"})
+        first = await client.recv_until(
+            lambda f: f["type"] == "AGENT_RESPONSE" and f["payload"]["chunk"], timeout=PATIENCE)
+        await client.send("VOICE_INTERRUPT", {"reason": "barge_in"})
+        stopped = await frames_until(client, "voice:interrupted")
+        hold.set()
+        await client.send("USER_INPUT", {"modality": "text", "content": "thanks"})
+        after = await frames_until(client, "done")
+    finally:
+        await client.close()
+
+    page_saw = first["payload"]["chunk"] + "".join(
+        f["payload"]["chunk"] for f in stopped if f["type"] == "AGENT_RESPONSE")
+    assert page_saw == shown
+    assert final_text(after) == "Of course."
+    messages = await stored(client.session_id)
+    assert messages[1] == ("assistant", [{"type": "text", "text": shown}])
+    assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
+
+
 async def test_a_barge_in_during_a_tool_call_cancels_it_exactly_once(server, fake, api_key):
     fake.enqueue(
         tool_use_response([("toolu_voice", "add_to_cart", {"quantity": 2})], text="Adding them now."),
