@@ -30,6 +30,8 @@ class AgentStore:
         self.tenant_id = tenant_id
         # "sent" / "running" marks being written, oldest first.
         self._marks: list[asyncio.Task] = []
+        # Each call's latest mark: its task, and when the call was sent.
+        self._mark_of: dict[str, tuple[asyncio.Task, object]] = {}
         # Final outcomes (tool_call_finish arguments) not written yet.
         self._finished: list[dict] = []
         # When each call's row was (or is being) recorded: the same time on
@@ -89,14 +91,25 @@ class AgentStore:
         ))
         task.add_done_callback(self._mark_done)
         self._marks.append(task)
+        sent_at = timezone.now() if sent else self._mark_of.get(call.call_id, (None, None))[1]
+        self._mark_of[call.call_id] = (task, sent_at)
 
     async def finish_call(self, call: PendingCall, outcome: Outcome) -> None:
         """Keep a call's final outcome for the turn's next write (the next
-        checkpoint: the turn always writes one before it ends)."""
+        checkpoint: the turn always writes one before it ends).
+
+        A progress mark that has not reached the database yet is no longer
+        needed: it is withdrawn (a database thread skips it unless it already
+        started, and a mark that lands late never undoes a final status), and
+        the outcome carries the time the call was sent. A page that answers
+        at once costs one write per call instead of two."""
+        mark, sent_at = self._mark_of.pop(call.call_id, (None, None))
+        if mark is not None and not mark.done():
+            mark.cancel()
         self._finished.append({
             "call_id": call.call_id, "status": outcome.status, "result": outcome.result,
             "error": outcome.error, "risk": call.risk.value, "origin": call.origin,
-            "created_at": self._created.pop(call.call_id, None),
+            "created_at": self._created.pop(call.call_id, None), "sent_at": sent_at,
         })
 
     async def flush(self) -> None:

@@ -580,9 +580,11 @@ def _mark_sources(status: str) -> tuple[str, ...]:
 
 def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
                      risk: str | None = None, origin: str | None = None,
-                     created_at: datetime | None = None, now: datetime | None = None) -> None:
+                     created_at: datetime | None = None, sent_at: datetime | None = None,
+                     now: datetime | None = None) -> None:
     """Write a call's one final outcome; a call already final is left alone.
-    ``created_at``, when the caller recorded the row with it, saves a read."""
+    ``created_at``, when the caller recorded the row with it, saves a read;
+    ``sent_at`` is kept as the time it was sent unless its mark wrote one."""
     now = now or timezone.now()
     if created_at is None:
         call = ToolCall.objects.filter(call_id=call_id).only("created_at", "status").first()
@@ -592,7 +594,7 @@ def tool_call_finish(*, call_id: str, status: str, result=None, error: str = "",
     statements.call_finish(
         call_id=call_id, status=status, result=result, error=error[:4000], finished_at=now,
         duration_ms=max(0, int((now - created_at).total_seconds() * 1000)), risk=risk,
-        origin=origin, finals=_FINAL_STATUSES,
+        origin=origin, sent_at=sent_at, finals=_FINAL_STATUSES,
     )
 
 

@@ -157,25 +157,33 @@ def call_mark(*, call_id: str, status: str, sources: Iterable[str], sent_at: dat
 
 
 @cache
-def _call_finish_sql(vendor: str, finals: tuple[str, ...], risk: bool, origin: bool) -> str:
+def _call_finish_sql(vendor: str, finals: tuple[str, ...], risk: bool, origin: bool,
+                     sent: bool) -> str:
     table = _table(ToolCall, vendor)
     names = ["status", "result", "error", "finished_at", "duration_ms"]
     names += [name for name, wanted in (("risk", risk), ("origin", origin)) if wanted]
-    sets = ", ".join(f"{table.column[name]} = %s" for name in names)
-    return (f"UPDATE {table.name} SET {sets} WHERE {table.column['call_id']} = %s "
+    sets = [f"{table.column[name]} = %s" for name in names]
+    if sent:
+        sent_at = table.column["sent_at"]
+        sets.append(f"{sent_at} = COALESCE({sent_at}, %s)")
+    return (f"UPDATE {table.name} SET {', '.join(sets)} WHERE {table.column['call_id']} = %s "
             f"AND NOT ({table.column['status']} IN ({', '.join(['%s'] * len(finals))}))")
 
 
 def call_finish(*, call_id: str, status: str, result, error: str, finished_at: datetime,
                 duration_ms: int, risk: str | None, origin: str | None,
-                finals: Iterable[str]) -> int:
-    """Write a call's final outcome unless its status is already one of ``finals``."""
+                finals: Iterable[str], sent_at: datetime | None = None) -> int:
+    """Write a call's final outcome unless its status is already one of
+    ``finals``; ``sent_at`` fills the time it was sent if none is recorded."""
     finals = tuple(finals)
     table = _t(ToolCall)
     params = [status, table.prep("result", result), error, table.prep("finished_at", finished_at),
               duration_ms]
     params += [value for value in (risk, origin) if value is not None]
-    sql = _call_finish_sql(connection.vendor, finals, risk is not None, origin is not None)
+    if sent_at is not None:
+        params.append(table.prep("sent_at", sent_at))
+    sql = _call_finish_sql(connection.vendor, finals, risk is not None, origin is not None,
+                           sent_at is not None)
     return _execute(sql, [*params, call_id, *finals])
 
 

@@ -102,6 +102,37 @@ async def test_a_calls_sent_mark_and_outcome_land_in_order_with_the_next_checkpo
 
 
 @pytest.mark.django_db(transaction=True)
+async def test_a_sent_mark_still_queued_when_the_page_answers_is_withdrawn_and_its_time_kept(
+    settings, monkeypatch
+):
+    db.shutdown()
+    settings.OWLLAYER_DB_THREADS = 1
+    marks = []
+    real_mark = services.tool_call_mark
+    monkeypatch.setattr(services, "tool_call_mark",
+                        lambda **kwargs: (marks.append(kwargs), real_mark(**kwargs)))
+    try:
+        session = await db.db_call(_open_session)
+        store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)
+        call = _call()
+        await store.checkpoint(turn=1, messages=[], calls=[call])
+        # The one database thread is busy: the mark waits in its queue.
+        busy = threading.Event()
+        occupied = asyncio.ensure_future(db.db_call(busy.wait, PATIENCE))
+        await store.mark_call(call, "sent", sent=True)
+        await store.finish_call(call, Outcome(SUCCESS, result={"ok": True}))
+        busy.set()
+        await occupied
+        await store.checkpoint(turn=1, messages=[{"seq": 1, "role": "user", "content": []}])
+        row = await db.db_call(_row, call.call_id)
+    finally:
+        db.shutdown()
+    assert marks == []
+    assert row.status == SUCCESS and row.sent_at is not None
+    assert row.sent_at <= row.finished_at
+
+
+@pytest.mark.django_db(transaction=True)
 async def test_a_late_progress_mark_never_undoes_a_final_status():
     session = await db.db_call(_open_session)
     store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)
