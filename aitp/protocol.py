@@ -426,6 +426,16 @@ def find_unstorable(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
     stored. Iterative, so any depth is walked without recursion; the path is
     only spelled out for the value refused.
     """
+    # Nearly every frame holds nothing to refuse: a walk that only answers
+    # whether it does comes first, and the one that names the path runs
+    # only when there is something to name.
+    if not _any_unstorable(value, max_depth):
+        return None
+    return _first_unstorable(value, max_depth)
+
+
+def _first_unstorable(value: Any, max_depth: int | None) -> tuple[str, str, str] | None:
+    """``find_unstorable``'s answer, walked with the way to each value."""
     # A node: (value, parent node, key or index in the parent, depth).
     stack: list[tuple] = [(value, None, None, 1)]
     while stack:
@@ -454,6 +464,58 @@ def find_unstorable(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
             else:
                 stack.extend((child, node, index, depth + 1) for index, child in enumerate(item))
     return None
+
+
+def _any_unstorable(value: Any, max_depth: int | None) -> bool:
+    """Whether ``find_unstorable`` finds anything: the same checks, without
+    keeping the way to each value. The values json.loads makes are told by
+    their exact type and checked where their container is walked; anything
+    else is stacked and checked as the detailed walk checks it."""
+    search = _BAD_TEXT.search
+    isfinite = math.isfinite
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        if type(item) is dict or type(item) is list:
+            children = item.values() if type(item) is dict else item
+        elif isinstance(item, str):
+            if search(item) is not None:
+                return True
+            continue
+        elif isinstance(item, float):
+            if not isfinite(item):
+                return True
+            continue
+        elif isinstance(item, _OutOfRange) or (isinstance(item, int) and not isinstance(item, bool)):
+            if isinstance(item, _OutOfRange) or abs(item) > MAX_INTEGER:
+                return True
+            continue
+        elif isinstance(item, (dict, list)):
+            children = item.values() if isinstance(item, dict) else item
+        else:
+            continue
+        if max_depth is not None and depth > max_depth:
+            return True
+        if isinstance(item, dict):
+            for key in item:
+                if isinstance(key, str) and search(key) is not None:
+                    return True
+        depth += 1
+        for child in children:
+            kind = type(child)
+            if kind is str:
+                if search(child) is not None:
+                    return True
+            elif kind is int:
+                if child > MAX_INTEGER or child < -MAX_INTEGER:
+                    return True
+            elif kind is float:
+                if not isfinite(child):
+                    return True
+            elif child is not None and kind is not bool:
+                push((child, depth))
+    return False
 
 
 def _path_of(node: tuple) -> str:
