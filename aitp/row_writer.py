@@ -22,7 +22,9 @@ from aitp.session import ContextChanged
 
 # The session row (page snapshot, turn state) is written at most this often;
 # the connection holds the live values, the row is for watchers and the record.
-ROW_WRITE_INTERVAL = 0.25
+# A turn passes through three or four states: written each time, they were a
+# third of a busy process's database calls; a watcher sees them at most this late.
+ROW_WRITE_INTERVAL = 1.0
 
 
 class SessionRowWriter:
