@@ -9,6 +9,7 @@ agent runs.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 
 from aitp.db import db_call
 from aitp.tools import ToolError, ToolSpec
@@ -122,9 +124,19 @@ async def load_server_tools(tenant_id: int) -> list[ServerToolDef]:
 
 def server_tools_for_tenant(tenant_id: int) -> list[ServerToolDef]:
     defs = []
-    for row in ServerTool.objects.filter(tenant_id=tenant_id, enabled=True).order_by("name"):
+    for row in ServerTool.objects.raw(_enabled_tools_sql(connection.vendor), [tenant_id, True]):
         tool_def = _def_for_row(row)
         if tool_def is not None:
             defs.append(tool_def)
     return defs
 
+
+@functools.cache
+def _enabled_tools_sql(vendor: str) -> str:
+    """Every session open reads its tenant's tools: the query's text is built
+    once per database instead of compiled by the ORM each time."""
+    quote = connection.ops.quote_name
+    meta = ServerTool._meta
+    column = {f.name: quote(f.column) for f in meta.concrete_fields}
+    return (f"SELECT * FROM {quote(meta.db_table)} WHERE {column['tenant']} = %s "
+            f"AND {column['enabled']} = %s ORDER BY {column['name']}")
