@@ -328,11 +328,10 @@ def session_write_live(
         # One statement: no transaction round trips.
         statements.session_live_update(session_id=session_id, fields=fields)
         return
-    live = Session.objects.filter(id=session_id, ended_at__isnull=True)
     with transaction.atomic():
-        history = live.values_list("page_history", flat=True).first()
+        history = statements.session_page_history(session_id=session_id)
         fields["page_history"] = [*(history or []), *visits][-PAGE_HISTORY_LIMIT:]
-        live.update(**fields)
+        statements.session_live_update(session_id=session_id, fields=fields)
 
 
 def session_close(*, session_id: str, code: int | None, reason: str = "") -> None:

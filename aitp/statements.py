@@ -201,3 +201,21 @@ def session_live_update(*, session_id: str, fields: dict) -> int:
     table = _t(Session)
     return _execute(_session_live_sql(connection.vendor, names),
                     [*(table.prep(name, fields[name]) for name in names), session_id])
+
+
+@cache
+def _page_history_sql(vendor: str) -> str:
+    table = _table(Session, vendor)
+    return (f"SELECT {table.column['page_history']} FROM {table.name} "
+            f"WHERE {table.column['id']} = %s AND {table.column['ended_at']} IS NULL")
+
+
+def session_page_history(*, session_id: str) -> list | None:
+    """The page history of a session row that is still open (None: closed or unknown)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_page_history_sql(connection.vendor), [session_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    field = _t(Session).fields["page_history"]
+    return field.from_db_value(row[0], None, connection)
