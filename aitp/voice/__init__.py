@@ -109,9 +109,16 @@ def audio_available() -> bool:
 
 
 async def audio_available_async() -> bool:
-    """audio_available() without blocking the event loop (the first check loads the engines)."""
+    """audio_available() without blocking the event loop (the first check loads
+    the engines on a speech thread; once known, the answer costs no thread)."""
+    from django.conf import settings
+
     from . import jobs
 
+    with _lock:
+        known = _problems.get((settings.OWLLAYER_STT, settings.OWLLAYER_TTS))
+    if known is not None:
+        return not known
     return await jobs.run(audio_available)
 
 
