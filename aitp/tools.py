@@ -100,10 +100,11 @@ class ToolSpec:
         """JSON Schema for the model; always {"type": "object", ...}. A fresh copy."""
         return copy.deepcopy(self._json_schema)
 
-    @cached_property
+    @property
     def wire(self) -> dict:
-        """The declaration as it goes on the wire, built once and shared: for
-        serializing as it is (frames, rows); never change it (``to_wire()``
+        """The declaration as it goes on the wire, its parameters shared (a
+        few keys built each time: kept per spec, they cost every idle session
+        memory): for serializing as it is (frames, rows); never change it (``to_wire()``
         gives a copy of one's own)."""
         wire: dict[str, Any] = {
             "name": self.name,
