@@ -45,7 +45,23 @@ class ApiKey(models.Model):
         return f"{self.prefix}… ({self.name or 'unnamed'})"
 
 
-class Session(models.Model):
+class AudioSeconds:
+    """The voice counts (milliseconds heard and spoken) as seconds: a
+    session's, or a tenant's usage over some days."""
+
+    audio_heard_ms: int
+    audio_spoken_ms: int
+
+    @property
+    def audio_heard_seconds(self) -> float:
+        return self.audio_heard_ms / 1000
+
+    @property
+    def audio_spoken_seconds(self) -> float:
+        return self.audio_spoken_ms / 1000
+
+
+class Session(AudioSeconds, models.Model):
     class State(models.TextChoices):
         # A turn's states come from the turn itself (aitp.agent_parts.TurnState).
         IDLE = TurnState.IDLE.value, "Idle"
@@ -105,14 +121,6 @@ class Session(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
-
-    @property
-    def audio_heard_seconds(self) -> float:
-        return self.audio_heard_ms / 1000
-
-    @property
-    def audio_spoken_seconds(self) -> float:
-        return self.audio_spoken_ms / 1000
 
 
 class ServerProcess(models.Model):

@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, timedelta
 
-from aitp.models import DailyUsage
+from aitp.models import AudioSeconds, DailyUsage
 from tenants.models import Tenant
 
 USAGE_DAYS = 30
 
 
 @dataclass(frozen=True)
-class DayUsage:
+class DayUsage(AudioSeconds):
     date: date
     sessions: int = 0
     turns: int = 0
@@ -30,14 +30,6 @@ class DayUsage:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
-
-    @property
-    def audio_heard_seconds(self) -> float:
-        return self.audio_heard_ms / 1000
-
-    @property
-    def audio_spoken_seconds(self) -> float:
-        return self.audio_spoken_ms / 1000
 
     @property
     def used(self) -> bool:
