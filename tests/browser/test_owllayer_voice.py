@@ -52,6 +52,19 @@ async def voice(page) -> dict:
     return await page.evaluate("window.__owl.voice")
 
 
+async def say_something(fake_server, page, script) -> FakeConnection:
+    """The page records its microphone until the first chunk is up, then
+    stops: the server's end of the connection."""
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_VOICE)
+    await page.wait_for_function("window.__owl.state === 'connected'")
+    assert await page.evaluate("client.startListening()") is True
+    connection = fake.connections[0]
+    await eventually(lambda: sent(connection, "AUDIO_STREAM"), what="the first microphone chunk")
+    await page.evaluate("client.stopListening()")
+    return connection
+
+
 async def test_without_the_audio_capability_the_client_offers_no_voice(fake_server, page):
     async def script(connection: FakeConnection) -> None:
         await connection.recv_type("HANDSHAKE_INIT")
@@ -161,13 +174,7 @@ async def test_speaking_over_the_agent_stops_its_voice_sends_voice_interrupt_and
             await connection.send(chunk)
         await connection.send(voice_state("interrupted", reason="barge_in"))
 
-    fake = await fake_server(script)
-    await open_client_page(page, fake, RECORD_VOICE)
-    await page.wait_for_function("window.__owl.state === 'connected'")
-    assert await page.evaluate("client.startListening()") is True
-    connection = fake.connections[0]
-    await eventually(lambda: sent(connection, "AUDIO_STREAM"), what="the first microphone chunk")
-    await page.evaluate("client.stopListening()")
+    connection = await say_something(fake_server, page, script)
     before_answer = len(sent(connection, "AUDIO_STREAM"))
 
     await eventually(lambda: sent(connection, "VOICE_INTERRUPT"), timeout=40, what="the barge-in")
@@ -198,13 +205,7 @@ async def test_the_words_that_set_off_a_barge_in_begin_the_next_utterance_whole(
         for chunk in tone_chunks(80):
             await connection.send(chunk)
 
-    fake = await fake_server(script)
-    await open_client_page(page, fake, RECORD_VOICE)
-    await page.wait_for_function("window.__owl.state === 'connected'")
-    assert await page.evaluate("client.startListening()") is True
-    connection = fake.connections[0]
-    await eventually(lambda: sent(connection, "AUDIO_STREAM"), what="the first microphone chunk")
-    await page.evaluate("client.stopListening()")
+    connection = await say_something(fake_server, page, script)
     await eventually(lambda: sent(connection, "VOICE_INTERRUPT"), timeout=40, what="the barge-in")
     interrupt_at = connection.received.index(sent(connection, "VOICE_INTERRUPT")[0])
     # Three chunks of the next utterance: three quarters of a second.
