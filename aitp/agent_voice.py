@@ -119,13 +119,22 @@ class Listening:
 class Speaker:
     """The agent's answer spoken while the model writes it."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, *, ahead: float | None = None) -> None:
         self._send = send
         self.pipeline = SpeechPipeline(get_tts())
         self.progress = SpokenProgress()
         self.stopped = False
         self.failed: SpeechError | None = None
         self.sent_bytes = 0  # of audio sent (24 kHz 16-bit mono)
+        # How far the audio sent may run ahead of the page's playback (0: not
+        # paced). Paced, a barge-in finds the rest of the answer unsent, and
+        # what is stored as said is what was played, give or take this much.
+        if ahead is None:
+            from django.conf import settings
+
+            ahead = settings.OWLLAYER_VOICE_SEND_AHEAD_SECONDS
+        self._ahead = ahead
+        self._first_sent_at: float | None = None
         self._task = asyncio.create_task(self._speak())
 
     @property
@@ -169,6 +178,7 @@ class Speaker:
                     return
                 await self._send(p.system_event("transcript", data={"role": "agent", "text": sentence.text}))
                 for chunk in chunks:
+                    await self._keep_pace()
                     if self.stopped:
                         return
                     # Counted as it is handed over: the connection queues a
@@ -181,6 +191,19 @@ class Speaker:
             logger.warning("speech synthesis failed: %s", exc)
             self.failed = exc
             await self._send(p.error_event(exc.code, exc.message))
+
+    async def _keep_pace(self) -> None:
+        """Wait until the page has played all but ``ahead`` seconds of what
+        was sent (its playback starts with the first frame)."""
+        if self._ahead <= 0:
+            return
+        now = _now()
+        if self._first_sent_at is None:
+            self._first_sent_at = now
+            return
+        wait = self._first_sent_at + self.seconds - self._ahead - now
+        if wait > 0:
+            await asyncio.sleep(wait)
 
 
 # --- what a voice turn leaves in the record ---------------------------------------

@@ -447,6 +447,8 @@ OWLLAYER_VOICE_TIMEOUT = env_float("OWLLAYER_VOICE_TIMEOUT", 30.0, minimum=0.1)
 OWLLAYER_VOICE_MAX_UTTERANCE_SECONDS = env_float("OWLLAYER_VOICE_MAX_UTTERANCE_SECONDS", 30.0, minimum=1.0)
 OWLLAYER_VOICE_BYTES_PER_SECOND = env_int("OWLLAYER_VOICE_BYTES_PER_SECOND", 64000, minimum=32000)
 OWLLAYER_VOICE_IDLE_SECONDS = env_float("OWLLAYER_VOICE_IDLE_SECONDS", 5.0, minimum=0.5)
+# How far the agent's audio may run ahead of the page's playback (0: as fast as it is made).
+OWLLAYER_VOICE_SEND_AHEAD_SECONDS = env_float("OWLLAYER_VOICE_SEND_AHEAD_SECONDS", 1.0, minimum=0.0)
 # The server ends an utterance itself after this much silence following speech.
 OWLLAYER_SERVER_VAD = env_bool("OWLLAYER_SERVER_VAD", False)
 OWLLAYER_VAD_SILENCE_SECONDS = env_float("OWLLAYER_VAD_SILENCE_SECONDS", 0.8, minimum=0.1)

@@ -4,6 +4,7 @@ fake Messages API through the real SDK, and the project's client playing a
 page that streams eSpeak NG speech as its microphone."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import threading
 
@@ -119,6 +120,21 @@ async def frames_until(client: AitpClient, wanted: str) -> list[dict]:
             return frames
 
 
+LISTEN = 2.0
+
+
+async def frames_for(client: AitpClient, seconds: float) -> list[dict]:
+    """Every frame that arrives within ``seconds``."""
+    frames = []
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            frames.append(await client.recv(left))
+        except TimeoutError:
+            break
+    return frames
+
+
 def frames_of_speech(sentence: str) -> int:
     """How many AUDIO_STREAM frames the server's eSpeak NG makes of this sentence."""
     audio = EspeakTts(EspeakConfig(words_per_minute=WPM)).synthesize_now(sentence)
@@ -194,6 +210,38 @@ async def test_a_barge_in_stops_the_voice_and_stores_what_the_user_heard(server,
     messages = await stored(client.session_id)
     assert messages[1] == ("assistant", [{"type": "text", "text": first.strip(), "voice": "interrupted"}])
     assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_the_answer_is_spoken_at_the_pace_it_plays_so_a_barge_in_leaves_the_rest_unsaid(
+    server, fake, api_key
+):
+    sentences = [f"Sentence number {n} of a long answer about your cart. " for n in range(1, 9)]
+    fake.enqueue(text_response("".join(sentences).strip(), chunks=8),
+                 text_response("Of course.", chunks=1))
+    client = await open_client(server, api_key)
+    try:
+        await say_aloud(client, "what is in my cart")
+        frames = await frames_until(client, "AUDIO_STREAM")
+        # Listen two seconds: eSpeak NG makes the whole answer's audio in far
+        # less, yet what arrives is what plays in two seconds and a little.
+        frames += await frames_for(client, LISTEN)
+        await client.send("VOICE_INTERRUPT", {"reason": "barge_in"})
+        frames += await frames_until(client, "voice:interrupted")
+        await client.send("USER_INPUT", {"modality": "text", "content": "thanks"})
+        await frames_until(client, "done")
+    finally:
+        await client.close()
+
+    # The whole answer takes half a minute to say; the page got a few seconds
+    # of it (at most one second ahead of playback, however fast it was made).
+    heard_seconds = sum(len(base64.b64decode(f["payload"]["data"])) for f in frames
+                        if f["type"] == "AUDIO_STREAM") / (2 * 24000)
+    assert heard_seconds < LISTEN + 6
+    messages = await stored(client.session_id)
+    said = messages[1][1][0]["text"]
+    assert messages[1][1][0]["voice"] == "interrupted"
+    whole = " ".join(sentence.strip() for sentence in sentences)
+    assert said and whole.startswith(said) and len(said) < len(whole) // 2
 
 
 async def test_a_barge_in_over_a_typed_answer_stores_the_text_the_page_was_shown(
