@@ -134,7 +134,8 @@ class Speaker:
 
             ahead = settings.OWLLAYER_VOICE_SEND_AHEAD_SECONDS
         self._ahead = ahead
-        self._first_sent_at: float | None = None
+        # When the page will have played everything sent so far.
+        self._played_by: float | None = None
         self._task = asyncio.create_task(self._speak())
 
     @property
@@ -186,6 +187,9 @@ class Speaker:
                     # barge-in cancelling this await no longer stops it.
                     self.progress.sent(len(chunk))
                     self.sent_bytes += len(chunk)
+                    now = _now()
+                    self._played_by = max(self._played_by or now, now) + (
+                        len(chunk) / (SAMPLE_WIDTH * AGENT_RATE))
                     await self._send(p.make_message(p.MessageType.AUDIO_STREAM, agent_payload(chunk)))
         except SpeechError as exc:
             logger.warning("speech synthesis failed: %s", exc)
@@ -193,15 +197,12 @@ class Speaker:
             await self._send(p.error_event(exc.code, exc.message))
 
     async def _keep_pace(self) -> None:
-        """Wait until the page has played all but ``ahead`` seconds of what
-        was sent (its playback starts with the first frame)."""
-        if self._ahead <= 0:
+        """Wait until the page has at most ``ahead`` seconds of what was sent
+        left to play. Its playback starts with the first frame and resumes
+        with the next after a pause (a tool call, a slow sentence)."""
+        if self._ahead <= 0 or self._played_by is None:
             return
-        now = _now()
-        if self._first_sent_at is None:
-            self._first_sent_at = now
-            return
-        wait = self._first_sent_at + self.seconds - self._ahead - now
+        wait = self._played_by - self._ahead - _now()
         if wait > 0:
             await asyncio.sleep(wait)
 
