@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 
 from aitp import agent_voice
 from aitp import protocol as p
@@ -20,8 +21,6 @@ class SecondPerSentence:
 
 
 def audio_seconds(frames: list[p.Message]) -> float:
-    import base64
-
     return sum(len(base64.b64decode(f.payload.data)) for f in frames
                if f.type == p.MessageType.AUDIO_STREAM) / (2 * RATE)
 
