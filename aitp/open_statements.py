@@ -27,34 +27,10 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Model
 
 from aitp.models import ApiKey, Session
+from aitp.statements import table_of
 from tenants.models import Tenant
 
-
-class _Table:
-    """A model's table and concrete fields, quoted for one database vendor."""
-
-    def __init__(self, model: type[Model]) -> None:
-        quote = connection.ops.quote_name
-        self.model = model
-        self.name = quote(model._meta.db_table)
-        self.fields = list(model._meta.concrete_fields)
-        self.field = {f.name: f for f in self.fields}
-        self.column = {f.name: f"{self.name}.{quote(f.column)}" for f in self.fields}
-        self.bare = {f.name: quote(f.column) for f in self.fields}
-        self.select = ", ".join(self.column[f.name] for f in self.fields)
-
-    def prep(self, name: str, value):
-        """A value as the ORM would send it for this field."""
-        return self.field[name].get_db_prep_save(value, connection)
-
-
-@cache
-def _table(model: type[Model], vendor: str) -> _Table:
-    return _Table(model)
-
-
-def _t(model: type[Model]) -> _Table:
-    return _table(model, connection.vendor)
+_t = table_of  # the tables, shared with aitp.statements
 
 
 # --- reading rows as the ORM would build them ------------------------------------
@@ -77,7 +53,7 @@ def _converters_of(models: tuple[type[Model], ...]) -> list[tuple[int, list, obj
         position = 0
         for model in models:
             table = _t(model)
-            for f in table.fields:
+            for f in table.concrete:
                 column = f.get_col(model._meta.db_table)
                 convs = conn.ops.get_db_converters(column) + column.get_db_converters(conn)
                 if convs:
@@ -109,8 +85,8 @@ def _key_sql(vendor: str, for_update: bool) -> str:
     key, tenant = _t(ApiKey), _t(Tenant)
     sql = (
         f"SELECT {key.select}, {tenant.select} FROM {key.name} "
-        f"INNER JOIN {tenant.name} ON ({key.column['tenant']} = {tenant.column['id']}) "
-        f"WHERE {key.column['prefix']} = %s"
+        f"INNER JOIN {tenant.name} ON ({key.qualified['tenant']} = {tenant.qualified['id']}) "
+        f"WHERE {key.qualified['prefix']} = %s"
     )
     if for_update and connection.features.has_select_for_update:
         # As select_for_update(no_key=True, of=("self",)): the key row only.
@@ -134,7 +110,7 @@ def key_with_tenant(prefix: str, *, for_update: bool = False) -> ApiKey | None:
     if row is None:
         return None
     values = _converted(_KEY_AND_TENANT, row)
-    split = len(_t(ApiKey).fields)
+    split = len(_t(ApiKey).concrete)
     key = _instance(ApiKey, values[:split])
     tenant = _instance(Tenant, values[split:])
     ApiKey._meta.get_field("tenant").set_cached_value(key, tenant)
@@ -147,8 +123,8 @@ def key_with_tenant(prefix: str, *, for_update: bool = False) -> ApiKey | None:
 @cache
 def _insert_sql(vendor: str) -> str:
     table = _t(Session)
-    columns = ", ".join(table.bare[f.name] for f in table.fields)
-    marks = ", ".join(["%s"] * len(table.fields))
+    columns = ", ".join(table.column[f.name] for f in table.concrete)
+    marks = ", ".join(["%s"] * len(table.concrete))
     return f"INSERT INTO {table.name} ({columns}) VALUES ({marks})"
 
 
@@ -156,7 +132,7 @@ def session_insert(session: Session) -> None:
     """Insert a new session row (its primary key set by the caller), as
     ``save(force_insert=True)`` would; the instance is then saved."""
     table = _t(Session)
-    params = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in table.fields]
+    params = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in table.concrete]
     with connection.cursor() as cursor:
         cursor.execute(_insert_sql(connection.vendor), params)
     session._state.adding = False
@@ -167,8 +143,8 @@ def session_insert(session: Session) -> None:
 def _live_count_sql(vendor: str) -> str:
     table = _t(Session)
     return (
-        f"SELECT COUNT(*) FROM {table.name} WHERE {table.bare['api_key']} = %s "
-        f"AND {table.bare['ended_at']} IS NULL AND {table.bare['last_seen_at']} >= %s"
+        f"SELECT COUNT(*) FROM {table.name} WHERE {table.column['api_key']} = %s "
+        f"AND {table.column['ended_at']} IS NULL AND {table.column['last_seen_at']} >= %s"
     )
 
 
@@ -184,9 +160,9 @@ def live_session_count(key_id: int, *, seen_since: datetime) -> int:
 @cache
 def _end_sql(vendor: str) -> str:
     table = _t(Session)
-    sets = ", ".join(f"{table.bare[name]} = %s" for name in _END_FIELDS)
-    return (f"UPDATE {table.name} SET {sets} WHERE {table.bare['id']} = %s "
-            f"AND {table.bare['ended_at']} IS NULL")
+    sets = ", ".join(f"{table.column[name]} = %s" for name in _END_FIELDS)
+    return (f"UPDATE {table.name} SET {sets} WHERE {table.column['id']} = %s "
+            f"AND {table.column['ended_at']} IS NULL")
 
 
 _END_FIELDS = ("ended_at", "close_code", "close_reason", "state", "last_seen_at")

@@ -28,14 +28,19 @@ from aitp.models import ConversationMessage, Session, ToolCall
 
 
 class _Table:
-    """A model's table and columns, quoted for one database vendor."""
+    """A model's table and columns, quoted for one database vendor (also
+    ``aitp.open_statements``' reads: columns qualified by the table, and the
+    select list of every column in field order)."""
 
     def __init__(self, model: type[Model], vendor: str) -> None:
         quote = connection.ops.quote_name
         self.vendor = vendor
         self.name = quote(model._meta.db_table)
-        self.fields = {f.name: f for f in model._meta.concrete_fields}
-        self.column = {f.name: quote(f.column) for f in model._meta.concrete_fields}
+        self.concrete = list(model._meta.concrete_fields)
+        self.fields = {f.name: f for f in self.concrete}
+        self.column = {f.name: quote(f.column) for f in self.concrete}
+        self.qualified = {f.name: f"{self.name}.{quote(f.column)}" for f in self.concrete}
+        self.select = ", ".join(self.qualified[f.name] for f in self.concrete)
 
     def prep(self, name: str, value):
         """A value as the ORM would send it for this field."""
@@ -47,8 +52,12 @@ def _table(model: type[Model], vendor: str) -> _Table:
     return _Table(model, vendor)
 
 
-def _t(model: type[Model]) -> _Table:
+def table_of(model: type[Model]) -> _Table:
+    """The model's table for this thread's database connection."""
     return _table(model, connection.vendor)
+
+
+_t = table_of
 
 
 def _execute(sql: str, params: Sequence) -> int:
