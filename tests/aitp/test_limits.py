@@ -444,3 +444,21 @@ async def test_one_keys_opens_are_counted_across_two_processes_on_one_redis(
 
     assert (refused.value.code, refused.value.close_code) == ("rate_limited", 1013)
     assert other.session_id is not None
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_tenants_quota_verdict_is_read_once_per_usage_flush_interval(settings, monkeypatch):
+    settings.OWLLAYER_USAGE_FLUSH_INTERVAL = 60
+    tenant = await in_db(lambda: Tenant.objects.create(slug=f"q{secrets.token_hex(4)}",
+                                                       monthly_token_quota=1000))()
+    reads = []
+    real = limits.token_quota_used_up
+    monkeypatch.setattr(limits, "token_quota_used_up",
+                        lambda t, **kw: (reads.append(t.pk), real(t, **kw))[1])
+    monkeypatch.setattr(limits, "_quota_verdicts", {})
+    assert await limits._quota_used_up(tenant.pk) is False
+    assert await limits._quota_used_up(tenant.pk) is False
+    assert reads == [tenant.pk]
+    settings.OWLLAYER_USAGE_FLUSH_INTERVAL = 0
+    assert await limits._quota_used_up(tenant.pk) is False
+    assert reads == [tenant.pk, tenant.pk]
