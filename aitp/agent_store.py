@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from django.db import transaction
 from django.utils import timezone
 
-from aitp import ports, services
+from aitp import ports, services, statements
 from aitp.db import db_call
 from aitp.ledger import Outcome, PendingCall
 from aitp.llm.base import Usage
@@ -189,6 +188,6 @@ class AgentStore:
 
 
 def _finish_calls(finished: list[dict]) -> None:
-    with transaction.atomic():
+    with statements.together():
         for outcome in finished:
             services.tool_call_finish(**outcome)

@@ -532,7 +532,8 @@ def turn_checkpoint(
     *, session_id: str, tenant_id: int, turn: int, messages: list[dict],
     calls: list[dict] = (), usage: dict | None = None, finished: list[dict] = (),
 ) -> None:
-    """What a turn has produced since its last checkpoint, in one transaction:
+    """What a turn has produced since its last checkpoint, in one transaction
+    (``statements.together``: one round trip on PostgreSQL):
     the final outcomes of calls that ended since (``tool_call_finish``
     arguments), conversation messages, the ledger rows of the calls about to
     run, and the turn's usage on its session's row (its tokens and, for a
@@ -541,7 +542,7 @@ def turn_checkpoint(
     written again); usage is added once, and counted in the tenant's day
     (written behind, see UsageBuffer) only once the transaction committed."""
     now = timezone.now()
-    with transaction.atomic():
+    with statements.together():
         for outcome in finished:
             tool_call_finish(**outcome, now=now)
         if messages:

@@ -12,15 +12,17 @@ the ORM would write (the services that call these say what they mean; the
 tests of the services pin it on both backends).
 
 Call only from a database thread (``aitp.db``), inside the service's
-transaction where it has one.
+transaction (``together``) where it has one.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.constants import OnConflict
 
@@ -60,7 +62,56 @@ def table_of(model: type[Model]) -> _Table:
 _t = table_of
 
 
-def _execute(sql: str, params: Sequence) -> int:
+# The statements of this thread's ``together`` block, when they go as one.
+_pending = threading.local()
+
+
+@contextmanager
+def together() -> Iterator[None]:
+    """The statements of this module run inside go to the database as one
+    transaction: all of them or none.
+
+    On PostgreSQL, outside any other transaction, they are sent when the
+    block ends, joined into one query: PostgreSQL runs the statements of one
+    query string as one transaction, so the block costs a single round trip
+    instead of BEGIN, one per statement, and COMMIT. Each of those waits for
+    the database and then for the GIL, which the event loop and the other
+    database threads hold most of the time. The connection binds parameters
+    on the client (Django's default for psycopg), which is what lets one
+    query carry several statements. What a block reads (the ORM, or
+    ``session_page_history``) runs at once and does not see the block's own
+    writes; an error inside the block sends nothing.
+
+    Elsewhere (SQLite, in-process; or inside a transaction already) the block
+    is ``transaction.atomic()`` and each statement runs when it is called.
+    """
+    if connection.vendor != "postgresql" or connection.in_atomic_block or _batch() is not None:
+        with transaction.atomic():
+            yield
+        return
+    batch: list[tuple[str, Sequence]] = []
+    _pending.batch = batch
+    try:
+        yield
+    finally:
+        _pending.batch = None
+    if batch:
+        with connection.cursor() as cursor:
+            cursor.execute(";\n".join(sql for sql, _ in batch),
+                           [value for _, params in batch for value in params])
+
+
+def _batch() -> list | None:
+    return getattr(_pending, "batch", None)
+
+
+def _execute(sql: str, params: Sequence) -> int | None:
+    """Run one statement and return its row count; inside a ``together``
+    block that sends its statements at the end, queue it and return None."""
+    batch = _batch()
+    if batch is not None:
+        batch.append((sql, params))
+        return None
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -181,9 +232,10 @@ def _call_finish_sql(vendor: str, finals: tuple[str, ...], risk: bool, origin: b
 
 def call_finish(*, call_id: str, status: str, result, error: str, finished_at: datetime,
                 duration_ms: int, risk: str | None, origin: str | None,
-                finals: Iterable[str], sent_at: datetime | None = None) -> int:
+                finals: Iterable[str], sent_at: datetime | None = None) -> int | None:
     """Write a call's final outcome unless its status is already one of
-    ``finals``; ``sent_at`` fills the time it was sent if none is recorded."""
+    ``finals``; ``sent_at`` fills the time it was sent if none is recorded.
+    Returns the rows changed (None inside a ``together`` block)."""
     finals = tuple(finals)
     table = _t(ToolCall)
     params = [status, table.prep("result", result), error, table.prep("finished_at", finished_at),
@@ -204,8 +256,9 @@ def _session_live_sql(vendor: str, names: tuple[str, ...]) -> str:
             f"AND {table.column['ended_at']} IS NULL")
 
 
-def session_live_update(*, session_id: str, fields: dict) -> int:
-    """Set these fields of a session row that is still open."""
+def session_live_update(*, session_id: str, fields: dict) -> int | None:
+    """Set these fields of a session row that is still open (rows changed;
+    None inside a ``together`` block)."""
     names = tuple(sorted(fields))
     table = _t(Session)
     return _execute(_session_live_sql(connection.vendor, names),

@@ -1,0 +1,125 @@
+"""A turn's checkpoint reaches the database as one transaction
+(``statements.together``): on PostgreSQL in one query, so one round trip;
+all of its statements land or none does, on both backends."""
+from __future__ import annotations
+
+import secrets
+from contextlib import contextmanager
+
+import pytest
+from django.db import IntegrityError, connection
+from django.utils import timezone
+
+from aitp import services, statements
+from aitp.models import ConversationMessage, Session, ToolCall
+from tests.aitp.conftest import ORIGIN
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def open_session() -> Session:
+    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
+    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    session, refusal = services.session_open(raw_key=raw, info=services.HandshakeInfo(
+        session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
+        viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0", channel_name="test.x",
+    ))
+    assert refusal is None
+    return session
+
+
+def call(call_id: str | None = None) -> dict:
+    return {"call_id": call_id or f"call_{secrets.token_hex(6)}", "tool_use_id": "toolu_1",
+            "name": "add_to_cart", "arguments": {"quantity": 1}, "risk": "low",
+            "origin": "client", "created_at": timezone.now()}
+
+
+def message(seq: int) -> dict:
+    return {"seq": seq, "role": "user", "content": [{"type": "text", "text": "hello"}]}
+
+
+@contextmanager
+def queries_sent():
+    """The queries this connection sends to the database, as a list."""
+    sent: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield sent
+
+
+def test_a_checkpoint_with_outcomes_messages_calls_and_usage_is_one_query_on_postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only (the second test pass)")
+    session = open_session()
+    first = call()
+    services.turn_checkpoint(session_id=session.id, tenant_id=session.tenant_id, turn=1,
+                             messages=[message(1)], calls=[first])
+    with queries_sent() as sent:
+        services.turn_checkpoint(
+            session_id=session.id, tenant_id=session.tenant_id, turn=1,
+            messages=[message(2), message(3)], calls=[call()],
+            usage={"turns": 1, "input_tokens": 10, "output_tokens": 5},
+            finished=[{"call_id": first["call_id"], "status": "success", "result": {"ok": 1},
+                       "created_at": first["created_at"]}],
+        )
+    # The tenant's day is counted apart (written behind; at once in the tests).
+    checkpoint = [sql for sql in sent if "aitp_dailyusage" not in sql]
+    assert len(checkpoint) == 1
+    for table in ("aitp_toolcall", "aitp_conversationmessage", "aitp_session"):
+        assert table in checkpoint[0]
+    assert ToolCall.objects.get(call_id=first["call_id"]).status == "success"
+    assert ConversationMessage.objects.filter(session_id=session.id).count() == 3
+    assert ToolCall.objects.filter(session_id=session.id).count() == 2
+    row = Session.objects.get(pk=session.id)
+    assert (row.turns, row.input_tokens, row.output_tokens) == (1, 10, 5)
+
+
+def test_a_checkpoint_whose_last_statement_fails_leaves_none_of_its_rows():
+    session = open_session()
+    with pytest.raises(IntegrityError):
+        # The calls belong to no session: the foreign key fails at commit.
+        with statements.together():
+            statements.messages_insert(session_id=session.id, turn=1, messages=[message(1)],
+                                       now=timezone.now())
+            statements.session_usage_add(session_id=session.id, now=timezone.now(),
+                                         amounts={"turns": 1})
+            statements.calls_insert(session_id="ses_nobody", turn=1, calls=[call()],
+                                    now=timezone.now())
+    assert not ConversationMessage.objects.filter(session_id=session.id).exists()
+    assert Session.objects.get(pk=session.id).turns == 0
+
+
+def test_an_error_raised_inside_the_block_writes_nothing():
+    session = open_session()
+    with pytest.raises(RuntimeError), statements.together():
+        statements.messages_insert(session_id=session.id, turn=1, messages=[message(1)],
+                                   now=timezone.now())
+        raise RuntimeError("the turn stopped half way")
+    assert not ConversationMessage.objects.filter(session_id=session.id).exists()
+
+
+def test_an_outcome_that_reads_its_call_first_still_lands_in_the_checkpoint():
+    session = open_session()
+    recorded = call()
+    services.tool_calls_record(session_id=session.id, turn=1, calls=[recorded])
+    services.turn_checkpoint(
+        session_id=session.id, tenant_id=session.tenant_id, turn=1, messages=[message(1)],
+        finished=[{"call_id": recorded["call_id"], "status": "error", "error": "out of stock"}],
+    )
+    row = ToolCall.objects.get(call_id=recorded["call_id"])
+    assert (row.status, row.error) == ("error", "out of stock")
+    assert row.duration_ms is not None and row.finished_at is not None
+
+
+def test_a_block_inside_a_transaction_runs_its_statements_at_once():
+    from django.db import transaction
+
+    session = open_session()
+    with transaction.atomic(), statements.together():
+        statements.messages_insert(session_id=session.id, turn=1, messages=[message(1)],
+                                   now=timezone.now())
+        assert ConversationMessage.objects.filter(session_id=session.id).count() == 1
