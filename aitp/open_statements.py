@@ -107,13 +107,15 @@ def key_with_tenant(prefix: str, *, for_update: bool = False) -> ApiKey | None:
     with connection.cursor() as cursor:
         cursor.execute(_key_sql(connection.vendor, for_update), [prefix])
         row = cursor.fetchone()
-    if row is None:
-        return None
+    return None if row is None else _key_from_row(row)
+
+
+def _key_from_row(row) -> ApiKey:
+    """A row of ``_key_sql`` as the key with its tenant set."""
     values = _converted(_KEY_AND_TENANT, row)
     split = len(_t(ApiKey).concrete)
     key = _instance(ApiKey, values[:split])
-    tenant = _instance(Tenant, values[split:])
-    ApiKey._meta.get_field("tenant").set_cached_value(key, tenant)
+    ApiKey._meta.get_field("tenant").set_cached_value(key, _instance(Tenant, values[split:]))
     return cast(ApiKey, key)
 
 
@@ -137,6 +139,65 @@ def session_insert(session: Session) -> None:
         cursor.execute(_insert_sql(connection.vendor), params)
     session._state.adding = False
     session._state.db = connection.alias
+
+
+# --- the admission, in one query (PostgreSQL) ---------------------------------------
+
+
+def admits_in_one_query() -> bool:
+    """Whether ``session_admit`` serves this connection: PostgreSQL, where a
+    query may carry several statements and runs them as one transaction."""
+    return connection.vendor == "postgresql"
+
+
+@cache
+def _admit_sql(vendor: str) -> str:
+    session, key = _t(Session), _t(ApiKey)
+    s, k = session.column, key.qualified
+    live = (f"SELECT COUNT(*) FROM {session.name} WHERE {s['api_key']} = %s "
+            f"AND {s['ended_at']} IS NULL AND {s['last_seen_at']} >= %s")
+    return ";\n".join((
+        _insert_sql(vendor),
+        _key_sql(vendor, True),
+        f"DELETE FROM {session.name} WHERE {s['id']} = %s AND NOT EXISTS ("
+        f"SELECT 1 FROM {key.name} WHERE {k['id']} = %s AND {k['status']} = %s "
+        f"AND ({k['expires_at']} IS NULL OR {k['expires_at']} > %s) "
+        f"AND ({live}) <= {k['max_sessions']}) RETURNING {s['id']}",
+    ))
+
+
+def session_admit(session: Session, *, prefix: str, seen_since: datetime,
+                  now: datetime) -> tuple[ApiKey | None, bool]:
+    """Insert the session row, lock its key's row and read it again, and take
+    the row back out unless the key is active, unexpired and has at most
+    ``max_sessions`` live sessions (seen since ``seen_since``, this one
+    included) -- in one query, so one round trip, and one transaction.
+
+    Returns the key as read under the lock (with its tenant; None when it is
+    gone) and whether the row stayed. The lock is held from the key's read to
+    the commit, both on the server: opens of one key queue on it for the
+    time the database takes, not for round trips and the GIL in between.
+    The statements run one after the other, each with a fresh view, so the
+    count sees every session of the key committed before the lock was
+    taken, as ``services.session_open``'s transaction does."""
+    table, key = _t(Session), _t(ApiKey)
+    session_id = table.prep("id", session.id)
+    params = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in table.concrete]
+    params += [prefix]
+    params += [session_id, key.prep("id", session.api_key_id), ApiKey.Status.ACTIVE.value,
+               key.prep("expires_at", now), table.prep("api_key", session.api_key_id),
+               table.prep("last_seen_at", seen_since)]
+    with connection.cursor() as cursor:
+        cursor.execute(_admit_sql(connection.vendor), params)
+        cursor.nextset()
+        row = cursor.fetchone()
+        cursor.nextset()
+        stayed = cursor.fetchone() is None
+    locked = None if row is None else _key_from_row(row)
+    if stayed:
+        session._state.adding = False
+        session._state.db = connection.alias
+    return locked, stayed
 
 
 @cache

@@ -232,28 +232,72 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
     processes cannot both take the last slot, and the lock is held for the
     count and the commit only, never across the insert (the day's usage is
     written behind, ``usage_count``). The row read under the lock decides;
-    a refusal rolls the insert back."""
+    a refusal rolls the insert back. On PostgreSQL that transaction is one
+    query (``_session_open_in_one_query``): the lock is held for the time
+    the database takes, not across round trips."""
     now = timezone.now()
     key = api_key_lookup(raw_key)
     refusal = api_key_refusal(key, origin=info.origin, now=now)
     if refusal is not None:
         return None, refusal
+    if open_statements.admits_in_one_query():
+        return _session_open_in_one_query(key, raw_key, info, now)
+    return _session_open_locked(key, raw_key, info, now)
+
+
+def _new_session(key: ApiKey, info: HandshakeInfo, now: datetime) -> Session:
+    return Session(
+        id=info.session_id,
+        tenant=key.tenant,
+        api_key=key,
+        channel_name=info.channel_name,
+        process=info.process,
+        origin=info.origin[:500],
+        user_agent=info.user_agent[:500],
+        viewport=info.viewport[:40],
+        sdk_version=info.sdk_version[:40],
+        protocol_version=info.protocol_version[:40],
+        started_at=now,
+        last_seen_at=now,
+        last_activity_at=now,
+    )
+
+
+def _session_open_in_one_query(key: ApiKey, raw_key: str, info: HandshakeInfo,
+                               now: datetime) -> tuple[Session | None, Refusal | None]:
+    """session_open on PostgreSQL: the insert, the key's lock, its re-read
+    and the cap in one round trip (``open_statements.session_admit``). The
+    tenant's quota is read before (its counts are written behind anyway).
+    Over the cap, the slow path counts without processes known to be gone
+    and, when that leaves a slot, opens as ``_session_open_locked`` does."""
+    if limits.token_quota_used_up(key.tenant, now=now):
+        return None, _QUOTA_REFUSAL
+    session = _new_session(key, info, now)
+    locked, stayed = open_statements.session_admit(
+        session, prefix=raw_key[:LOOKUP_PREFIX_LENGTH], seen_since=_stale_before(now), now=now)
+    if locked is None or not hmac.compare_digest(locked.key_hash, _key_hash(raw_key)):
+        locked = None
+    refusal = api_key_refusal(locked, origin=info.origin, now=now)
+    if refusal is None and not stayed:
+        if _live_sessions_without_gone_processes(locked, now) < locked.max_sessions:
+            return _session_open_locked(locked, raw_key, info, now)
+        refusal = _SESSION_LIMIT_REFUSAL
+    if refusal is not None:
+        if stayed:  # refused for what the query does not check (the origin)
+            Session.objects.filter(pk=session.pk).delete()
+        return None, refusal
+    if locked.last_used_at is None or locked.last_used_at <= now - KEY_USE_PRECISION:
+        ApiKey.objects.filter(pk=locked.pk).update(last_used_at=now)
+    usage_count(locked.tenant_id, now, sessions=1)
+    return session, None
+
+
+def _session_open_locked(key: ApiKey, raw_key: str, info: HandshakeInfo,
+                         now: datetime) -> tuple[Session | None, Refusal | None]:
+    """session_open in one transaction of several statements (SQLite; the
+    slow path on PostgreSQL)."""
     with transaction.atomic():
-        session = Session(
-            id=info.session_id,
-            tenant=key.tenant,
-            api_key=key,
-            channel_name=info.channel_name,
-            process=info.process,
-            origin=info.origin[:500],
-            user_agent=info.user_agent[:500],
-            viewport=info.viewport[:40],
-            sdk_version=info.sdk_version[:40],
-            protocol_version=info.protocol_version[:40],
-            started_at=now,
-            last_seen_at=now,
-            last_activity_at=now,
-        )
+        session = _new_session(key, info, now)
         open_statements.session_insert(session)
         refusal = _session_open_refusal(raw_key, info, now)
         if refusal is not None:
@@ -261,6 +305,12 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
             return None, refusal
     usage_count(key.tenant_id, now, sessions=1)
     return session, None
+
+
+_QUOTA_REFUSAL = Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
+                         limits.USAGE_LIMIT_REASON)
+_SESSION_LIMIT_REFUSAL = Refusal("session_limit", "Too many concurrent sessions for this API key.",
+                                 "session limit reached")
 
 
 def _session_open_refusal(raw_key: str, info: HandshakeInfo, now: datetime) -> Refusal | None:
@@ -275,18 +325,13 @@ def _session_open_refusal(raw_key: str, info: HandshakeInfo, now: datetime) -> R
     if refusal is not None:
         return refusal
     if limits.token_quota_used_up(key.tenant, now=now):
-        return Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
-                       limits.USAGE_LIMIT_REASON)
+        return _QUOTA_REFUSAL
     # The live sessions of the key, this one included (live_sessions_filter).
     live = open_statements.live_session_count(key.pk, seen_since=_stale_before(now))
     if live > key.max_sessions:
         live = _live_sessions_without_gone_processes(key, now)
     if live > key.max_sessions:
-        return Refusal(
-            "session_limit",
-            "Too many concurrent sessions for this API key.",
-            "session limit reached",
-        )
+        return _SESSION_LIMIT_REFUSAL
     if key.last_used_at is None or key.last_used_at <= now - KEY_USE_PRECISION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
     return None

@@ -274,15 +274,33 @@ def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
     key, raw = services.api_key_create(tenant=tenant)
     real = services.api_key_lookup
 
-    def revoked_by_the_time_it_is_locked(raw_key, *, for_update=False):
+    def read_before_it_was_revoked(raw_key, *, for_update=False):
         loaded = real(raw_key, for_update=for_update)
-        if for_update:
-            loaded.status = ApiKey.Status.REVOKED
+        if not for_update:
+            loaded.status = ApiKey.Status.ACTIVE
         return loaded
 
-    monkeypatch.setattr(services, "api_key_lookup", revoked_by_the_time_it_is_locked)
+    services.api_key_revoke(key=key)
+    monkeypatch.setattr(services, "api_key_lookup", read_before_it_was_revoked)
     session, refusal = services.session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "api_key_revoked"
+    assert not Session.objects.exists()
+
+
+def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tenant, monkeypatch):
+    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    real = services.api_key_lookup
+
+    def read_before_the_origin_was_removed(raw_key, *, for_update=False):
+        loaded = real(raw_key, for_update=for_update)
+        if not for_update:
+            loaded.allowed_origins = [ORIGIN]
+        return loaded
+
+    services.api_key_update(key=key, allowed_origins=["https://other.example"])
+    monkeypatch.setattr(services, "api_key_lookup", read_before_the_origin_was_removed)
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert session is None and refusal.code == "origin_not_allowed"
     assert not Session.objects.exists()
 
 

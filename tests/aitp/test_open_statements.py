@@ -8,7 +8,7 @@ import secrets
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from aitp import open_statements, services
@@ -97,3 +97,28 @@ def test_a_session_closes_once_and_keeps_its_first_close(api_key):
     assert (again.close_code, again.close_reason, again.ended_at) == (
         1000, "client disconnected", first.ended_at)
     assert again.state == Session.State.ENDED and again.last_seen_at == first.ended_at
+
+
+def test_an_open_on_postgresql_reads_the_key_then_admits_in_one_query(tenant):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only (the second test pass)")
+    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=1)
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+    sent: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        session, refusal = services.session_open(raw_key=raw, info=handshake())
+        second, second_refusal = services.session_open(raw_key=raw, info=handshake())
+    assert refusal is None and Session.objects.filter(pk=session.pk, ended_at=None).exists()
+    assert second is None and second_refusal.code == "session_limit"
+    # The tenant's day is counted apart (written behind; at once in the tests);
+    # the refused open also counts the key's sessions again without gone processes.
+    first_open = [sql for sql in sent if "aitp_dailyusage" not in sql][:2]
+    assert "FOR NO KEY UPDATE" not in first_open[0]
+    assert "INSERT" in first_open[1] and "FOR NO KEY UPDATE" in first_open[1]
+    assert "DELETE" in first_open[1]
+    assert Session.objects.filter(api_key=key).count() == 1
