@@ -369,13 +369,10 @@ def session_write_live(
         )
     if state is not None:
         fields["state"] = state
-    if not visits:
-        # One statement: no transaction round trips.
-        statements.session_live_update(session_id=session_id, fields=fields)
-        return
-    with transaction.atomic():
-        history = statements.session_page_history(session_id=session_id)
-        fields["page_history"] = [*(history or []), *visits][-PAGE_HISTORY_LIMIT:]
+    if visits:
+        statements.session_live_visits(session_id=session_id, fields=fields, visits=list(visits),
+                                       keep=PAGE_HISTORY_LIMIT)
+    else:
         statements.session_live_update(session_id=session_id, fields=fields)
 
 

@@ -266,6 +266,39 @@ def session_live_update(*, session_id: str, fields: dict) -> int | None:
 
 
 @cache
+def _session_live_visits_sql(vendor: str, names: tuple[str, ...]) -> str:
+    table = _table(Session, vendor)
+    history = table.column["page_history"]
+    sets = [f"{table.column[name]} = %s" for name in names]
+    sets.append(
+        f"{history} = (SELECT COALESCE(jsonb_agg(kept.visit ORDER BY kept.n), '[]'::jsonb) FROM "
+        f"(SELECT visit, n FROM jsonb_array_elements(COALESCE({history}, '[]'::jsonb) || %s::jsonb) "
+        f"WITH ORDINALITY AS listed(visit, n) ORDER BY n DESC LIMIT %s) AS kept)"
+    )
+    return (f"UPDATE {table.name} SET {', '.join(sets)} WHERE {table.column['id']} = %s "
+            f"AND {table.column['ended_at']} IS NULL")
+
+
+def session_live_visits(*, session_id: str, fields: dict, visits: list[dict], keep: int) -> None:
+    """``session_live_update`` that also appends these visits to the row's
+    page history, keeping its last ``keep`` entries. On PostgreSQL one
+    statement appends and trims in the database; elsewhere the history is
+    read and written back in one transaction."""
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            history = session_page_history(session_id=session_id)
+            fields = {**fields, "page_history": [*(history or []), *visits][-keep:]}
+            session_live_update(session_id=session_id, fields=fields)
+        return
+    names = tuple(sorted(fields))
+    table = _t(Session)
+    _execute(_session_live_visits_sql(connection.vendor, names), [
+        *(table.prep(name, fields[name]) for name in names),
+        table.prep("page_history", list(visits)), keep, session_id,
+    ])
+
+
+@cache
 def _page_history_sql(vendor: str) -> str:
     table = _table(Session, vendor)
     return (f"SELECT {table.column['page_history']} FROM {table.name} "
