@@ -41,6 +41,7 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.util import WindowStats
 
 from aitp import protocol as p
+from aitp.recent import RecentAnswers
 from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
 
 logger = logging.getLogger(__name__)
@@ -351,31 +352,25 @@ async def _quota_checked_used_up(tenant_id: int, session_id: str | None) -> bool
         return False
 
 
-# tenant id -> (when read, used up?): the verdict of the last read, reused
-# for OWLLAYER_USAGE_FLUSH_INTERVAL seconds. The counts it reads are written
-# that late anyway; a tenant with many sessions reads it once per interval
-# instead of once per USER_INPUT.
-_quota_verdicts: dict[int, tuple[float, bool]] = {}
+def _usage_flush_interval() -> float:
+    from django.conf import settings
+
+    return settings.OWLLAYER_USAGE_FLUSH_INTERVAL
+
+
+# tenant id -> used up?: the verdict of the last read, reused for
+# OWLLAYER_USAGE_FLUSH_INTERVAL seconds. The counts it reads are written that
+# late anyway; a tenant with many sessions reads it once per interval instead
+# of once per USER_INPUT.
+_quota_verdicts: RecentAnswers[bool] = RecentAnswers(_usage_flush_interval)
 
 
 async def _quota_used_up(tenant_id: int) -> bool:
-    from django.conf import settings
-
     from aitp.db import db_call
     from tenants.models import Tenant
-
-    fresh_for = settings.OWLLAYER_USAGE_FLUSH_INTERVAL
-    known = _quota_verdicts.get(tenant_id)
-    if known is not None and time.monotonic() - known[0] < fresh_for:
-        return known[1]
 
     def check() -> bool:
         tenant = Tenant.objects.filter(pk=tenant_id).only("monthly_token_quota").first()
         return tenant is not None and token_quota_used_up(tenant)
 
-    used_up = await db_call(check)
-    if fresh_for > 0:
-        if len(_quota_verdicts) > 10_000:
-            _quota_verdicts.clear()
-        _quota_verdicts[tenant_id] = (time.monotonic(), used_up)
-    return used_up
+    return await _quota_verdicts.get(tenant_id, lambda: db_call(check))

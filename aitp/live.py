@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.utils import timezone
 
 from aitp import notify
+from aitp.recent import RecentAnswers
 
 logger = logging.getLogger(__name__)
 
@@ -103,26 +103,18 @@ def session_events_watched(tenant_id: int) -> bool:
 
 # How long this process trusts what it learned of a watch group's members.
 WATCH_PRESENCE_TTL = 1.0
-# {watch group: (monotonic time learned, has members)}
-_watch_presence: dict[str, tuple[float, bool]] = {}
+# {watch group: has members}, as last learned
+_watch_presence: RecentAnswers[bool] = RecentAnswers(lambda: WATCH_PRESENCE_TTL)
 
 
 def watch_groups_joined(groups: Iterable[str]) -> None:
     """A watcher of this process joined these groups: events go to them from now on."""
-    now = time.monotonic()
     for group in groups:
-        _watch_presence[group] = (now, True)
+        _watch_presence.learned(group, True)
 
 
 async def _watch_group_watched(group: str) -> bool:
-    known = _watch_presence.get(group)
-    if known is not None and time.monotonic() - known[0] < WATCH_PRESENCE_TTL:
-        return known[1]
-    watched = await group_has_members(group)
-    if len(_watch_presence) > 10_000:
-        _watch_presence.clear()
-    _watch_presence[group] = (time.monotonic(), watched)
-    return watched
+    return await _watch_presence.get(group, lambda: group_has_members(group))
 
 
 async def publish_session(session, what: str, **fields) -> None:

@@ -455,7 +455,8 @@ async def test_a_tenants_quota_verdict_is_read_once_per_usage_flush_interval(set
     real = limits.token_quota_used_up
     monkeypatch.setattr(limits, "token_quota_used_up",
                         lambda t, **kw: (reads.append(t.pk), real(t, **kw))[1])
-    monkeypatch.setattr(limits, "_quota_verdicts", {})
+    monkeypatch.setattr(limits, "_quota_verdicts",
+                        limits.RecentAnswers(limits._usage_flush_interval))
     assert await limits._quota_used_up(tenant.pk) is False
     assert await limits._quota_used_up(tenant.pk) is False
     assert reads == [tenant.pk]
