@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import pytest
 
@@ -133,3 +134,35 @@ def in_db(fn):
     from channels.db import database_sync_to_async
 
     return database_sync_to_async(fn)
+
+
+def open_session_row():
+    """A new tenant and key, and a session opened with it (call from a
+    database thread or a sync test)."""
+    import secrets
+
+    from aitp import services
+
+    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
+    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    session, refusal = services.session_open(raw_key=raw, info=services.HandshakeInfo(
+        session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
+        viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0", channel_name="test.x",
+    ))
+    assert refusal is None
+    return session
+
+
+@contextmanager
+def queries_sent():
+    """The queries this thread's connection sends to the database, as a list."""
+    from django.db import connection
+
+    sent: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield sent

@@ -13,7 +13,7 @@ from aitp import db, services
 from aitp.agent_store import AgentStore
 from aitp.ledger import DISCONNECTED, SUCCESS, Outcome, PendingCall
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
-from tests.aitp.conftest import ORIGIN
+from tests.aitp.conftest import open_session_row
 
 # A bound against a hang only: a working path never comes near it.
 PATIENCE = 30
@@ -59,17 +59,6 @@ def test_postgresql_connections_come_from_the_pool(settings):
     assert connection.settings_dict["CONN_MAX_AGE"] == 0
 
 
-def _open_session() -> Session:
-    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
-    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
-    session, refusal = services.session_open(raw_key=raw, info=services.HandshakeInfo(
-        session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
-        viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0", channel_name="test.x",
-    ))
-    assert refusal is None
-    return session
-
-
 def _call(name: str = "add_to_cart") -> PendingCall:
     return PendingCall(call_id=f"call_{secrets.token_hex(6)}", tool_use_id=f"toolu_{name}",
                        name=name, args={"quantity": 1}, spec=None)
@@ -81,7 +70,7 @@ def _row(call_id: str) -> ToolCall:
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_calls_sent_mark_and_outcome_land_in_order_with_the_next_checkpoint():
-    session = await db.db_call(_open_session)
+    session = await db.db_call(open_session_row)
     store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)
     call = _call()
     await store.checkpoint(turn=1, messages=[{"seq": 1, "role": "user", "content": []}],
@@ -112,7 +101,7 @@ async def test_a_sent_mark_still_queued_when_the_page_answers_is_withdrawn_and_i
     monkeypatch.setattr(services, "tool_call_mark",
                         lambda **kwargs: (marks.append(kwargs), real_mark(**kwargs)))
     try:
-        session = await db.db_call(_open_session)
+        session = await db.db_call(open_session_row)
         store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)
         call = _call()
         await store.checkpoint(turn=1, messages=[], calls=[call])
@@ -134,7 +123,7 @@ async def test_a_sent_mark_still_queued_when_the_page_answers_is_withdrawn_and_i
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_late_progress_mark_never_undoes_a_final_status():
-    session = await db.db_call(_open_session)
+    session = await db.db_call(open_session_row)
     store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)
     call = _call()
     await store.checkpoint(turn=1, messages=[], calls=[call])
@@ -147,7 +136,7 @@ async def test_a_late_progress_mark_never_undoes_a_final_status():
 
 @pytest.mark.django_db(transaction=True)
 async def test_an_approval_write_first_lands_the_outcomes_kept_behind():
-    session = await db.db_call(_open_session)
+    session = await db.db_call(open_session_row)
     store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)
     first, second = _call("first"), _call("second")
     await store.checkpoint(turn=1, messages=[], calls=[first, second])
@@ -164,7 +153,7 @@ async def test_an_approval_write_first_lands_the_outcomes_kept_behind():
 async def test_a_turns_usage_is_added_to_the_session_and_the_day_once_per_checkpoint():
     from aitp.llm.base import Usage
 
-    session = await db.db_call(_open_session)
+    session = await db.db_call(open_session_row)
     store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)
     for turn in (1, 2):
         await store.checkpoint(turn=turn, messages=[],

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from aitp import open_statements, services
 from aitp.models import ApiKey, Session
-from tests.aitp.conftest import ORIGIN
+from tests.aitp.conftest import ORIGIN, queries_sent
 
 pytestmark = pytest.mark.django_db
 
@@ -104,13 +104,7 @@ def test_an_open_on_postgresql_reads_the_key_then_admits_in_one_query(tenant):
         pytest.skip("PostgreSQL only (the second test pass)")
     key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=1)
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
-    sent: list[str] = []
-
-    def wrapper(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
+    with queries_sent() as sent:
         session, refusal = services.session_open(raw_key=raw, info=handshake())
         second, second_refusal = services.session_open(raw_key=raw, info=handshake())
     assert refusal is None and Session.objects.filter(pk=session.pk, ended_at=None).exists()

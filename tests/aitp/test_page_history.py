@@ -3,27 +3,14 @@ dropped past the limit, a closed session left alone; on PostgreSQL in one
 statement."""
 from __future__ import annotations
 
-import secrets
-
 import pytest
 from django.db import connection
 
 from aitp import services
 from aitp.models import Session
-from tests.aitp.conftest import ORIGIN
+from tests.aitp.conftest import open_session_row, queries_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def open_session() -> Session:
-    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
-    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
-    session, refusal = services.session_open(raw_key=raw, info=services.HandshakeInfo(
-        session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
-        viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0", channel_name="test.x",
-    ))
-    assert refusal is None
-    return session
 
 
 def visit(url: str) -> dict:
@@ -35,7 +22,7 @@ def history(session: Session) -> list[str]:
 
 
 def test_visits_are_appended_in_order_with_the_snapshot_and_state():
-    session = open_session()
+    session = open_session_row()
     snapshot = {"url": "/b", "title": "B", "context": {"cart": 1}, "tools": []}
     services.session_write_live(session_id=session.id, visits=[visit("/a")])
     services.session_write_live(session_id=session.id, snapshot=snapshot, state="thinking",
@@ -48,7 +35,7 @@ def test_visits_are_appended_in_order_with_the_snapshot_and_state():
 
 def test_the_oldest_visits_are_dropped_past_the_limit(monkeypatch):
     monkeypatch.setattr(services, "PAGE_HISTORY_LIMIT", 3)
-    session = open_session()
+    session = open_session_row()
     services.session_write_live(session_id=session.id, visits=[visit("/1"), visit("/2")])
     services.session_write_live(session_id=session.id,
                                 visits=[visit("/3"), visit("/4"), visit("/5")])
@@ -56,7 +43,7 @@ def test_the_oldest_visits_are_dropped_past_the_limit(monkeypatch):
 
 
 def test_a_closed_session_keeps_its_history():
-    session = open_session()
+    session = open_session_row()
     services.session_write_live(session_id=session.id, visits=[visit("/a")])
     services.session_close(session_id=session.id, code=1000)
     services.session_write_live(session_id=session.id, visits=[visit("/late")])
@@ -66,14 +53,8 @@ def test_a_closed_session_keeps_its_history():
 def test_a_visit_on_postgresql_is_one_statement():
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only (the second test pass)")
-    session = open_session()
-    sent: list[str] = []
-
-    def wrapper(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
+    session = open_session_row()
+    with queries_sent() as sent:
         services.session_write_live(session_id=session.id, visits=[visit("/a")])
     assert len(sent) == 1 and sent[0].startswith("UPDATE")
     assert history(session) == ["/a"]

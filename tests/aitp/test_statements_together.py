@@ -4,7 +4,6 @@ all of its statements land or none does, on both backends."""
 from __future__ import annotations
 
 import secrets
-from contextlib import contextmanager
 
 import pytest
 from django.db import IntegrityError, connection
@@ -12,20 +11,9 @@ from django.utils import timezone
 
 from aitp import services, statements
 from aitp.models import ConversationMessage, Session, ToolCall
-from tests.aitp.conftest import ORIGIN
+from tests.aitp.conftest import open_session_row, queries_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def open_session() -> Session:
-    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
-    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
-    session, refusal = services.session_open(raw_key=raw, info=services.HandshakeInfo(
-        session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
-        viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0", channel_name="test.x",
-    ))
-    assert refusal is None
-    return session
 
 
 def call(call_id: str | None = None) -> dict:
@@ -38,23 +26,10 @@ def message(seq: int) -> dict:
     return {"seq": seq, "role": "user", "content": [{"type": "text", "text": "hello"}]}
 
 
-@contextmanager
-def queries_sent():
-    """The queries this connection sends to the database, as a list."""
-    sent: list[str] = []
-
-    def wrapper(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        yield sent
-
-
 def test_a_checkpoint_with_outcomes_messages_calls_and_usage_is_one_query_on_postgresql():
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only (the second test pass)")
-    session = open_session()
+    session = open_session_row()
     first = call()
     services.turn_checkpoint(session_id=session.id, tenant_id=session.tenant_id, turn=1,
                              messages=[message(1)], calls=[first])
@@ -79,7 +54,7 @@ def test_a_checkpoint_with_outcomes_messages_calls_and_usage_is_one_query_on_pos
 
 
 def test_a_checkpoint_whose_last_statement_fails_leaves_none_of_its_rows():
-    session = open_session()
+    session = open_session_row()
     with pytest.raises(IntegrityError):
         # The calls belong to no session: the foreign key fails at commit.
         with statements.together():
@@ -94,7 +69,7 @@ def test_a_checkpoint_whose_last_statement_fails_leaves_none_of_its_rows():
 
 
 def test_an_error_raised_inside_the_block_writes_nothing():
-    session = open_session()
+    session = open_session_row()
     with pytest.raises(RuntimeError), statements.together():
         statements.messages_insert(session_id=session.id, turn=1, messages=[message(1)],
                                    now=timezone.now())
@@ -103,7 +78,7 @@ def test_an_error_raised_inside_the_block_writes_nothing():
 
 
 def test_an_outcome_that_reads_its_call_first_still_lands_in_the_checkpoint():
-    session = open_session()
+    session = open_session_row()
     recorded = call()
     services.tool_calls_record(session_id=session.id, turn=1, calls=[recorded])
     services.turn_checkpoint(
@@ -118,7 +93,7 @@ def test_an_outcome_that_reads_its_call_first_still_lands_in_the_checkpoint():
 def test_a_block_inside_a_transaction_runs_its_statements_at_once():
     from django.db import transaction
 
-    session = open_session()
+    session = open_session_row()
     with transaction.atomic(), statements.together():
         statements.messages_insert(session_id=session.id, turn=1, messages=[message(1)],
                                    now=timezone.now())
