@@ -83,9 +83,13 @@ def together() -> Iterator[None]:
     writes; an error inside the block sends nothing.
 
     Elsewhere (SQLite, in-process; or inside a transaction already) the block
-    is ``transaction.atomic()`` and each statement runs when it is called.
+    is ``transaction.atomic()`` and each statement runs when it is called. A
+    block inside another one is part of it.
     """
-    if connection.vendor != "postgresql" or connection.in_atomic_block or _batch() is not None:
+    if _batch() is not None:
+        yield
+        return
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
         with transaction.atomic():
             yield
         return

@@ -98,3 +98,15 @@ def test_a_block_inside_a_transaction_runs_its_statements_at_once():
         statements.messages_insert(session_id=session.id, turn=1, messages=[message(1)],
                                    now=timezone.now())
         assert ConversationMessage.objects.filter(session_id=session.id).count() == 1
+
+
+def test_a_block_inside_another_goes_with_it():
+    session = open_session_row()
+    with pytest.raises(IntegrityError):
+        with statements.together():
+            with statements.together():
+                statements.messages_insert(session_id=session.id, turn=1, messages=[message(1)],
+                                           now=timezone.now())
+            statements.calls_insert(session_id="ses_nobody", turn=1, calls=[call()],
+                                    now=timezone.now())
+    assert not ConversationMessage.objects.filter(session_id=session.id).exists()
