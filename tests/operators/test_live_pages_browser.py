@@ -15,6 +15,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.test import Client
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 from websockets.asyncio.client import connect
 
 from aitp import services
@@ -49,6 +50,30 @@ class AitpPage:
                 frame["payload"].get(k) == v for k, v in payload_match.items()
             ):
                 return frame
+
+
+async def until_the_feed_shows_the_pages_frames(tab, page: AitpPage) -> None:
+    """The subscription reaches the page's connection through the channel
+    layer; on a loaded machine the watch page may say live first (after
+    SUBSCRIBE_ANSWER_WAIT). The page's frames flow once the connection
+    knows: move the page until a move shows in the feed, then back."""
+    for attempt in range(60):
+        url = f"/orders?check={attempt}"
+        await page.send("CONTEXT_UPDATE", {"url": url, "title": "Your orders",
+                                           "activeTools": [], "context": {"open_orders": 3}})
+        await page.recv_until("SYSTEM_EVENT", kind="tools_effective")
+        try:
+            await tab.wait_for_function(
+                "text => document.getElementById('live-feed').textContent.includes(text)",
+                arg=url, timeout=1000)
+            break
+        except PlaywrightTimeoutError:
+            continue
+    else:
+        raise AssertionError("the live feed never showed the page's frames")
+    await page.send("CONTEXT_UPDATE", {"url": "/orders", "title": "Your orders",
+                                       "activeTools": [], "context": {"open_orders": 3}})
+    await page.recv_until("SYSTEM_EVENT", kind="tools_effective")
 
 
 @pytest.fixture
@@ -113,6 +138,7 @@ async def test_an_operator_watches_a_session_live_decides_its_approval_and_ends_
 
         await tab.click(f"{row} a")
         await tab.wait_for_selector("#live-status.state-live")
+        await until_the_feed_shows_the_pages_frames(tab, page)
 
         # The agent's answer streams into the live feed; the record follows.
         await page.send("USER_INPUT", {"modality": "text", "content": "hello there"})
