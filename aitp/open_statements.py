@@ -133,29 +133,28 @@ def _insert_sql(vendor: str) -> str:
 def session_insert(session: Session) -> None:
     """Insert a new session row (its primary key set by the caller), as
     ``save(force_insert=True)`` would; the instance is then saved."""
-    table = _t(Session)
-    params = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in table.concrete]
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(connection.vendor), params)
+        cursor.execute(_insert_sql(connection.vendor), _insert_params(session))
+    _saved(session)
+
+
+def _insert_params(session: Session) -> list:
+    return [f.get_db_prep_save(f.pre_save(session, True), connection) for f in _t(Session).concrete]
+
+
+def _saved(session: Session) -> None:
     session._state.adding = False
     session._state.db = connection.alias
 
 
-# --- the admission, in one query (PostgreSQL) ---------------------------------------
-
-
-def admits_in_one_query() -> bool:
-    """Whether ``session_admit`` serves this connection: PostgreSQL, where a
-    query may carry several statements and runs them as one transaction."""
-    return connection.vendor == "postgresql"
+# --- the admission, in one query (where statements.one_query_transactions) -------
 
 
 @cache
 def _admit_sql(vendor: str) -> str:
     session, key = _t(Session), _t(ApiKey)
     s, k = session.column, key.qualified
-    live = (f"SELECT COUNT(*) FROM {session.name} WHERE {s['api_key']} = %s "
-            f"AND {s['ended_at']} IS NULL AND {s['last_seen_at']} >= %s")
+    live = _live_count_sql(vendor)
     return ";\n".join((
         _insert_sql(vendor),
         _key_sql(vendor, True),
@@ -181,10 +180,9 @@ def session_admit(session: Session, *, prefix: str, seen_since: datetime,
     count sees every session of the key committed before the lock was
     taken, as ``services.session_open``'s transaction does."""
     table, key = _t(Session), _t(ApiKey)
-    session_id = table.prep("id", session.id)
-    params = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in table.concrete]
+    params = _insert_params(session)
     params += [prefix]
-    params += [session_id, key.prep("id", session.api_key_id), ApiKey.Status.ACTIVE.value,
+    params += [table.prep("id", session.id), key.prep("id", session.api_key_id), ApiKey.Status.ACTIVE.value,
                key.prep("expires_at", now), table.prep("api_key", session.api_key_id),
                table.prep("last_seen_at", seen_since)]
     with connection.cursor() as cursor:
@@ -193,11 +191,9 @@ def session_admit(session: Session, *, prefix: str, seen_since: datetime,
         row = cursor.fetchone()
         cursor.nextset()
         stayed = cursor.fetchone() is None
-    locked = None if row is None else _key_from_row(row)
     if stayed:
-        session._state.adding = False
-        session._state.db = connection.alias
-    return locked, stayed
+        _saved(session)
+    return (None if row is None else _key_from_row(row)), stayed
 
 
 @cache

@@ -240,7 +240,7 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
     refusal = api_key_refusal(key, origin=info.origin, now=now)
     if refusal is not None:
         return None, refusal
-    if open_statements.admits_in_one_query():
+    if statements.one_query_transactions():
         return _session_open_in_one_query(key, raw_key, info, now)
     return _session_open_locked(key, raw_key, info, now)
 
@@ -275,7 +275,7 @@ def _session_open_in_one_query(key: ApiKey, raw_key: str, info: HandshakeInfo,
     session = _new_session(key, info, now)
     locked, stayed = open_statements.session_admit(
         session, prefix=raw_key[:LOOKUP_PREFIX_LENGTH], seen_since=_stale_before(now), now=now)
-    if locked is None or not hmac.compare_digest(locked.key_hash, _key_hash(raw_key)):
+    if locked is not None and not hmac.compare_digest(locked.key_hash, _key_hash(raw_key)):
         locked = None
     refusal = api_key_refusal(locked, origin=info.origin, now=now)
     if refusal is None and not stayed:

@@ -66,6 +66,13 @@ _t = table_of
 _pending = threading.local()
 
 
+def one_query_transactions() -> bool:
+    """Whether this connection's database runs the statements of one query
+    string as one transaction, so a transaction can be one round trip:
+    PostgreSQL (with the client-side binding Django uses for psycopg)."""
+    return connection.vendor == "postgresql"
+
+
 @contextmanager
 def together() -> Iterator[None]:
     """The statements of this module run inside go to the database as one
@@ -89,7 +96,7 @@ def together() -> Iterator[None]:
     if _batch() is not None:
         yield
         return
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    if not one_query_transactions() or connection.in_atomic_block:
         with transaction.atomic():
             yield
         return
@@ -288,7 +295,7 @@ def session_live_visits(*, session_id: str, fields: dict, visits: list[dict], ke
     page history, keeping its last ``keep`` entries. On PostgreSQL one
     statement appends and trims in the database; elsewhere the history is
     read and written back in one transaction."""
-    if connection.vendor != "postgresql":
+    if not one_query_transactions():
         with transaction.atomic():
             history = session_page_history(session_id=session_id)
             fields = {**fields, "page_history": [*(history or []), *visits][-keep:]}
