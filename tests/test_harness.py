@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -58,3 +59,16 @@ def test_a_server_that_cannot_start_fails_the_test_with_its_output(daphne_factor
 
     assert "OWLLAYER_MAX_ACTIVE_TOOLS must be an integer" in str(caught.value)
 
+
+
+def test_a_port_someone_else_listens_on_is_not_taken_for_the_started_server(daphne_factory):
+    # The two test passes start servers at the same time: a port probed free
+    # may be another pass's server's by the time ours binds. Accepting there
+    # is not this server listening.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(DaphneStartError) as caught:
+            daphne_factory(port=other.getsockname()[1])
+
+    assert "Address already in use" in str(caught.value)

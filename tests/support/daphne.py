@@ -128,17 +128,26 @@ def start_daphne(
 
 
 def _wait_until_listening(server: DaphneServer, timeout: float) -> None:
+    """Until this process says it listens on its port and the port accepts.
+
+    A connection alone is not proof: the test passes share the machine and
+    run at the same time, so another pass's server may hold the port while
+    this one is still starting (and about to fail its bind). A client would
+    then talk to a server on another database. Daphne writes its "Listening
+    on TCP address" line only once its own bind succeeded."""
     deadline = time.monotonic() + timeout
+    listening = f"Listening on TCP address 127.0.0.1:{server.port}"
     while True:
         if not server.running:
             raise DaphneStartError(
                 f"daphne exited with {server.process.returncode} before listening:\n{server.logs()}"
             )
-        try:
-            with socket.create_connection(("127.0.0.1", server.port), timeout=1.0):
-                return
-        except OSError:
-            pass  # not listening yet: poll again until the deadline
+        if listening in server.logs():
+            try:
+                with socket.create_connection(("127.0.0.1", server.port), timeout=1.0):
+                    return
+            except OSError:
+                pass  # not accepting yet: poll again until the deadline
         if time.monotonic() > deadline:
             raise DaphneStartError(f"daphne not listening after {timeout}s:\n{server.logs()}")
         time.sleep(0.05)
