@@ -25,7 +25,9 @@ the record):
   them again when Redis answers after an outage or comes back empty (Redis
   here keeps nothing on disk: a restart forgets every group);
 - one WARNING line when Redis becomes unreachable, one INFO line when it is
-  back, never a line per retry.
+  back, never a line per retry;
+- a receive cancelled while it waits for channels-redis' per-channel clean
+  lock gives its place back (see ``ReleasingChannelLock``).
 
 Timeouts: the receive is a blocking read of ``blocking_read`` seconds; the
 socket timeout of the host entry must be longer (settings check this), or
@@ -39,7 +41,7 @@ import random
 import time
 
 from channels.layers import InMemoryChannelLayer as ChannelsInMemoryChannelLayer
-from channels_redis.core import RedisChannelLayer
+from channels_redis.core import ChannelLock, RedisChannelLayer
 from channels_redis.utils import create_pool
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -86,6 +88,30 @@ class InMemoryChannelLayer(ChannelsInMemoryChannelLayer):
         super()._clean_expired()
 
 
+class ReleasingChannelLock(ChannelLock):
+    """channels-redis' per-channel lock, whose waiters leave no trace when
+    they are cancelled.
+
+    channels-redis counts a waiter before it waits and uncounts it only on
+    release, so a receive cancelled while waiting (a page closing while the
+    previous message's backup is being cleaned) leaves the count one too
+    high: the lock is then never dropped, and stays bound to the event loop
+    it first waited on. A layer used from a later loop (a management
+    command, a test) then fails every receive that has to wait on it with
+    "bound to a different event loop".
+    """
+
+    async def acquire(self, channel):
+        try:
+            return await super().acquire(channel)
+        except BaseException:
+            self.wait_counts[channel] -= 1
+            if self.wait_counts[channel] < 1:
+                del self.locks[channel]
+                del self.wait_counts[channel]
+            raise
+
+
 class ResilientRedisChannelLayer(RedisChannelLayer):
     def __init__(
         self,
@@ -96,6 +122,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.receive_clean_locks = ReleasingChannelLock()
         # channels-redis reads this class attribute for BZPOPMIN's timeout.
         self.brpop_timeout = blocking_read
         self.retry_max = retry_max

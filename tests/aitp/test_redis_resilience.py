@@ -425,3 +425,54 @@ async def test_groups_come_back_when_redis_restarts_empty_between_two_reads(own_
         receiving.cancel()
         await asyncio.gather(receiving, return_exceptions=True)
         await layer.close_pools()
+
+
+def test_a_receive_cancelled_while_a_backup_is_cleaned_leaves_the_layer_usable_from_another_loop(
+    own_redis, monkeypatch,
+):
+    # channels-redis cleans each received message's backup copy in a task
+    # holding a per-channel lock; the next receive of the process waits on
+    # it. Here the cleaning is held until that receive has been cancelled
+    # (a page closing), then the layer serves a later event loop.
+    from channels_redis.core import RedisChannelLayer
+
+    layer = own_layer(own_redis)
+    cleaning_may_go = None
+    clean = RedisChannelLayer._clean_receive_backup
+
+    async def held_clean(self, index, channel):
+        await cleaning_may_go.wait()
+        return await clean(self, index, channel)
+
+    monkeypatch.setattr(RedisChannelLayer, "_clean_receive_backup", held_clean)
+
+    async def a_page_closing_while_a_backup_is_cleaned():
+        nonlocal cleaning_may_go
+        cleaning_may_go = asyncio.Event()
+        first, closing = await layer.new_channel(), await layer.new_channel()
+        await layer.send(first, {"type": "first"})
+        assert await asyncio.wait_for(layer.receive(first), EVENT_TIMEOUT) == {"type": "first"}
+        waiting = asyncio.ensure_future(layer.receive(closing))
+        async with asyncio.timeout(EVENT_TIMEOUT):
+            while not any(lock._waiters for lock in layer.receive_clean_locks.locks.values()):
+                await asyncio.sleep(0.01)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        cleaning_may_go.set()
+        await layer.wait_received()
+        await layer.close_pools()
+
+    async def two_messages_in_a_row_on_a_later_loop():
+        nonlocal cleaning_may_go
+        cleaning_may_go = asyncio.Event()
+        cleaning_may_go.set()
+        channel = await layer.new_channel()
+        await layer.send(channel, {"type": "one"})
+        await layer.send(channel, {"type": "two"})
+        received = [await asyncio.wait_for(layer.receive(channel), EVENT_TIMEOUT) for _ in range(2)]
+        await layer.wait_received()
+        await layer.close_pools()
+        return received
+
+    asyncio.run(a_page_closing_while_a_backup_is_cleaned())
+    assert asyncio.run(two_messages_in_a_row_on_a_later_loop()) == [{"type": "one"}, {"type": "two"}]

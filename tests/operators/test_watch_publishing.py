@@ -47,6 +47,13 @@ async def watcher_channel():
     yield SimpleNamespace(layer=layer, name=channel, join=join, leave=leave)
     for group in joined:
         await layer.group_discard(group, channel)
+    # The layer outlives this test's event loop. On Redis each receive leaves
+    # a task that cleans its message's backup copy and holds a per-channel
+    # lock until it ends; one still pending when the loop closes leaves that
+    # lock bound to a dead loop, and the next test's receive fails on it.
+    wait_received = getattr(layer, "wait_received", None)
+    if wait_received is not None:
+        await wait_received()
 
 
 def a_session(session_id: str) -> SimpleNamespace:
