@@ -22,10 +22,16 @@ It also bounds what one connection can make the process hold:
   connection is closed with 1013 (try again later: the client reconnects,
   protocol.md §10) and dropped, which frees the buffer and makes
   daphne tell the consumer, whose teardown ends the session.
+
+And it spares each new connection a cost nobody reads: autobahn pretty-prints
+its whole configuration (sixty-odd attributes) for a debug log line on every
+connection, whether or not debug logging is on; the text is now made only if
+that line is written.
 """
 from __future__ import annotations
 
 import logging
+import pprint
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +102,34 @@ def install() -> None:
         return original(self, message)
 
     WebSocketProtocol.handle_reply = handle_reply
+    _install_lazy_config_log()
     _install_frame_ceiling(WebSocketProtocol)
     _install_backpressure(WebSocketProtocol)
     WebSocketProtocol._aitp_close_installed = True
+
+
+class _PrettyWhenWritten:
+    """``pprint.pformat(value)``, made when the log line is written."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return pprint.pformat(self.value)
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+def _install_lazy_config_log() -> None:
+    from autobahn.websocket import protocol
+
+    if getattr(protocol, "pformat", None) is not pprint.pformat:
+        return  # another autobahn: leave it as it is
+    protocol.pformat = _PrettyWhenWritten
+    # The one use of that name that must return text at once.
+    protocol.Timings.__str__ = lambda self: pprint.pformat(self._timings)
 
 
 def _install_frame_ceiling(protocol_class) -> None:

@@ -1,0 +1,27 @@
+"""What each new WebSocket connection costs the process under daphne
+(owllayer_site.daphne_close)."""
+from __future__ import annotations
+
+import pprint
+
+from autobahn.websocket import protocol
+
+from owllayer_site import daphne_close
+
+
+def test_a_connections_configuration_is_pretty_printed_only_when_its_debug_line_is_written(
+        monkeypatch):
+    daphne_close.install()
+    printed: list = []
+    monkeypatch.setattr(pprint, "pformat", lambda value: printed.append(value) or "printed")
+    attrs = protocol.pformat([("openHandshakeTimeout", 5)])
+    assert printed == []
+    assert f"\n{attrs}" == "\nprinted"
+    assert printed == [[("openHandshakeTimeout", 5)]]
+
+
+def test_connection_timings_still_read_as_text():
+    daphne_close.install()
+    timings = protocol.Timings()
+    timings.track("onOpen")
+    assert str(timings).startswith("{'onOpen': ")
