@@ -276,9 +276,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             return
         server_tools = await _load_server_tools(session.tenant_id)
         self.machine.set_server_tools(tuple(tool.spec for tool in server_tools))
-        for group in (notify.session_group(session.id), notify.key_group(session.api_key_id)):
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.append(group)
+        groups = [notify.session_group(session.id), notify.key_group(session.api_key_id)]
+        # Counted as joined first: whatever the join raises, the teardown leaves them.
+        self.groups_joined.extend(groups)
+        await notify.join(self.channel_layer, groups, self.channel_name)
         if await self._handshake_abandoned():
             return
         self.agent = Agent(
@@ -477,10 +478,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         await self._end_row_and_groups(code, reason)
 
     async def _end_row_and_groups(self, code: int, reason: str) -> None:
-        for group in self.groups_joined:
+        groups, self.groups_joined = self.groups_joined, []
+        if groups:
             with _teardown_step(self, "group"):
-                await self.channel_layer.group_discard(group, self.channel_name)
-        self.groups_joined = []
+                await notify.leave(self.channel_layer, groups, self.channel_name)
         if self.session_row is not None:
             await db_call(
                 services.session_close, session_id=self.session_row.id, code=code, reason=reason

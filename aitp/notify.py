@@ -25,6 +25,27 @@ def tenant_watch_group(tenant_id: int) -> str:
 ALL_WATCH_GROUP = "aitp.watch.all"
 
 
+async def join(layer, groups: list[str], channel: str) -> None:
+    """Add a channel to several groups: in one round trip on a layer that can
+    (``groups_add``, the Redis layer), else one group after another."""
+    many = getattr(layer, "groups_add", None)
+    if many is not None:
+        await many(groups, channel)
+        return
+    for group in groups:
+        await layer.group_add(group, channel)
+
+
+async def leave(layer, groups: list[str], channel: str) -> None:
+    """Take a channel out of several groups (``groups_discard`` where the layer has it)."""
+    many = getattr(layer, "groups_discard", None)
+    if many is not None:
+        await many(groups, channel)
+        return
+    for group in groups:
+        await layer.group_discard(group, channel)
+
+
 async def asend(group: str, event_type: str, **fields) -> None:
     layer = get_channel_layer()
     if layer is None:

@@ -83,9 +83,8 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             groups = [notify.ALL_WATCH_GROUP]
         else:
             groups = [notify.tenant_watch_group(tenant_id) for tenant_id in sorted(tenant_ids)]
-        for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.watch_groups.append(group)
+        self.watch_groups.extend(groups)
+        await notify.join(self.channel_layer, groups, self.channel_name)
         live.watch_groups_joined(groups)
         self.user_id = user.pk
         # Accepted once in the groups: from the moment the page sees the
@@ -101,9 +100,9 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         processes.connection_closed(self)
         await self._unsubscribe()
-        for group in self.watch_groups:
-            await self.channel_layer.group_discard(group, self.channel_name)
-        self.watch_groups = []
+        groups, self.watch_groups = self.watch_groups, []
+        if groups:
+            await notify.leave(self.channel_layer, groups, self.channel_name)
 
     # --- from the browser ---------------------------------------------------
 

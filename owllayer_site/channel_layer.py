@@ -326,32 +326,49 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         return not self.reachable and self.receive_count > 0
 
     async def group_add(self, group, channel):
-        self.memberships.setdefault(group, set()).add(channel)
-        discarded = self.pending_discards.get(group)
-        if discarded is not None:
-            discarded.discard(channel)
+        await self.groups_add([group], channel)
+
+    async def group_discard(self, group, channel):
+        await self.groups_discard([group], channel)
+
+    async def groups_add(self, groups, channel):
+        """Add the channel to each group: one round trip to Redis for them all
+        (channels-redis' ``group_add`` takes two per group)."""
+        for group in groups:
+            assert self.require_valid_group_name(group), "Group name not valid"
+            self.memberships.setdefault(group, set()).add(channel)
+            discarded = self.pending_discards.get(group)
+            if discarded is not None:
+                discarded.discard(channel)
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
         if self._redis_known_away():
             return  # remembered above: joined for real when Redis is back
         try:
-            await super().group_add(group, channel)
+            await self._write_groups({group: {channel} for group in groups}, {})
         except REDIS_DOWN_ERRORS as error:
             self._unreachable(error)
             return
         self._answered_by_notification()
 
-    async def group_discard(self, group, channel):
-        channels = self.memberships.get(group)
-        if channels is not None:
-            channels.discard(channel)
-            if not channels:
-                del self.memberships[group]
+    async def groups_discard(self, groups, channel):
+        """Take the channel out of each group, in one round trip."""
+        for group in groups:
+            assert self.require_valid_group_name(group), "Group name not valid"
+            channels = self.memberships.get(group)
+            if channels is not None:
+                channels.discard(channel)
+                if not channels:
+                    del self.memberships[group]
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
         if self._redis_known_away():
-            self.pending_discards.setdefault(group, set()).add(channel)
+            for group in groups:
+                self.pending_discards.setdefault(group, set()).add(channel)
             return
         try:
-            await super().group_discard(group, channel)
+            await self._write_groups({}, {group: {channel} for group in groups})
         except REDIS_DOWN_ERRORS as error:
-            self.pending_discards.setdefault(group, set()).add(channel)
+            for group in groups:
+                self.pending_discards.setdefault(group, set()).add(channel)
             self._unreachable(error)
             return
         self._answered_by_notification()

@@ -476,3 +476,36 @@ def test_a_receive_cancelled_while_a_backup_is_cleaned_leaves_the_layer_usable_f
 
     asyncio.run(a_page_closing_while_a_backup_is_cleaned())
     assert asyncio.run(two_messages_in_a_row_on_a_later_loop()) == [{"type": "one"}, {"type": "two"}]
+
+
+async def test_a_channel_joins_and_leaves_several_groups_in_one_round_trip_each(own_redis, monkeypatch):
+    from redis.asyncio.client import Pipeline, Redis
+
+    layer = own_layer(own_redis)
+    trips: list[str] = []
+    single, batch = Redis.execute_command, Pipeline.execute
+
+    async def one_command(self, *args, **options):
+        if not isinstance(self, Pipeline):
+            trips.append(str(args[0]))
+        return await single(self, *args, **options)
+
+    async def one_pipeline(self, *args, **options):
+        trips.append("pipeline")
+        return await batch(self, *args, **options)
+
+    channel = await layer.new_channel()
+    try:
+        monkeypatch.setattr(Redis, "execute_command", one_command)
+        monkeypatch.setattr(Pipeline, "execute", one_pipeline)
+        await layer.groups_add(["shop", "key"], channel)
+        joined, trips[:] = list(trips), []
+        members = [await layer.group_has_members(group) for group in ("shop", "key")]
+        await layer.groups_discard(["shop", "key"], channel)
+        left = list(trips[2:])
+        remaining = [await layer.group_has_members(group) for group in ("shop", "key")]
+        assert (joined, members, left, remaining) == (
+            ["pipeline"], [True, True], ["pipeline"], [False, False])
+    finally:
+        monkeypatch.undo()
+        await layer.close_pools()
