@@ -7,6 +7,8 @@ frame nor the turn waits for the database. Only the latest values are
 written, every URL visited in between is kept for the page history, and
 watchers are told after the row changed. The consumer owns one per
 connection and lets the last write land (``flush()``) before the row ends.
+The writes of all connections of the process that meet in time go to the
+database in one call (``aitp.group_write``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from django.utils import timezone
 
 from aitp import services
-from aitp.db import db_call
+from aitp.group_write import GroupWrite
 from aitp.session import ContextChanged
 
 # The session row (page snapshot, turn state) is written at most this often;
@@ -25,6 +27,10 @@ from aitp.session import ContextChanged
 # A turn passes through three or four states: written each time, they were a
 # third of a busy process's database calls; a watcher sees them at most this late.
 ROW_WRITE_INTERVAL = 1.0
+
+# The writes of every connection of this process: those asked for while one
+# is on its way go together, in one database call.
+LIVE_ROWS = GroupWrite(services.sessions_write_live)
 
 
 class SessionRowWriter:
@@ -88,8 +94,7 @@ class SessionRowWriter:
                     "url": event.url, "title": event.title, "context": event.context,
                     "tools": [tool.wire for tool in event.tools],  # shared: serialized as they are
                 }
-            await db_call(
-                services.session_write_live,
+            await LIVE_ROWS.write(
                 session_id=self.session_id, snapshot=snapshot, state=state, visits=visits,
             )
             self._written_at = asyncio.get_running_loop().time()

@@ -376,6 +376,29 @@ def session_write_live(
         statements.session_live_update(session_id=session_id, fields=fields)
 
 
+def sessions_write_live(writes: list[dict]) -> list[Exception | None]:
+    """Several connections' ``session_write_live`` in one transaction (one
+    query on PostgreSQL, ``statements.together``); for each, None or what
+    its write raised. When the database refuses them together (a value of
+    one session it cannot store), each is written alone: only that one fails."""
+    if len(writes) > 1:
+        try:
+            with statements.together():
+                for write in writes:
+                    session_write_live(**write)
+            return [None] * len(writes)
+        except Exception:
+            pass  # rolled back whole: find the one that fails, alone
+    outcomes: list[Exception | None] = []
+    for write in writes:
+        try:
+            session_write_live(**write)
+            outcomes.append(None)
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
 def session_close(*, session_id: str, code: int | None, reason: str = "") -> None:
     open_statements.session_end(session_id, now=timezone.now(), code=code,
                                 reason=(reason or "")[:200], state=Session.State.ENDED)

@@ -1,0 +1,71 @@
+"""Writes of many connections that go to the database as one call.
+
+Each live connection writes its session row behind it (``aitp.row_writer``):
+at fifty or two hundred busy sessions those are as many database calls per
+second, each handed to a database thread, waited for by the thread and
+handed back, for one short UPDATE. ``GroupWrite`` collects the writes asked
+for while one is on its way and sends them together when it is back (a
+group commit): one call, one transaction (one query on PostgreSQL) for all
+of them. A lone write goes at once, as before; under load a write waits at
+most for the call ahead of it.
+
+``write_many`` runs on a database thread with the arguments of every write
+of the group, and returns, in order, None or the exception of each: when
+the database refuses the group (a value of one session it cannot store),
+it writes each alone, so that only that write fails.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from aitp.db import db_call
+
+WriteMany = Callable[[list[dict]], list[BaseException | None]]
+
+
+class GroupWrite:
+    def __init__(self, write_many: WriteMany) -> None:
+        self.write_many = write_many
+        self._waiting: list[tuple[dict, asyncio.Future]] = []
+        self._sending: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def write(self, **arguments) -> None:
+        """Write with the group on its way next; raises what that write raised.
+        A cancelled caller stops waiting; its write is still sent."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # A new event loop (a test, a management command): what another
+            # loop left is no one's any more.
+            self._loop, self._waiting, self._sending = loop, [], None
+        future = loop.create_future()
+        self._waiting.append((arguments, future))
+        if self._sending is None or self._sending.done():
+            self._sending = loop.create_task(self._send())
+        await future
+
+    async def _send(self) -> None:
+        try:
+            while self._waiting:
+                group, self._waiting = self._waiting, []
+                try:
+                    outcomes = await db_call(self.write_many, [arguments for arguments, _ in group])
+                except asyncio.CancelledError:
+                    self._waiting = group + self._waiting
+                    raise
+                except Exception as exc:  # the call itself failed: every write of it did
+                    outcomes = [exc] * len(group)
+                for (_, future), outcome in zip(group, outcomes, strict=True):
+                    if future.done():
+                        continue  # its caller stopped waiting
+                    if outcome is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(outcome)
+        except asyncio.CancelledError:
+            # The loop is going away: nobody is left waiting for ever.
+            for _, future in self._waiting:
+                future.cancel()
+            self._waiting = []
+            raise
