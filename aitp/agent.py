@@ -248,9 +248,11 @@ class Agent:
         return list(self._tools)
 
     def _build_request(self, *, force_answer: bool) -> LlmRequest:
-        messages = [dict(m) for m in bounded_history(self.history, self.config.history_messages)]
-        # One cache breakpoint at the end of the conversation so the next round
-        # (and the next turn) reads everything before it from the cache.
+        # The history's own messages (nothing downstream writes to them); only
+        # the last is copied, to carry the cache breakpoint: one at the end of
+        # the conversation, so the next round (and the next turn) reads
+        # everything before it from the cache.
+        messages = list(bounded_history(self.history, self.config.history_messages))
         last = messages[-1]
         content = [dict(block) for block in last["content"]]
         content[-1]["cache_control"] = {"type": "ephemeral"}
