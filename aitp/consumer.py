@@ -23,8 +23,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
@@ -65,9 +63,6 @@ from aitp.tools import ToolSurface
 from aitp.turn_state import TurnState
 from aitp.voice.utterance import AudioBudget, VoiceLimits
 from aitp.watch_feed import WatcherFeed
-
-if TYPE_CHECKING:
-    from aitp.models import Session
 
 logger = logging.getLogger(__name__)
 
@@ -268,18 +263,18 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             channel_name=self.channel_name,
             process=processes.current_id(),
         )
-        opened = await db_call(_open_with_server_tools, raw_key=event.api_key, info=info)
-        session, refusal, server_tools = opened.session, opened.refusal, opened.server_tools
+        session, refusal = await db_call(
+            services.session_open, raw_key=event.api_key, info=info
+        )
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
             self.machine.refuse(refusal.code, refusal.message, refusal.reason)
             return
         # Held from now on, so that whatever happens next the teardown ends it.
         self.session_row = session
-        if opened.error is not None:
-            raise opened.error
         if await self._handshake_abandoned():
             return
+        server_tools = await _load_server_tools(session.tenant_id)
         self.machine.set_server_tools(tuple(tool.spec for tool in server_tools))
         groups = [notify.session_group(session.id), notify.key_group(session.api_key_id)]
         # Counted as joined first: whatever the join raises, the teardown leaves them.
@@ -562,26 +557,5 @@ class TurnPort:
             await self.send_message(p.voice_state("waiting_for_input"))
 
 
-@dataclass(frozen=True)
-class _Opened:
-    session: Session | None
-    refusal: services.Refusal | None
-    server_tools: list
-    # What failed after the session row was opened (the row must still end).
-    error: Exception | None = None
-
-
-def _open_with_server_tools(*, raw_key: str, info: services.HandshakeInfo) -> _Opened:
-    """On a database thread: the session's open and, once admitted, its
-    tenant's server tools, in one call (one hand-over to a thread, not two)."""
-    session, refusal = services.session_open(raw_key=raw_key, info=info)
-    if session is None:
-        return _Opened(None, refusal, [])
-    try:
-        return _Opened(session, None, _load_server_tools(session.tenant_id))
-    except Exception as exc:
-        return _Opened(session, None, [], exc)
-
-
-def _load_server_tools(tenant_id: int) -> list:
-    return ports.approvals().server_tools(tenant_id)
+async def _load_server_tools(tenant_id: int) -> list:
+    return await ports.approvals().load_server_tools(tenant_id)

@@ -12,8 +12,8 @@ implementation at start-up, in its ``AppConfig.ready()``::
 The turn asks ``ports.approvals()`` (and ``manage.py ensure_demo`` asks
 ``ports.demo_tools()``, which the demo app provides); a port nobody provided raises
 ``PortMissing`` naming it, never a bare ``AttributeError`` half way through a
-turn. Every method of ``ApprovalDesk`` is synchronous ORM work: callers run
-it on the database threads (``db_call``).
+turn. Every method of ``ApprovalDesk`` except ``load_server_tools`` is
+synchronous ORM work: callers run it on the database threads (``db_call``).
 """
 from __future__ import annotations
 
@@ -94,9 +94,7 @@ class ApprovalDesk(Protocol):
 
     def expire_overdue(self) -> int: ...
 
-    def server_tools(self, tenant_id: int) -> list[ServerTool]:
-        """The tenant's enabled server tools, ready to run."""
-        ...
+    async def load_server_tools(self, tenant_id: int) -> list[ServerTool]: ...
 
 
 class InstallDemoTools(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from aitp.models import ToolCall
 from approvals import services
 from approvals.models import Approval
-from approvals.server_tools import ServerToolDef, server_tools_for_tenant
+from approvals.server_tools import ServerToolDef, load_server_tools
 
 
 class ApprovalsProvider:
@@ -64,5 +64,5 @@ class ApprovalsProvider:
     def expire_overdue(self) -> int:
         return services.approval_expire_overdue()
 
-    def server_tools(self, tenant_id: int) -> list[ServerToolDef]:
-        return server_tools_for_tenant(tenant_id)
+    async def load_server_tools(self, tenant_id: int) -> list[ServerToolDef]:
+        return await load_server_tools(tenant_id)

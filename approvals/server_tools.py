@@ -4,8 +4,8 @@ A Python tool is registered with ``@register_python_tool`` (the registry and
 what a row declares live in ``approvals.tool_specs``, which the models use
 too); a tenant offers
 it (or a webhook) to its sessions with an enabled ``ServerTool`` row.
-``server_tools_for_tenant`` turns those rows into ``ServerToolDef`` objects
-that the agent runs (read on a database thread, with the session's open).
+``load_server_tools`` turns those rows into ``ServerToolDef`` objects that the
+agent runs.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from approvals.webhooks import ToolRunError, call_webhook
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "PythonTool", "ServerToolDef", "ToolRunError", "python_tool",
+    "PythonTool", "ServerToolDef", "ToolRunError", "load_server_tools", "python_tool",
     "python_tool_def", "python_tool_names", "register_python_tool", "spec_for_row",
 ]
 
@@ -115,8 +115,14 @@ def _def_for_row(row: ServerTool) -> ServerToolDef | None:
     return ServerToolDef(spec=spec, policy=row.approval_policy, tool_id=row.pk, runner=runner)
 
 
+async def load_server_tools(tenant_id: int) -> list[ServerToolDef]:
+    """The tenant's enabled server tools, ready to run (one query, on the
+    database threads: the async ORM would queue it behind every other
+    session's work on one thread)."""
+    return await db_call(server_tools_for_tenant, tenant_id)
+
+
 def server_tools_for_tenant(tenant_id: int) -> list[ServerToolDef]:
-    """The tenant's enabled server tools, ready to run (one query)."""
     defs = []
     for row in ServerTool.objects.raw(_enabled_tools_sql(connection.vendor), [tenant_id, True]):
         tool_def = _def_for_row(row)

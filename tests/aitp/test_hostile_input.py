@@ -167,7 +167,7 @@ async def test_whatever_receive_raises_the_connection_closes_and_its_row_ends(
 
 async def test_a_failure_after_the_key_lookup_refuses_the_handshake_and_ends_the_row(
         connect, api_key, monkeypatch):
-    def broken(tenant_id):
+    async def broken(tenant_id):
         raise RuntimeError("server tools unavailable")
 
     monkeypatch.setattr(consumer_module, "_load_server_tools", broken)

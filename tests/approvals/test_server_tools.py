@@ -4,14 +4,13 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
-from aitp.db import db_call
 from aitp.tools import Risk
 from approvals.models import ServerTool
 from approvals.server_tools import (
     ToolRunError,
+    load_server_tools,
     python_tool_def,
     register_python_tool,
-    server_tools_for_tenant,
 )
 from demo.order_tools import demo_tools_install
 from tests.approvals.webhook_receiver import SECRET, Receiver
@@ -46,7 +45,7 @@ async def test_loads_only_the_enabled_tools_of_the_tenant(acme, globex):
 
     await arrange()
 
-    tools = {t.name: t for t in await db_call(server_tools_for_tenant, acme.pk)}
+    tools = {t.name: t for t in await load_server_tools(acme.pk)}
 
     assert sorted(tools) == ["cancel_order", "order_status", "refund"]
     refund = tools["refund"]
@@ -63,7 +62,7 @@ async def test_a_python_row_can_raise_the_risk_of_a_code_tool_but_not_lower_it(a
     await ServerTool.objects.acreate(tenant=acme, name="cancel", kind="python",
                                      python_handler="cancel_order", risk="none")
 
-    tools = {t.name: t for t in await db_call(server_tools_for_tenant, acme.pk)}
+    tools = {t.name: t for t in await load_server_tools(acme.pk)}
 
     assert tools["order_status"].spec.risk == Risk.CRITICAL
     assert tools["cancel"].spec.risk == Risk.HIGH
@@ -101,7 +100,7 @@ async def test_a_webhook_tool_row_posts_to_its_url_with_its_own_secret(acme, rec
         tenant=acme, name="refund", description="Refund an order", kind="webhook",
         webhook_url=receiver + "/echo", webhook_secret=SECRET, parameters=ORDER_PARAMS,
     )
-    (tool,) = await db_call(server_tools_for_tenant, acme.pk)
+    (tool,) = await load_server_tools(acme.pk)
 
     answer = await tool.run({"number": "A1"}, session_id="ses_acme", tenant_id=acme.pk,
                             call_id="tc_9")
