@@ -2,10 +2,12 @@
 
 Each method is one ``db_call`` into a service (on the process's database
 threads, see ``aitp.db``), so the turn never touches the ORM from the event
-loop. Progress marks and final outcomes of tool calls are written behind the
-turn: a mark in a task of its own, an outcome with the turn's next write. Each
-write first waits for the marks still on their way, so a call's rows change in
-the order the turn decided them.
+loop; checkpoints, and progress marks, of turns that meet in time share one
+(``aitp.group_write``).
+Progress marks and final outcomes of tool calls are written behind the turn:
+a mark in a task of its own, an outcome with the turn's next write. Each
+write first waits for the marks still on their way, so a call's rows change
+in the order the turn decided them.
 """
 from __future__ import annotations
 
@@ -16,11 +18,17 @@ from django.utils import timezone
 
 from aitp import ports, services, statements
 from aitp.db import db_call
+from aitp.group_write import GroupWrite
 from aitp.ledger import Outcome, PendingCall
 from aitp.llm.base import Usage
 from aitp.ports import ApprovalTicket
 
 logger = logging.getLogger(__name__)
+
+# The checkpoints of every turn of this process: those asked for while one is
+# on its way go together, in one transaction (aitp.group_write).
+CHECKPOINTS = GroupWrite(services.turn_checkpoints)
+MARKS = GroupWrite(services.tool_call_marks)
 
 
 class AgentStore:
@@ -40,16 +48,16 @@ class AgentStore:
     async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
                          usage: Usage | None = None, turns: int = 0,
                          audio: dict[str, int] | None = None) -> None:
-        """One database round trip for what the turn produced since the last
-        one, outcomes of finished calls included. ``audio`` (a voice turn's
+        """One database write for what the turn produced since the last one,
+        outcomes of finished calls included (with the checkpoints of other
+        turns that meet it in time). ``audio`` (a voice turn's
         milliseconds heard and spoken, ``agent_voice.audio_usage``) is
         counted with ``usage``."""
         await self._marks_written()
         finished = list(self._finished)
         if not (messages or calls or usage is not None or finished):
             return
-        await db_call(
-            services.turn_checkpoint,
+        await CHECKPOINTS.write(
             session_id=self.session_id,
             tenant_id=self.tenant_id,
             turn=turn,
@@ -84,9 +92,8 @@ class AgentStore:
         happens to the turn, before any later write of this store, and never
         undoes a final status (``tool_call_mark``)."""
         self._marks = [task for task in self._marks if not task.done()]
-        task = asyncio.get_running_loop().create_task(db_call(
-            services.tool_call_mark, call_id=call.call_id, status=status, sent=sent,
-            risk=call.risk.value, origin=call.origin,
+        task = asyncio.get_running_loop().create_task(MARKS.write(
+            call_id=call.call_id, status=status, sent=sent, risk=call.risk.value, origin=call.origin,
         ))
         task.add_done_callback(self._mark_done)
         self._marks.append(task)
@@ -98,8 +105,8 @@ class AgentStore:
         checkpoint: the turn always writes one before it ends).
 
         A progress mark that has not reached the database yet is no longer
-        needed: it is withdrawn (a database thread skips it unless it already
-        started, and a mark that lands late never undoes a final status), and
+        needed: it is withdrawn (it is not sent unless its group already left,
+        and a mark that lands late never undoes a final status), and
         the outcome carries the time the call was sent. A page that answers
         at once costs one write per call instead of two."""
         mark, sent_at = self._mark_of.pop(call.call_id, (None, None))

@@ -33,17 +33,24 @@ class GroupWrite:
 
     async def write(self, **arguments) -> None:
         """Write with the group on its way next; raises what that write raised.
-        A cancelled caller stops waiting; its write is still sent."""
+        As with ``db_call``: a caller cancelled before its write left is not
+        written; once it left, it lands (or not) whole with its group."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # A new event loop (a test, a management command): what another
             # loop left is no one's any more.
             self._loop, self._waiting, self._sending = loop, [], None
         future = loop.create_future()
-        self._waiting.append((arguments, future))
+        entry = (arguments, future)
+        self._waiting.append(entry)
         if self._sending is None or self._sending.done():
             self._sending = loop.create_task(self._send())
-        await future
+        try:
+            await future
+        except asyncio.CancelledError:
+            if any(waiting is entry for waiting in self._waiting):
+                self._waiting = [waiting for waiting in self._waiting if waiting is not entry]
+            raise
 
     async def _send(self) -> None:
         try:

@@ -23,6 +23,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -378,24 +379,42 @@ def session_write_live(
 
 def sessions_write_live(writes: list[dict]) -> list[Exception | None]:
     """Several connections' ``session_write_live`` in one transaction (one
-    query on PostgreSQL, ``statements.together``); for each, None or what
-    its write raised. When the database refuses them together (a value of
-    one session it cannot store), each is written alone: only that one fails."""
+    query on PostgreSQL); for each, None or what its write raised
+    (``_together_or_alone``)."""
+    return _together_or_alone(writes, lambda write: session_write_live(**write))
+
+
+def _together_or_alone(
+    writes: list[dict], write: Callable[[dict], None], *,
+    alone: Callable[[dict], None] | None = None, committed: Callable[[dict], None] | None = None,
+) -> list[Exception | None]:
+    """The writes of several sessions (``aitp.group_write``) in one
+    transaction, ``statements.together``: one query on PostgreSQL. For each,
+    None or what it raised: when the database refuses them together (a value
+    of one session it cannot store), each is written alone (``alone``, or
+    ``write`` in a transaction of its own), so only that one fails.
+    ``committed`` runs for each once its transaction committed."""
+    alone = alone or write
     if len(writes) > 1:
         try:
             with statements.together():
-                for write in writes:
-                    session_write_live(**write)
-            return [None] * len(writes)
+                for each in writes:
+                    write(each)
         except Exception:
             pass  # rolled back whole: find the one that fails, alone
+        else:
+            for each in writes:
+                if committed is not None:
+                    committed(each)
+            return [None] * len(writes)
     outcomes: list[Exception | None] = []
-    for write in writes:
+    for each in writes:
         try:
-            session_write_live(**write)
-            outcomes.append(None)
+            alone(each)
         except Exception as exc:
             outcomes.append(exc)
+        else:
+            outcomes.append(None)
     return outcomes
 
 
@@ -608,16 +627,41 @@ def turn_checkpoint(
     (written behind, see UsageBuffer) only once the transaction committed."""
     now = timezone.now()
     with statements.together():
-        for outcome in finished:
-            tool_call_finish(**outcome, now=now)
-        if messages:
-            statements.messages_insert(session_id=session_id, turn=turn, messages=messages, now=now)
-        if calls:
-            statements.calls_insert(session_id=session_id, turn=turn, calls=calls, now=now)
-        if usage is not None:
-            _session_usage_update(session_id, now, **usage)
+        _checkpoint_statements(session_id=session_id, turn=turn, messages=messages, calls=calls,
+                               usage=usage, finished=finished, now=now)
     if usage is not None:
         usage_count(tenant_id, now, **usage)
+
+
+def turn_checkpoints(checkpoints: list[dict]) -> list[Exception | None]:
+    """The checkpoints of several sessions' turns (``turn_checkpoint``
+    arguments) in one transaction, their usage counted once it committed;
+    for each, None or what its write raised (``_together_or_alone``)."""
+    now = timezone.now()
+
+    def statements_of(checkpoint: dict) -> None:
+        _checkpoint_statements(**{k: v for k, v in checkpoint.items() if k != "tenant_id"}, now=now)
+
+    def count_usage(checkpoint: dict) -> None:
+        if checkpoint.get("usage") is not None:
+            usage_count(checkpoint["tenant_id"], now, **checkpoint["usage"])
+
+    return _together_or_alone(checkpoints, statements_of,
+                              alone=lambda checkpoint: turn_checkpoint(**checkpoint),
+                              committed=count_usage)
+
+
+def _checkpoint_statements(*, session_id: str, turn: int, messages: list[dict],
+                           calls: list[dict] = (), usage: dict | None = None,
+                           finished: list[dict] = (), now: datetime) -> None:
+    for outcome in finished:
+        tool_call_finish(**outcome, now=now)
+    if messages:
+        statements.messages_insert(session_id=session_id, turn=turn, messages=messages, now=now)
+    if calls:
+        statements.calls_insert(session_id=session_id, turn=turn, calls=calls, now=now)
+    if usage is not None:
+        _session_usage_update(session_id, now, **usage)
 
 
 def tool_calls_record(*, session_id: str, turn: int, calls: list[dict]) -> None:
@@ -636,6 +680,11 @@ def tool_call_mark(*, call_id: str, status: str, sent: bool = False, risk: str |
         call_id=call_id, status=status, sources=_mark_sources(status),
         sent_at=timezone.now() if sent else None, risk=risk, origin=origin,
     )
+
+
+def tool_call_marks(marks: list[dict]) -> list[Exception | None]:
+    """Several ``tool_call_mark`` in one transaction (``_together_or_alone``)."""
+    return _together_or_alone(marks, lambda mark: tool_call_mark(**mark))
 
 
 @functools.cache

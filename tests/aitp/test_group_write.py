@@ -1,6 +1,7 @@
-"""The live rows of many connections written together (aitp.group_write and
-services.sessions_write_live): writes asked for while one is on its way go
-in one call; a write the database refuses fails alone."""
+"""Writes of many connections that go together (aitp.group_write): live rows
+(services.sessions_write_live) and turn checkpoints
+(services.turn_checkpoints). Writes asked for while one is on its way go in
+one call; a write the database refuses fails alone."""
 from __future__ import annotations
 
 import asyncio
@@ -11,11 +12,15 @@ from django.db import connection
 
 from aitp import services
 from aitp.group_write import GroupWrite
-from aitp.models import Session
+from aitp.models import DailyUsage, Session
 from tests.aitp.conftest import open_session_row, queries_sent
 
 # A bound against a hang only.
 PATIENCE = 10
+
+# The writes run on the database threads, which tidy their connection
+# around each call.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 async def test_writes_asked_for_while_one_is_on_its_way_go_in_one_call():
@@ -50,7 +55,6 @@ async def test_a_write_that_fails_raises_for_its_caller_only():
     assert isinstance(outcomes[1], ValueError)
 
 
-@pytest.mark.django_db(transaction=True)
 def test_a_value_the_database_refuses_fails_its_own_write_and_the_others_land():
     good, bad = open_session_row(), open_session_row()
     outcomes = services.sessions_write_live([
@@ -66,7 +70,6 @@ def test_a_value_the_database_refuses_fails_its_own_write_and_the_others_land():
     assert rows[bad.id].current_url != "/x"
 
 
-@pytest.mark.django_db(transaction=True)
 def test_on_postgresql_the_writes_of_a_group_are_one_query():
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only (the second test pass)")
@@ -77,3 +80,56 @@ def test_on_postgresql_the_writes_of_a_group_are_one_query():
     assert outcomes == [None, None, None]
     assert len(sent) == 1
     assert Session.objects.filter(pk__in=[s.id for s in sessions], state="thinking").count() == 3
+
+
+def _checkpoint(session, seq: int, role: str = "user") -> dict:
+    return {"session_id": session.id, "tenant_id": session.tenant_id, "turn": 1,
+            "messages": [{"seq": seq, "role": role, "content": [{"type": "text", "text": "hi"}]}],
+            "usage": {"turns": 1, "input_tokens": 10, "output_tokens": 5}}
+
+
+def test_turn_checkpoints_written_together_land_with_their_usage_counted_once():
+    first, second = open_session_row(), open_session_row()
+    outcomes = services.turn_checkpoints([_checkpoint(first, 1), _checkpoint(second, 1)])
+    assert outcomes == [None, None]
+    services.usage_flush()
+    for session in (first, second):
+        row = Session.objects.get(pk=session.pk)
+        assert [m.seq for m in row.messages.all()] == [1]
+        assert (row.input_tokens, row.output_tokens) == (10, 5)
+    assert sum(u.input_tokens for u in DailyUsage.objects.filter(
+        tenant_id__in=[first.tenant_id, second.tenant_id])) == 20
+
+
+def test_a_turn_checkpoint_the_database_refuses_fails_alone_and_counts_no_usage():
+    good, bad = open_session_row(), open_session_row()
+    outcomes = services.turn_checkpoints([_checkpoint(good, 1), _checkpoint(bad, 1, role="\ud800")])
+    assert outcomes[0] is None and outcomes[1] is not None
+    services.usage_flush()
+    assert Session.objects.get(pk=good.pk).messages.count() == 1
+    assert Session.objects.get(pk=bad.pk).messages.count() == 0
+    assert Session.objects.get(pk=bad.pk).input_tokens == 0
+    assert not DailyUsage.objects.filter(tenant_id=bad.tenant_id, input_tokens__gt=0).exists()
+
+
+async def test_a_write_whose_caller_stopped_waiting_before_it_left_is_not_sent():
+    calls: list[list[str]] = []
+    first_taken, first_may_end = threading.Event(), threading.Event()
+
+    def write_many(writes):
+        calls.append([write["name"] for write in writes])
+        if len(calls) == 1:
+            first_taken.set()
+            first_may_end.wait(PATIENCE)
+        return [None] * len(writes)
+
+    group = GroupWrite(write_many)
+    first = asyncio.ensure_future(group.write(name="a"))
+    await asyncio.wait_for(asyncio.to_thread(first_taken.wait, PATIENCE), PATIENCE)
+    withdrawn = asyncio.ensure_future(group.write(name="withdrawn"))
+    kept = asyncio.ensure_future(group.write(name="kept"))
+    await asyncio.sleep(0)
+    withdrawn.cancel()
+    first_may_end.set()
+    await asyncio.wait_for(asyncio.gather(first, kept), PATIENCE)
+    assert calls == [["a"], ["kept"]]
