@@ -36,6 +36,7 @@ from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.agent_voice import Listening
 from aitp.db import DbCallConsumer, db_call
+from aitp.group_write import GroupWrite
 from aitp.limits import connection_limits
 from aitp.llm import get_backend
 from aitp.operator_commands import OperatorCommands
@@ -65,6 +66,10 @@ from aitp.voice.utterance import AudioBudget, VoiceLimits
 from aitp.watch_feed import WatcherFeed
 
 logger = logging.getLogger(__name__)
+
+# The session rows this process's connections close: closes that meet in time
+# go to the database together (aitp.group_write).
+SESSION_CLOSES = GroupWrite(services.sessions_close)
 
 CAPABILITIES = ("text", "tools")
 VOICE_CAPABILITIES = ("text", "audio", "tools")
@@ -483,9 +488,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             with _teardown_step(self, "group"):
                 await notify.leave(self.channel_layer, groups, self.channel_name)
         if self.session_row is not None:
-            await db_call(
-                services.session_close, session_id=self.session_row.id, code=code, reason=reason
-            )
+            await SESSION_CLOSES.write(session_id=self.session_row.id, code=code, reason=reason)
             if self.feed is not None:
                 self.feed.session_changed("closed", code=code)
                 await self.feed.aclose()

@@ -26,6 +26,7 @@ from typing import cast
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Model
 
+from aitp import statements
 from aitp.models import ApiKey, Session
 from aitp.statements import table_of
 from tenants.models import Tenant
@@ -226,13 +227,12 @@ _END_FIELDS = ("ended_at", "close_code", "close_reason", "state", "last_seen_at"
 
 
 def session_end(session_id: str, *, now: datetime, code: int | None, reason: str,
-                state: str) -> int:
-    """Close the session row if it is still open; returns how many rows closed."""
+                state: str) -> int | None:
+    """Close the session row if it is still open; returns how many rows closed
+    (None inside a ``statements.together`` block, where it goes with the rest)."""
     table = _t(Session)
     values = {"ended_at": now, "close_code": code, "close_reason": reason, "state": state,
               "last_seen_at": now}
     params = [table.prep(name, values[name]) for name in _END_FIELDS]
     params.append(table.prep("id", session_id))
-    with connection.cursor() as cursor:
-        cursor.execute(_end_sql(connection.vendor), params)
-        return cursor.rowcount
+    return statements.execute(_end_sql(connection.vendor), params)

@@ -418,6 +418,11 @@ def _together_or_alone(
     return outcomes
 
 
+def sessions_close(closes: list[dict]) -> list[Exception | None]:
+    """Several ``session_close`` in one transaction (``_together_or_alone``)."""
+    return _together_or_alone(closes, lambda close: session_close(**close))
+
+
 def session_close(*, session_id: str, code: int | None, reason: str = "") -> None:
     open_statements.session_end(session_id, now=timezone.now(), code=code,
                                 reason=(reason or "")[:200], state=Session.State.ENDED)

@@ -116,7 +116,7 @@ def _batch() -> list | None:
     return getattr(_pending, "batch", None)
 
 
-def _execute(sql: str, params: Sequence) -> int | None:
+def execute(sql: str, params: Sequence) -> int | None:
     """Run one statement and return its row count; inside a ``together``
     block that sends its statements at the end, queue it and return None."""
     batch = _batch()
@@ -151,7 +151,7 @@ def _insert_ignoring(model: type[Model], names: tuple[str, ...], rows: list[tupl
         return
     table = _t(model)
     sql = _insert_ignoring_sql(model, connection.vendor, names, len(rows))
-    _execute(sql, [table.prep(name, value) for row in rows for name, value in zip(names, row, strict=True)])
+    execute(sql, [table.prep(name, value) for row in rows for name, value in zip(names, row, strict=True)])
 
 
 MESSAGE_COLUMNS = ("session", "seq", "turn", "role", "content", "created_at")
@@ -197,7 +197,7 @@ def session_usage_add(*, session_id: str, now: datetime, amounts: dict[str, int]
     """Add to the session row's counters (tokens, turns, audio) and touch its last activity."""
     names = tuple(sorted(amounts))
     table = _t(Session)
-    _execute(_usage_add_sql(connection.vendor, names),
+    execute(_usage_add_sql(connection.vendor, names),
              [*(int(amounts[n]) for n in names), table.prep("last_activity_at", now), session_id])
 
 
@@ -224,7 +224,7 @@ def call_mark(*, call_id: str, status: str, sources: Iterable[str], sent_at: dat
     if sent_at is not None:
         params.append(table.prep("sent_at", sent_at))
     params += [value for value in (risk, origin) if value is not None]
-    _execute(sql, [*params, call_id])
+    execute(sql, [*params, call_id])
 
 
 @cache
@@ -256,7 +256,7 @@ def call_finish(*, call_id: str, status: str, result, error: str, finished_at: d
         params.append(table.prep("sent_at", sent_at))
     sql = _call_finish_sql(connection.vendor, finals, risk is not None, origin is not None,
                            sent_at is not None)
-    return _execute(sql, [*params, call_id, *finals])
+    return execute(sql, [*params, call_id, *finals])
 
 
 @cache
@@ -272,7 +272,7 @@ def session_live_update(*, session_id: str, fields: dict) -> int | None:
     None inside a ``together`` block)."""
     names = tuple(sorted(fields))
     table = _t(Session)
-    return _execute(_session_live_sql(connection.vendor, names),
+    return execute(_session_live_sql(connection.vendor, names),
                     [*(table.prep(name, fields[name]) for name in names), session_id])
 
 
@@ -303,7 +303,7 @@ def session_live_visits(*, session_id: str, fields: dict, visits: list[dict], ke
         return
     names = tuple(sorted(fields))
     table = _t(Session)
-    _execute(_session_live_visits_sql(connection.vendor, names), [
+    execute(_session_live_visits_sql(connection.vendor, names), [
         *(table.prep(name, fields[name]) for name in names),
         table.prep("page_history", list(visits)), keep, session_id,
     ])

@@ -133,3 +133,15 @@ async def test_a_write_whose_caller_stopped_waiting_before_it_left_is_not_sent()
     first_may_end.set()
     await asyncio.wait_for(asyncio.gather(first, kept), PATIENCE)
     assert calls == [["a"], ["kept"]]
+
+
+def test_sessions_closed_together_each_end_with_their_own_code():
+    first, second = open_session_row(), open_session_row()
+    outcomes = services.sessions_close([
+        {"session_id": first.id, "code": 1000, "reason": "bye"},
+        {"session_id": second.id, "code": 1001, "reason": "going away"},
+    ])
+    assert outcomes == [None, None]
+    rows = {row.id: row for row in Session.objects.filter(pk__in=[first.id, second.id])}
+    assert [(rows[s.id].ended_at is not None, rows[s.id].close_code) for s in (first, second)] == [
+        (True, 1000), (True, 1001)]
