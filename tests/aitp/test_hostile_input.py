@@ -75,7 +75,9 @@ async def recv_until_close(page) -> dict:
 
 async def finish_a_turn(page, text: str = "hello") -> dict:
     """Send a user message and return the done:true frame that ends a turn. A
-    turn a hostile frame started first is waited out, then ours is sent again."""
+    turn a hostile frame started first is waited out, then ours is sent again:
+    it ends with done:true, or with "interrupted" when a hostile
+    VOICE_INTERRUPT cut it (a barged-in turn sends no done frame)."""
     wait = 5 + 2 * settings.OWLLAYER_TOOL_TIMEOUT
     for _ in range(3):
         await page.send("USER_INPUT", {"modality": "text", "content": text})
@@ -89,6 +91,9 @@ async def finish_a_turn(page, text: str = "hello") -> dict:
             elif received["type"] == "AGENT_RESPONSE" and received["payload"]["done"]:
                 if not refused:
                     return received
+                break
+            elif (refused and received["type"] == "VOICE_STATE_EVENT"
+                    and received["payload"].get("event") == "interrupted"):
                 break
     raise AssertionError("no turn of ours ever ran")
 
