@@ -40,6 +40,7 @@ from aitp.group_write import GroupWrite
 from aitp.limits import connection_limits
 from aitp.llm import get_backend
 from aitp.operator_commands import OperatorCommands
+from aitp.recent import RecentAnswers
 from aitp.row_writer import SessionRowWriter
 from aitp.session import (
     CLOSE_GOING_AWAY,
@@ -560,5 +561,13 @@ class TurnPort:
             await self.send_message(p.voice_state("waiting_for_input"))
 
 
+# How long a tenant's server tools, once read, serve its next opens: a change
+# to them (the console, the admin) reaches new sessions within this time; at
+# fifty opens a second of one tenant, the read happens once instead of fifty
+# times. Sessions already open keep the tools they opened with.
+SERVER_TOOLS_FRESH_FOR = 1.0
+_server_tools: RecentAnswers[list] = RecentAnswers(lambda: SERVER_TOOLS_FRESH_FOR)
+
+
 async def _load_server_tools(tenant_id: int) -> list:
-    return await ports.approvals().load_server_tools(tenant_id)
+    return await _server_tools.get(tenant_id, lambda: ports.approvals().load_server_tools(tenant_id))
