@@ -30,7 +30,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from aitp import notify, ports, processes, services, voice
+from aitp import live, notify, ports, processes, services, voice
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
@@ -285,7 +285,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         groups = [notify.session_group(session.id), notify.key_group(session.api_key_id)]
         # Counted as joined first: whatever the join raises, the teardown leaves them.
         self.groups_joined.extend(groups)
-        await notify.join(self.channel_layer, groups, self.channel_name)
+        watched = await notify.join(self.channel_layer, groups, self.channel_name,
+                                    ask=live.session_watch_group(session.id))
         if await self._handshake_abandoned():
             return
         self.agent = Agent(
@@ -307,7 +308,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
         self.feed = WatcherFeed(session)
-        self.feed.start()
+        self.feed.start(watched)
         self.row_writer.open(session.id, self.feed)
         self.feed.session_changed("opened")
 

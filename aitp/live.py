@@ -174,9 +174,15 @@ class LivePublisher:
             return
         self._put(publish_session, self.session, what, **fields)
 
-    def start(self) -> None:
+    def start(self, watched: bool | None = None) -> None:
         """Once the connection is in its session's group: a watcher that
-        subscribed before could not tell it, so ask the group once."""
+        subscribed before could not tell it, so ask the group once --
+        unless ``watched`` already says (the join asked it, in the same
+        round trip)."""
+        if watched is not None:
+            if watched:
+                self.watchers_joined()
+            return
         layer = get_channel_layer()
         if isinstance(layer, InMemoryChannelLayer):
             if _local_group_has_members(layer, session_watch_group(self.session.id)):

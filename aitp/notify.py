@@ -25,15 +25,17 @@ def tenant_watch_group(tenant_id: int) -> str:
 ALL_WATCH_GROUP = "aitp.watch.all"
 
 
-async def join(layer, groups: list[str], channel: str) -> None:
+async def join(layer, groups: list[str], channel: str, *, ask: str | None = None) -> bool | None:
     """Add a channel to several groups: in one round trip on a layer that can
-    (``groups_add``, the Redis layer), else one group after another."""
+    (``groups_add``, the Redis layer), else one group after another. With
+    ``ask``, such a layer also says, in that round trip, whether that group
+    has members (once the channel joined its groups); None: not asked."""
     many = getattr(layer, "groups_add", None)
     if many is not None:
-        await many(groups, channel)
-        return
+        return await many(groups, channel, ask=ask)
     for group in groups:
         await layer.group_add(group, channel)
+    return None
 
 
 async def leave(layer, groups: list[str], channel: str) -> None:

@@ -35,9 +35,9 @@ class WatcherFeed:
     def __init__(self, session) -> None:
         self.publisher = live.LivePublisher(session)
 
-    def start(self) -> None:
+    def start(self, watched: bool | None = None) -> None:
         """Once the connection is in its session's group (``LivePublisher.start``)."""
-        self.publisher.start()
+        self.publisher.start(watched)
 
     def inbound(self, event) -> None:
         # Described only when someone watches.

@@ -302,21 +302,36 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
                     self.pending_discards.setdefault(group, set()).update(channels)
             raise
 
-    async def _write_groups(self, adds: dict[str, set[str]], removes: dict[str, set[str]]) -> None:
+    async def _write_groups(self, adds: dict[str, set[str]], removes: dict[str, set[str]],
+                            *, ask: str | None = None) -> int | None:
+        """Apply the adds and removes, one pipeline per shard; with ``ask``,
+        the number of unexpired members of that group, counted last."""
         now = time.time()
         pipes = {}
-        for group in set(adds) | set(removes):
+
+        def pipe_for(group):
             index = self.consistent_hash(group)
             if index not in pipes:
                 pipes[index] = self.connection(index).pipeline(transaction=False)
-            pipe, key = pipes[index], self._group_key(group)
+            return pipes[index]
+
+        for group in set(adds) | set(removes):
+            pipe, key = pipe_for(group), self._group_key(group)
             if adds.get(group):
                 pipe.zadd(key, dict.fromkeys(adds[group], now))
                 pipe.expire(key, self.group_expiry)
             if removes.get(group):
                 pipe.zrem(key, *removes[group])
+        asked = None
+        if ask is not None:
+            asked = pipe_for(ask)
+            asked.zcount(self._group_key(ask), int(now) - self.group_expiry, "+inf")
+        counted = None
         for pipe in pipes.values():
-            await pipe.execute()
+            results = await pipe.execute()
+            if pipe is asked:
+                counted = results[-1]
+        return counted
 
     # --- the rest of the API: log and carry on -----------------------------------
 
@@ -331,9 +346,11 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
     async def group_discard(self, group, channel):
         await self.groups_discard([group], channel)
 
-    async def groups_add(self, groups, channel):
+    async def groups_add(self, groups, channel, *, ask=None):
         """Add the channel to each group: one round trip to Redis for them all
-        (channels-redis' ``group_add`` takes two per group)."""
+        (channels-redis' ``group_add`` takes two per group). With ``ask`` (a
+        group), also whether it has members, read after the adds in the same
+        round trip (``group_has_members``); None when that is not known."""
         for group in groups:
             assert self.require_valid_group_name(group), "Group name not valid"
             self.memberships.setdefault(group, set()).add(channel)
@@ -342,13 +359,14 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
                 discarded.discard(channel)
         assert self.require_valid_channel_name(channel), "Channel name not valid"
         if self._redis_known_away():
-            return  # remembered above: joined for real when Redis is back
+            return None  # remembered above: joined for real when Redis is back
         try:
-            await self._write_groups({group: {channel} for group in groups}, {})
+            counted = await self._write_groups({group: {channel} for group in groups}, {}, ask=ask)
         except REDIS_DOWN_ERRORS as error:
             self._unreachable(error)
-            return
+            return None
         self._answered_by_notification()
+        return None if counted is None else counted > 0
 
     async def groups_discard(self, groups, channel):
         """Take the channel out of each group, in one round trip."""

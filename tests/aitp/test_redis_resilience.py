@@ -478,7 +478,8 @@ def test_a_receive_cancelled_while_a_backup_is_cleaned_leaves_the_layer_usable_f
     assert asyncio.run(two_messages_in_a_row_on_a_later_loop()) == [{"type": "one"}, {"type": "two"}]
 
 
-async def test_a_channel_joins_and_leaves_several_groups_in_one_round_trip_each(own_redis, monkeypatch):
+async def test_joining_groups_takes_one_round_trip_that_also_says_whether_a_group_has_members(
+        own_redis, monkeypatch):
     from redis.asyncio.client import Pipeline, Redis
 
     layer = own_layer(own_redis)
@@ -494,18 +495,19 @@ async def test_a_channel_joins_and_leaves_several_groups_in_one_round_trip_each(
         trips.append("pipeline")
         return await batch(self, *args, **options)
 
-    channel = await layer.new_channel()
+    channel, watcher = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add("watchers", watcher)
     try:
         monkeypatch.setattr(Redis, "execute_command", one_command)
         monkeypatch.setattr(Pipeline, "execute", one_pipeline)
-        await layer.groups_add(["shop", "key"], channel)
+        asked = await layer.groups_add(["shop", "key"], channel, ask="watchers")
         joined, trips[:] = list(trips), []
         members = [await layer.group_has_members(group) for group in ("shop", "key")]
         await layer.groups_discard(["shop", "key"], channel)
         left = list(trips[2:])
         remaining = [await layer.group_has_members(group) for group in ("shop", "key")]
-        assert (joined, members, left, remaining) == (
-            ["pipeline"], [True, True], ["pipeline"], [False, False])
+        assert (joined, asked, members, left, remaining) == (
+            ["pipeline"], True, [True, True], ["pipeline"], [False, False])
     finally:
         monkeypatch.undo()
         await layer.close_pools()
