@@ -2,12 +2,11 @@
 
 Each method is one ``db_call`` into a service (on the process's database
 threads, see ``aitp.db``), so the turn never touches the ORM from the event
-loop; checkpoints, and progress marks, of turns that meet in time share one
-(``aitp.group_write``).
-Progress marks and final outcomes of tool calls are written behind the turn:
-a mark in a task of its own, an outcome with the turn's next write. Each
-write first waits for the marks still on their way, so a call's rows change
-in the order the turn decided them.
+loop; the checkpoints (and the progress marks) of turns that meet in time
+share one (``aitp.group_write``). Progress marks and final outcomes of tool
+calls are written behind the turn: a mark in a task of its own, an outcome
+with the turn's next write. Each write first waits for the marks still on
+their way, so a call's rows change in the order the turn decided them.
 """
 from __future__ import annotations
 
@@ -25,8 +24,9 @@ from aitp.ports import ApprovalTicket
 
 logger = logging.getLogger(__name__)
 
-# The checkpoints of every turn of this process: those asked for while one is
-# on its way go together, in one transaction (aitp.group_write).
+# The checkpoints, and the progress marks, of every turn of this process: those
+# asked for while one is on its way go together, in one transaction
+# (aitp.group_write).
 CHECKPOINTS = GroupWrite(services.turn_checkpoints)
 MARKS = GroupWrite(services.tool_call_marks)
 

@@ -1,18 +1,21 @@
 """Writes of many connections that go to the database as one call.
 
-Each live connection writes its session row behind it (``aitp.row_writer``):
-at fifty or two hundred busy sessions those are as many database calls per
-second, each handed to a database thread, waited for by the thread and
-handed back, for one short UPDATE. ``GroupWrite`` collects the writes asked
-for while one is on its way and sends them together when it is back (a
-group commit): one call, one transaction (one query on PostgreSQL) for all
-of them. A lone write goes at once, as before; under load a write waits at
-most for the call ahead of it.
+At fifty or two hundred busy sessions, each connection's writes (its turn's
+checkpoints and tool-call marks, its live session row, its row's close) are
+as many database calls per second, each handed to a database thread,
+waited for there and handed back, for a few short statements. A
+``GroupWrite`` collects the writes asked for while one is on its way and
+sends them together when it is back (a group commit): one call, one
+transaction (one query on PostgreSQL) for all of them. A lone write goes at
+once, as before; under load a write waits at most for the call ahead of it.
+One session never has two writes of one kind on their way (each caller
+waits for its write), so a group never reorders a session's writes.
 
 ``write_many`` runs on a database thread with the arguments of every write
 of the group, and returns, in order, None or the exception of each: when
 the database refuses the group (a value of one session it cannot store),
-it writes each alone, so that only that write fails.
+it writes each alone, so that only that write fails
+(``services._together_or_alone``).
 """
 from __future__ import annotations
 
