@@ -305,7 +305,8 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
     async def _write_groups(self, adds: dict[str, set[str]], removes: dict[str, set[str]],
                             *, ask: str | None = None) -> int | None:
         """Apply the adds and removes, one pipeline per shard; with ``ask``,
-        the number of unexpired members of that group, counted last."""
+        the number of unexpired members of that group, counted after every
+        add (its shard's pipeline runs last)."""
         now = time.time()
         pipes = {}
 
@@ -327,7 +328,8 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             asked = pipe_for(ask)
             asked.zcount(self._group_key(ask), int(now) - self.group_expiry, "+inf")
         counted = None
-        for pipe in pipes.values():
+        # The shard counting goes last: it counts once every add is in.
+        for pipe in sorted(pipes.values(), key=lambda pipe: pipe is asked):
             results = await pipe.execute()
             if pipe is asked:
                 counted = results[-1]
@@ -348,9 +350,9 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
 
     async def groups_add(self, groups, channel, *, ask=None):
         """Add the channel to each group: one round trip to Redis for them all
-        (channels-redis' ``group_add`` takes two per group). With ``ask`` (a
-        group), also whether it has members, read after the adds in the same
-        round trip (``group_has_members``); None when that is not known."""
+        (channels-redis' ``group_add`` takes two per group) on one Redis. With
+        ``ask`` (a group), also whether it has members, counted after the adds
+        in that round trip (``group_has_members``); None when not known."""
         for group in groups:
             assert self.require_valid_group_name(group), "Group name not valid"
             self.memberships.setdefault(group, set()).add(channel)
