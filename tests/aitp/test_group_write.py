@@ -23,25 +23,39 @@ PATIENCE = 10
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-async def test_writes_asked_for_while_one_is_on_its_way_go_in_one_call():
-    calls: list[list[str]] = []
-    first_taken, first_may_end = threading.Event(), threading.Event()
+class HeldFirstCall:
+    """A GroupWrite whose first call is held on its database thread until
+    ``let_go()``; ``calls`` lists the names each call wrote."""
 
-    def write_many(writes):
-        calls.append([write["name"] for write in writes])
-        if len(calls) == 1:
-            first_taken.set()
-            first_may_end.wait(PATIENCE)
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.taken, self.may_end = threading.Event(), threading.Event()
+        self.group = GroupWrite(self.write_many)
+
+    def write_many(self, writes):
+        self.calls.append([write["name"] for write in writes])
+        if len(self.calls) == 1:
+            self.taken.set()
+            self.may_end.wait(PATIENCE)
         return [None] * len(writes)
 
-    group = GroupWrite(write_many)
-    first = asyncio.ensure_future(group.write(name="a"))
-    await asyncio.wait_for(asyncio.to_thread(first_taken.wait, PATIENCE), PATIENCE)
-    later = [asyncio.ensure_future(group.write(name=name)) for name in ("b", "c")]
+    async def first_on_its_way(self) -> asyncio.Future:
+        first = asyncio.ensure_future(self.group.write(name="a"))
+        await asyncio.wait_for(asyncio.to_thread(self.taken.wait, PATIENCE), PATIENCE)
+        return first
+
+    def let_go(self) -> None:
+        self.may_end.set()
+
+
+async def test_writes_asked_for_while_one_is_on_its_way_go_in_one_call():
+    held = HeldFirstCall()
+    first = await held.first_on_its_way()
+    later = [asyncio.ensure_future(held.group.write(name=name)) for name in ("b", "c")]
     await asyncio.sleep(0)
-    first_may_end.set()
+    held.let_go()
     await asyncio.wait_for(asyncio.gather(first, *later), PATIENCE)
-    assert calls == [["a"], ["b", "c"]]
+    assert held.calls == [["a"], ["b", "c"]]
 
 
 async def test_a_write_that_fails_raises_for_its_caller_only():
@@ -113,26 +127,16 @@ def test_a_turn_checkpoint_the_database_refuses_fails_alone_and_counts_no_usage(
 
 
 async def test_a_write_whose_caller_stopped_waiting_before_it_left_is_not_sent():
-    calls: list[list[str]] = []
-    first_taken, first_may_end = threading.Event(), threading.Event()
-
-    def write_many(writes):
-        calls.append([write["name"] for write in writes])
-        if len(calls) == 1:
-            first_taken.set()
-            first_may_end.wait(PATIENCE)
-        return [None] * len(writes)
-
-    group = GroupWrite(write_many)
-    first = asyncio.ensure_future(group.write(name="a"))
-    await asyncio.wait_for(asyncio.to_thread(first_taken.wait, PATIENCE), PATIENCE)
-    withdrawn = asyncio.ensure_future(group.write(name="withdrawn"))
-    kept = asyncio.ensure_future(group.write(name="kept"))
+    held = HeldFirstCall()
+    first = await held.first_on_its_way()
+    withdrawn = asyncio.ensure_future(held.group.write(name="withdrawn"))
+    kept = asyncio.ensure_future(held.group.write(name="kept"))
     await asyncio.sleep(0)
     withdrawn.cancel()
-    first_may_end.set()
+    held.let_go()
     await asyncio.wait_for(asyncio.gather(first, kept), PATIENCE)
-    assert calls == [["a"], ["kept"]]
+    assert held.calls == [["a"], ["kept"]]
+
 
 
 def test_sessions_closed_together_each_end_with_their_own_code():
