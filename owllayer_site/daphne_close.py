@@ -119,7 +119,8 @@ class _PrettyWhenWritten:
     def __str__(self) -> str:
         return pprint.pformat(self.value)
 
-    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _install_lazy_config_log() -> None:
