@@ -403,8 +403,8 @@ def _together_or_alone(
         except Exception:
             pass  # rolled back whole: find the one that fails, alone
         else:
-            for each in writes:
-                if committed is not None:
+            if committed is not None:
+                for each in writes:
                     committed(each)
             return [None] * len(writes)
     outcomes: list[Exception | None] = []
