@@ -480,18 +480,21 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         for timer in timers:
             with _teardown_step(self, "timer"), contextlib.suppress(asyncio.CancelledError):
                 await timer
-        # Let the last snapshot and state land, now, before the session is closed.
-        await self.row_writer.flush()
-        await self._end_row_and_groups(code, reason)
+        # The last snapshot and state the row is owed go with its close.
+        owed = await self.row_writer.finish()
+        await self._end_row_and_groups(code, reason, owed)
 
-    async def _end_row_and_groups(self, code: int, reason: str) -> None:
+    async def _end_row_and_groups(self, code: int, reason: str, owed: dict | None = None) -> None:
         groups, self.groups_joined = self.groups_joined, []
         if groups:
             with _teardown_step(self, "group"):
                 await notify.leave(self.channel_layer, groups, self.channel_name)
         if self.session_row is not None:
-            await SESSION_CLOSES.write(session_id=self.session_row.id, code=code, reason=reason)
+            await SESSION_CLOSES.write(session_id=self.session_row.id, code=code, reason=reason,
+                                       live=owed)
             if self.feed is not None:
+                if owed is not None:
+                    self.row_writer.announce(owed)
                 self.feed.session_changed("closed", code=code)
                 await self.feed.aclose()
             logger.info("session %s: closed (%s)", self.session_row.id, code)

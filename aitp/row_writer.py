@@ -2,13 +2,18 @@
 
 The session machine and the agent hold the live values (the page, the turn's
 state); ``SessionRowWriter`` writes them to the ``Session`` row at most once
-per ``ROW_WRITE_INTERVAL``, in a task of its own, so neither the page's next
-frame nor the turn waits for the database. Only the latest values are
-written, every URL visited in between is kept for the page history, and
-watchers are told after the row changed. The consumer owns one per
-connection and lets the last write land (``flush()``) before the row ends.
-The writes of all connections of the process that meet in time go to the
-database in one call (``aitp.group_write``).
+per ``ROW_WRITE_INTERVAL`` (the open's own insert counting as the first
+write), in a task of its own, so neither the page's next frame nor the turn
+waits for the database. Only the latest values are written, every URL
+visited in between is kept for the page history, and watchers are told
+after the row changed. The writes of all connections of the process that
+meet in time go to the database in one call (``aitp.group_write``).
+
+When the connection ends, ``finish()`` lets a write already on its way land
+and hands back what is still owed: the consumer sends it with the row's
+close, in the same call and transaction. A page that opens, sends its
+context and leaves within the interval costs one write after the open, not
+two.
 """
 from __future__ import annotations
 
@@ -46,10 +51,13 @@ class SessionRowWriter:
         self._last_url = ""
         self._visits: list[dict] = []
         self._task: asyncio.Task | None = None
+        self._finishing = False
 
     def open(self, session_id: str, feed) -> None:
         self.session_id = session_id
         self.feed = feed
+        # The open inserted the row: the next write is an interval away.
+        self._written_at = asyncio.get_running_loop().time()
 
     def context_changed(self, event: ContextChanged) -> None:
         if event.url and event.url != self._last_url:
@@ -65,19 +73,47 @@ class SessionRowWriter:
         self._state = state
         self._kick()
 
-    async def flush(self) -> None:
-        """Let the last snapshot and state land, now (the connection is ending)."""
+    async def finish(self) -> dict | None:
+        """The connection is ending: no more writes of their own. A write on
+        its way lands; what is still owed comes back (``session_write_live``'s
+        arguments but the session id, None when nothing is), for the row's
+        close to carry; ``announce()`` it once that is written."""
+        self._finishing = True
         if self._task is not None:
             self._flush.set()
             with contextlib.suppress(Exception):
                 await self._task
+        return self._take()
+
+    def announce(self, written: dict) -> None:
+        """Tell the watchers what a write of ``_take()``'s values changed."""
+        snapshot = written.get("snapshot")
+        if snapshot is not None:
+            self.feed.session_changed("context", url=snapshot["url"], title=snapshot["title"])
+        if written.get("state") is not None:
+            self.feed.session_changed("state", state=written["state"])
+
+    def _take(self) -> dict | None:
+        """What is owed to the row (and no longer is)."""
+        if self._snapshot is None and self._state is None:
+            return None
+        event, self._snapshot = self._snapshot, None
+        state, self._state = self._state, None
+        visits, self._visits = self._visits, []
+        snapshot = None
+        if event is not None:
+            snapshot = {
+                "url": event.url, "title": event.title, "context": event.context,
+                "tools": [tool.wire for tool in event.tools],  # shared: serialized as they are
+            }
+        return {"snapshot": snapshot, "state": state, "visits": visits}
 
     def _kick(self) -> None:
         if self._task is None or self._task.done():
             self._task = self._own(asyncio.create_task(self._write()), "row writer")
 
     async def _write(self) -> None:
-        while self._snapshot is not None or self._state is not None:
+        while not self._finishing and (self._snapshot is not None or self._state is not None):
             if self._written_at is not None and not self._flush.is_set():
                 # At most one write per interval: a page sending updates
                 # back to back costs one write, not one per frame.
@@ -85,20 +121,11 @@ class SessionRowWriter:
                 if wait > 0:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._flush.wait(), wait)
-            event, self._snapshot = self._snapshot, None
-            state, self._state = self._state, None
-            visits, self._visits = self._visits, []
-            snapshot = None
-            if event is not None:
-                snapshot = {
-                    "url": event.url, "title": event.title, "context": event.context,
-                    "tools": [tool.wire for tool in event.tools],  # shared: serialized as they are
-                }
-            await LIVE_ROWS.write(
-                session_id=self.session_id, snapshot=snapshot, state=state, visits=visits,
-            )
+            if self._finishing:
+                return  # what is owed goes with the close
+            owed = self._take()
+            if owed is None:
+                return
+            await LIVE_ROWS.write(session_id=self.session_id, **owed)
             self._written_at = asyncio.get_running_loop().time()
-            if event is not None:
-                self.feed.session_changed("context", url=event.url, title=event.title)
-            if state is not None:
-                self.feed.session_changed("state", state=state)
+            self.announce(owed)

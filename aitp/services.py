@@ -420,12 +420,32 @@ def _together_or_alone(
 
 def sessions_close(closes: list[dict]) -> list[Exception | None]:
     """Several ``session_close`` in one transaction (``_together_or_alone``)."""
-    return _together_or_alone(closes, lambda close: session_close(**close))
+    return _together_or_alone(closes, lambda close: session_close(**close),
+                              alone=_session_close_alone)
 
 
-def session_close(*, session_id: str, code: int | None, reason: str = "") -> None:
-    open_statements.session_end(session_id, now=timezone.now(), code=code,
-                                reason=(reason or "")[:200], state=Session.State.ENDED)
+def session_close(*, session_id: str, code: int | None, reason: str = "",
+                  live: dict | None = None) -> None:
+    """End a session's row; ``live``: the last ``session_write_live`` it is
+    owed (but the session id), written with it, in one transaction."""
+    with statements.together():
+        if live is not None:
+            session_write_live(session_id=session_id, **live)
+        open_statements.session_end(session_id, now=timezone.now(), code=code,
+                                    reason=(reason or "")[:200], state=Session.State.ENDED)
+
+
+def _session_close_alone(close: dict) -> None:
+    """``session_close``; when the database refuses the last live values (a
+    value it cannot store), the row still ends, without them."""
+    try:
+        session_close(**close)
+    except Exception as exc:
+        if close.get("live") is None:
+            raise
+        logger.warning("session %s: its last page snapshot could not be written (%s); "
+                       "closing the row without it", close["session_id"], type(exc).__name__)
+        session_close(**{**close, "live": None})
 
 
 def sessions_close_stale(*, now: datetime | None = None) -> int:

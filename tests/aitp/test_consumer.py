@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from aitp import services
+from aitp import row_writer, services
 from aitp.models import ApiKey, Session, ToolCall
 from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, ORIGIN, in_db, open_page
 
@@ -148,6 +148,27 @@ async def test_a_context_update_replaces_the_snapshot_and_reports_effective_tool
     session = await Session.objects.aget(id=ack["payload"]["sessionId"])
     assert session.current_url == "/cart" and session.tools == [] and session.context == {}
     assert [entry["url"] for entry in session.page_history] == ["/p/1", "/cart"]
+
+
+async def test_a_page_that_leaves_within_the_row_interval_has_its_snapshot_written_with_the_close(
+        connect, api_key, monkeypatch):
+    live_writes: list[dict] = []
+    real_write = row_writer.LIVE_ROWS.write
+
+    async def recorded(**write):
+        live_writes.append(write)
+        await real_write(**write)
+
+    monkeypatch.setattr(row_writer.LIVE_ROWS, "write", recorded)
+    monkeypatch.setattr(row_writer, "ROW_WRITE_INTERVAL", 3600)
+    page = await connect()
+    ack = await page.handshake(api_key.raw)
+    await page.context(url="/p/1", title="Headphones", tools=[ADD_TO_CART], context={"productId": "p1"})
+    await page.close()
+    session = await Session.objects.aget(id=ack["payload"]["sessionId"])
+    assert live_writes == []
+    assert (session.current_url, session.context) == ("/p/1", {"productId": "p1"})
+    assert session.ended_at is not None and [v["url"] for v in session.page_history] == ["/p/1"]
 
 
 async def test_too_many_tools_are_refused_and_the_previous_tools_kept(connect, api_key):

@@ -149,3 +149,32 @@ def test_sessions_closed_together_each_end_with_their_own_code():
     rows = {row.id: row for row in Session.objects.filter(pk__in=[first.id, second.id])}
     assert [(rows[s.id].ended_at is not None, rows[s.id].close_code) for s in (first, second)] == [
         (True, 1000), (True, 1001)]
+
+
+def test_a_close_carrying_the_last_live_values_writes_them_and_ends_the_row():
+    session = open_session_row()
+    outcomes = services.sessions_close([{
+        "session_id": session.id, "code": 1000, "reason": "bye",
+        "live": {"snapshot": {"url": "/cart", "title": "Cart", "context": {"n": 1}, "tools": []},
+                 "state": "idle", "visits": [{"url": "/cart", "title": "Cart", "at": "t"}]},
+    }])
+    assert outcomes == [None]
+    row = Session.objects.get(pk=session.pk)
+    assert (row.current_url, row.context, row.close_code) == ("/cart", {"n": 1}, 1000)
+    assert row.ended_at is not None and [v["url"] for v in row.page_history] == ["/cart"]
+
+
+def test_a_close_whose_last_live_values_the_database_refuses_still_ends_the_row():
+    good, bad = open_session_row(), open_session_row()
+    outcomes = services.sessions_close([
+        {"session_id": good.id, "code": 1000, "live": {
+            "snapshot": {"url": "/cart", "title": "Cart", "context": {}, "tools": []}}},
+        # A lone surrogate: valid in a Python string, refused on its way to UTF-8.
+        {"session_id": bad.id, "code": 1001, "live": {
+            "snapshot": {"url": "/x", "title": "\ud800", "context": {}, "tools": []}}},
+    ])
+    assert outcomes == [None, None]
+    rows = {row.id: row for row in Session.objects.filter(pk__in=[good.id, bad.id])}
+    assert (rows[good.id].current_url, rows[good.id].close_code) == ("/cart", 1000)
+    assert rows[bad.id].close_code == 1001 and rows[bad.id].ended_at is not None
+    assert rows[bad.id].current_url != "/x"
