@@ -106,6 +106,39 @@ def api_key_lookup(raw_key: str, *, for_update: bool = False) -> ApiKey | None:
     return key
 
 
+# How long a key read for a session open serves the next opens of that key
+# (this process): the first check (known, usable, from this origin) and the
+# tenant the session belongs to. The admission reads the key's row again
+# under its lock, and that row decides: a key revoked or changed since still
+# refuses at once. A tenant's system prompt or quota changed reaches sessions
+# opened this much later. Only keys that exist are remembered: a key just
+# created works at once, and a wrong key is looked up every time.
+KEY_READ_FRESH_FOR = 1.0
+_KEYS_REMEMBERED = 10_000
+_recent_keys: dict[str, tuple[float, ApiKey]] = {}
+
+
+def _key_for_open(raw_key: str) -> ApiKey | None:
+    """``api_key_lookup`` for a session open, the row read at most
+    KEY_READ_FRESH_FOR seconds ago standing in for a new read."""
+    prefix = raw_key[:LOOKUP_PREFIX_LENGTH] if raw_key else ""
+    known = _recent_keys.get(prefix)
+    if known is not None and time.monotonic() - known[0] < KEY_READ_FRESH_FOR \
+            and len(raw_key) <= 200 and hmac.compare_digest(known[1].key_hash, _key_hash(raw_key)):
+        return known[1]
+    key = api_key_lookup(raw_key)
+    if key is not None:
+        if len(_recent_keys) >= _KEYS_REMEMBERED:
+            _recent_keys.clear()
+        _recent_keys[prefix] = (time.monotonic(), key)
+    return key
+
+
+def _key_changed(key: ApiKey) -> None:
+    """This process's next open of the key reads it again."""
+    _recent_keys.pop(key.prefix, None)
+
+
 def api_key_update(
     *,
     key: ApiKey,
@@ -134,6 +167,7 @@ def api_key_update(
             tenant_id=key.tenant_id, user=user, action="key_updated",
             data={"prefix": key.prefix, **changed},
         )
+    _key_changed(key)
     if "allowed_origins" in changed or "expires_at" in changed:
         # Live sessions re-check their key: one from an origin just removed closes.
         transaction.on_commit(lambda: notify.key_changed(key.pk))
@@ -155,6 +189,7 @@ def api_key_set_status(*, key: ApiKey, status: str, user=None) -> ApiKey:
         OperatorAction.objects.create(
             tenant_id=key.tenant_id, user=user, action=f"key_{status}", data={"prefix": key.prefix}
         )
+    _key_changed(key)
     if status != ApiKey.Status.ACTIVE:
         transaction.on_commit(lambda: notify.key_changed(key.pk))
     return key
@@ -227,7 +262,8 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
     """Check the key and the concurrent-session cap, and open the session.
 
     The key is read and checked without a lock first (a bad key costs no
-    transaction). Then, in one transaction, the session row is inserted and
+    transaction; a key read for an open less than KEY_READ_FRESH_FOR seconds
+    ago is not read again). Then, in one transaction, the session row is inserted and
     only after it the key row is locked, read again and the key's live
     sessions counted, this one included: two handshakes racing on two
     processes cannot both take the last slot, and the lock is held for the
@@ -237,7 +273,7 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
     query (``_session_open_in_one_query``): the lock is held for the time
     the database takes, not across round trips."""
     now = timezone.now()
-    key = api_key_lookup(raw_key)
+    key = _key_for_open(raw_key)
     refusal = api_key_refusal(key, origin=info.origin, now=now)
     if refusal is not None:
         return None, refusal
@@ -268,27 +304,29 @@ def _session_open_in_one_query(key: ApiKey, raw_key: str, info: HandshakeInfo,
                                now: datetime) -> tuple[Session | None, Refusal | None]:
     """session_open on PostgreSQL: the insert, the key's lock, its re-read
     and the cap in one round trip (``open_statements.session_admit``). The
-    tenant's quota is read before (its counts are written behind anyway).
-    Over the cap, the slow path counts without processes known to be gone
-    and, when that leaves a slot, opens as ``_session_open_locked`` does."""
-    if limits.token_quota_used_up(key.tenant, now=now):
-        return None, _QUOTA_REFUSAL
+    quota of the tenant read with the key is checked after (its counts are
+    written behind anyway). Over the cap, the slow path counts without
+    processes known to be gone and, when that leaves a slot, opens as
+    ``_session_open_locked`` does."""
     session = _new_session(key, info, now)
     locked, stayed = open_statements.session_admit(
         session, prefix=raw_key[:LOOKUP_PREFIX_LENGTH], seen_since=_stale_before(now), now=now)
     if locked is not None and not hmac.compare_digest(locked.key_hash, _key_hash(raw_key)):
         locked = None
     refusal = api_key_refusal(locked, origin=info.origin, now=now)
+    if refusal is None and limits.token_quota_used_up(locked.tenant, now=now):
+        refusal = _QUOTA_REFUSAL
     if refusal is None and not stayed:
         if _live_sessions_without_gone_processes(locked, now) < locked.max_sessions:
             return _session_open_locked(locked, raw_key, info, now)
         refusal = _SESSION_LIMIT_REFUSAL
     if refusal is not None:
-        if stayed:  # refused for what the query does not check (the origin)
+        if stayed:  # refused for what the query does not check (the origin, the quota)
             Session.objects.filter(pk=session.pk).delete()
         return None, refusal
     if locked.last_used_at is None or locked.last_used_at <= now - KEY_USE_PRECISION:
         ApiKey.objects.filter(pk=locked.pk).update(last_used_at=now)
+    session.tenant = locked.tenant  # as read under the lock: its prompt as it is now
     usage_count(locked.tenant_id, now, sessions=1)
     return session, None
 
@@ -300,10 +338,11 @@ def _session_open_locked(key: ApiKey, raw_key: str, info: HandshakeInfo,
     with transaction.atomic():
         session = _new_session(key, info, now)
         open_statements.session_insert(session)
-        refusal = _session_open_refusal(raw_key, info, now)
+        refusal, locked = _session_open_refusal(raw_key, info, now)
         if refusal is not None:
             transaction.set_rollback(True)
             return None, refusal
+    session.tenant = locked.tenant  # as read under the lock: its prompt as it is now
     usage_count(key.tenant_id, now, sessions=1)
     return session, None
 
@@ -314,28 +353,30 @@ _SESSION_LIMIT_REFUSAL = Refusal("session_limit", "Too many concurrent sessions 
                                  "session limit reached")
 
 
-def _session_open_refusal(raw_key: str, info: HandshakeInfo, now: datetime) -> Refusal | None:
+def _session_open_refusal(raw_key: str, info: HandshakeInfo,
+                          now: datetime) -> tuple[Refusal | None, ApiKey | None]:
     """Under the key's row lock (inside session_open's transaction, its own
     row already inserted): the refusal of the key as it is now, of its
-    tenant's token quota or of its session cap; None admits the session."""
+    tenant's token quota or of its session cap (None admits the session),
+    and the key as read under the lock, with its tenant."""
     # FOR NO KEY UPDATE: the session rows inserted by other opens hold a
     # KEY SHARE lock on the key row (their foreign key) until they commit;
     # a FOR UPDATE would wait for them, and they for it.
     key = api_key_lookup(raw_key, for_update=True)
     refusal = api_key_refusal(key, origin=info.origin, now=now)
     if refusal is not None:
-        return refusal
+        return refusal, key
     if limits.token_quota_used_up(key.tenant, now=now):
-        return _QUOTA_REFUSAL
+        return _QUOTA_REFUSAL, key
     # The live sessions of the key, this one included (live_sessions_filter).
     live = open_statements.live_session_count(key.pk, seen_since=_stale_before(now))
     if live > key.max_sessions:
         live = _live_sessions_without_gone_processes(key, now)
     if live > key.max_sessions:
-        return _SESSION_LIMIT_REFUSAL
+        return _SESSION_LIMIT_REFUSAL, key
     if key.last_used_at is None or key.last_used_at <= now - KEY_USE_PRECISION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return None
+    return None, key
 
 
 def session_still_allowed(*, session_id: str) -> Refusal | None:

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from aitp import services
 from aitp.models import ApiKey, Session
-from tests.aitp.conftest import ORIGIN
+from tests.aitp.conftest import ORIGIN, queries_sent
 from tests.support.people import make_session
 
 pytestmark = pytest.mark.django_db
@@ -302,6 +302,52 @@ def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tena
     session, refusal = services.session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "origin_not_allowed"
     assert not Session.objects.exists()
+
+
+# --- a key read once serves the next opens for a moment ---------------------------------
+
+
+def test_an_open_soon_after_another_of_the_same_key_does_not_read_the_key_again(
+        tenant, monkeypatch):
+    _, raw = services.api_key_create(tenant=tenant)
+    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
+    services.session_open(raw_key=raw, info=handshake())
+    with queries_sent() as soon_after:
+        session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert refusal is None and session is not None
+    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 0)  # every open reads the key
+    with queries_sent() as reading_again:
+        services.session_open(raw_key=raw, info=handshake())
+    assert len(reading_again) == len(soon_after) + 1
+
+
+def test_a_key_revoked_elsewhere_just_after_an_open_refuses_the_next_open_at_once(tenant, monkeypatch):
+    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
+    # Another process revokes it: this one's recent read of the key is stale.
+    key, raw = services.api_key_create(tenant=tenant)
+    assert services.session_open(raw_key=raw, info=handshake())[1] is None
+    ApiKey.objects.filter(pk=key.pk).update(status=ApiKey.Status.REVOKED)
+    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    assert session is None and refusal.code == "api_key_revoked"
+    assert Session.objects.count() == 1
+
+
+def test_a_session_opened_just_after_its_tenant_changed_its_prompt_gets_the_new_one(tenant, monkeypatch):
+    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
+    _, raw = services.api_key_create(tenant=tenant)
+    services.session_open(raw_key=raw, info=handshake())
+    type(tenant).objects.filter(pk=tenant.pk).update(system_prompt="Answer in French.")
+    session, _ = services.session_open(raw_key=raw, info=handshake())
+    assert session.tenant.system_prompt == "Answer in French."
+
+
+def test_a_wrong_secret_with_a_recently_read_prefix_is_still_refused(tenant, monkeypatch):
+    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
+    key, raw = services.api_key_create(tenant=tenant)
+    services.session_open(raw_key=raw, info=handshake())
+    wrong = raw[:services.LOOKUP_PREFIX_LENGTH] + "x" * (len(raw) - services.LOOKUP_PREFIX_LENGTH)
+    session, refusal = services.session_open(raw_key=wrong, info=handshake())
+    assert session is None and refusal.code == "invalid_api_key"
 
 
 # --- liveness: when a silent session stops counting ------------------------------------
