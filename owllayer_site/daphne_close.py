@@ -23,13 +23,15 @@ It also bounds what one connection can make the process hold:
   protocol.md §10) and dropped, which frees the buffer and makes
   daphne tell the consumer, whose teardown ends the session.
 
-And it spares each new connection a cost nobody reads: autobahn pretty-prints
-its whole configuration (sixty-odd attributes) for a debug log line on every
-connection, whether or not debug logging is on; the text is now made only if
-that line is written.
+And it spares each connection costs nobody reads: autobahn pretty-prints its
+whole configuration (sixty-odd attributes) for a debug log line on every
+connection, and colours the names and values of a dozen more debug lines on
+every connection and frame (``hltype``, ``hlval``), whether or not debug
+logging is on; that text is now made only if its line is written.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import pprint
 
@@ -123,7 +125,28 @@ class _PrettyWhenWritten:
         return format(str(self), spec)
 
 
+class _HighlightWhenWritten:
+    """autobahn's ``util.<name>(*args)`` (a coloured name or value), made
+    when the log line is written."""
+
+    __slots__ = ("args", "name")
+
+    def __init__(self, name: str, *args) -> None:
+        self.name = name
+        self.args = args
+
+    def __str__(self) -> str:
+        from autobahn import util
+
+        return str(getattr(util, self.name)(*self.args))
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 def _install_lazy_config_log() -> None:
+    from autobahn import util
+    from autobahn.twisted import websocket
     from autobahn.websocket import protocol
 
     if getattr(protocol, "pformat", None) is not pprint.pformat:
@@ -131,6 +154,11 @@ def _install_lazy_config_log() -> None:
     protocol.pformat = _PrettyWhenWritten
     # The one use of that name that must return text at once.
     protocol.Timings.__str__ = lambda self: pprint.pformat(self._timings)
+    # Every use of these two in these modules is an argument of a log line.
+    for module in (protocol, websocket):
+        for name in ("hltype", "hlval"):
+            if getattr(module, name, None) is getattr(util, name):
+                setattr(module, name, functools.partial(_HighlightWhenWritten, name))
 
 
 def _install_frame_ceiling(protocol_class) -> None:

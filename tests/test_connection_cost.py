@@ -25,3 +25,28 @@ def test_connection_timings_still_read_as_text():
     timings = protocol.Timings()
     timings.track("onOpen")
     assert str(timings).startswith("{'onOpen': ")
+
+
+
+def test_the_highlighted_names_and_values_of_debug_lines_are_made_only_when_a_line_is_written(
+        monkeypatch):
+    from autobahn import util
+    from autobahn.twisted import websocket
+
+    daphne_close.install()
+    made: list = []
+    monkeypatch.setattr(util, "hlval", lambda value: made.append(value) or "made")
+    for module in (protocol, websocket):
+        value = module.hlval(1234)
+        assert made == []
+        assert f"peer={value}" == "peer=made"
+        assert made == [1234]
+        made.clear()
+
+
+def test_a_highlighted_name_reads_as_autobahns_own():
+    from autobahn import util
+
+    daphne_close.install()
+    name = test_a_highlighted_name_reads_as_autobahns_own
+    assert f"{protocol.hltype(name)}" == util.hltype(name)
