@@ -16,28 +16,39 @@ of the group, and returns, in order, None or the exception of each: when
 the database refuses the group (a value of one session it cannot store),
 it writes each alone, so that only that write fails
 (``services._together_or_alone``).
+
+``Gathered`` is the same gathering for any coroutine that sends many
+requests at once (the Redis layer's group memberships: one round trip for
+the joins and leaves of every connection that asked meanwhile); each
+request gets its own answer.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aitp.db import db_call
 
 WriteMany = Callable[[list[dict]], list[BaseException | None]]
+# The requests of one group -> for each, in order, its answer or its exception.
+SendMany = Callable[[list[dict]], Awaitable[list[Any]]]
 
 
-class GroupWrite:
-    def __init__(self, write_many: WriteMany) -> None:
-        self.write_many = write_many
+class Gathered:
+    """Requests asked for while a group is on its way go together in the
+    next one (``send_many``); a lone request goes at once."""
+
+    def __init__(self, send_many: SendMany) -> None:
+        self.send_many = send_many
         self._waiting: list[tuple[dict, asyncio.Future]] = []
         self._sending: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def write(self, **arguments) -> None:
-        """Write with the group on its way next; raises what that write raised.
-        As with ``db_call``: a caller cancelled before its write left is not
-        written; once it left, it lands (or not) whole with its group."""
+    async def ask(self, **arguments) -> Any:
+        """Send with the group on its way next and return this request's
+        answer, or raise its exception. A caller cancelled before its
+        request left is not sent; once it left, it goes whole with its group."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # A new event loop (a test, a management command): what another
@@ -49,7 +60,7 @@ class GroupWrite:
         if self._sending is None or self._sending.done():
             self._sending = loop.create_task(self._send())
         try:
-            await future
+            return await future
         except asyncio.CancelledError:
             if any(waiting is entry for waiting in self._waiting):
                 self._waiting = [waiting for waiting in self._waiting if waiting is not entry]
@@ -60,22 +71,40 @@ class GroupWrite:
             while self._waiting:
                 group, self._waiting = self._waiting, []
                 try:
-                    outcomes = await db_call(self.write_many, [arguments for arguments, _ in group])
+                    outcomes = await self.send_many([arguments for arguments, _ in group])
                 except asyncio.CancelledError:
                     self._waiting = group + self._waiting
                     raise
-                except Exception as exc:  # the call itself failed: every write of it did
+                except Exception as exc:  # the call itself failed: every request of it did
                     outcomes = [exc] * len(group)
                 for (_, future), outcome in zip(group, outcomes, strict=True):
                     if future.done():
                         continue  # its caller stopped waiting
-                    if outcome is None:
-                        future.set_result(None)
-                    else:
+                    if isinstance(outcome, BaseException):
                         future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
         except asyncio.CancelledError:
             # The loop is going away: nobody is left waiting for ever.
             for _, future in self._waiting:
                 future.cancel()
             self._waiting = []
             raise
+
+
+class GroupWrite(Gathered):
+    """Writes of many connections in one database call (see the module)."""
+
+    def __init__(self, write_many: WriteMany) -> None:
+        self.write_many = write_many
+
+        async def send_many(writes: list[dict]) -> list[Any]:
+            return await db_call(write_many, writes)
+
+        super().__init__(send_many)
+
+    async def write(self, **arguments) -> None:
+        """Write with the group on its way next; raises what that write raised.
+        As with ``db_call``: a caller cancelled before its write left is not
+        written; once it left, it lands (or not) whole with its group."""
+        await self.ask(**arguments)

@@ -512,3 +512,46 @@ async def test_joining_groups_takes_one_round_trip_that_also_says_whether_a_grou
     finally:
         monkeypatch.undo()
         await layer.close_pools()
+
+
+async def test_joins_and_leaves_of_connections_that_meet_in_time_share_one_round_trip(
+        own_redis, monkeypatch):
+    from redis.asyncio.client import Pipeline
+
+    layer = own_layer(own_redis)
+    pipelines = 0
+    first_on_its_way, first_may_go = asyncio.Event(), asyncio.Event()
+    batch = Pipeline.execute
+
+    async def held_pipeline(self, *args, **options):
+        nonlocal pipelines
+        pipelines += 1
+        if pipelines == 1:
+            first_on_its_way.set()
+            await first_may_go.wait()
+        return await batch(self, *args, **options)
+
+    watching, leaving = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add("key", leaving)
+    await layer.group_add("watch-b", watching)
+    try:
+        monkeypatch.setattr(Pipeline, "execute", held_pipeline)
+        pages = [await layer.new_channel() for _ in range(3)]
+        first = asyncio.ensure_future(layer.groups_add(["a", "key"], pages[0], ask="watch-a"))
+        await asyncio.wait_for(first_on_its_way.wait(), EVENT_TIMEOUT)
+        later = [
+            asyncio.ensure_future(layer.groups_add(["b", "key"], pages[1], ask="watch-b")),
+            asyncio.ensure_future(layer.groups_add(["c", "key"], pages[2], ask="watch-c")),
+            asyncio.ensure_future(layer.groups_discard(["key"], leaving)),
+        ]
+        await asyncio.sleep(0)
+        first_may_go.set()
+        asked = await asyncio.wait_for(asyncio.gather(first, *later), EVENT_TIMEOUT)
+        assert (pipelines, asked[:3]) == (2, [False, True, False])
+        monkeypatch.undo()
+        assert [await layer.group_has_members(group) for group in ("a", "b", "c")] == [True] * 3
+        members = await layer.connection(0).zrange(layer._group_key("key"), 0, -1)
+        assert sorted(member.decode() for member in members) == sorted(pages)
+    finally:
+        monkeypatch.undo()
+        await layer.close_pools()
