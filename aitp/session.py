@@ -291,7 +291,8 @@ class SessionMachine:
             )
             return []
         try:
-            tools = tuple(parse_client_tools(update.activeTools))
+            # The frame was parsed for this call alone: its schemas are the specs' own.
+            tools = tuple(parse_client_tools(update.activeTools, owned=True))
         except ToolError as exc:
             self._invalid(exc.code, exc.message, message_id=message.id)
             return []

@@ -140,8 +140,11 @@ def json_copy(value: Any) -> Any:
 # --- declarations -------------------------------------------------------------
 
 
-def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool") -> ToolSpec:
-    """One tool declaration {name, description, parameters?, risk?}; raises ToolError."""
+def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool",
+               owned: bool = False) -> ToolSpec:
+    """One tool declaration {name, description, parameters?, risk?}; raises
+    ToolError. ``owned``: nothing but the caller holds the declaration (a
+    frame just parsed), so its schema is kept as it is, not copied."""
     if origin not in ORIGINS:
         raise ValueError(f"origin must be one of {', '.join(ORIGINS)}")
     if not isinstance(raw, dict):
@@ -162,8 +165,9 @@ def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool") -> ToolS
         validate_aitp_schema(parameters, f"{path}.parameters")
         if parameters["type"].upper() != "OBJECT":
             raise ToolError(f"{path}.parameters.type: must be OBJECT")
-        # Detach from the frame it came in: the spec is frozen, its schema should be too.
-        parameters = json_copy(parameters)
+        if not owned:
+            # Detach from where it came from: the spec is frozen, its schema should be too.
+            parameters = json_copy(parameters)
 
     # protocol.md §4: absent means none; any other value is an error, never a silent none.
     risk_raw = raw.get("risk")
@@ -178,14 +182,15 @@ def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool") -> ToolS
                     risk=risk, origin=origin)
 
 
-def parse_client_tools(raw: list) -> list[ToolSpec]:
-    """CONTEXT_UPDATE.activeTools -> specs; raises ToolError naming the tool index."""
+def parse_client_tools(raw: list, *, owned: bool = False) -> list[ToolSpec]:
+    """CONTEXT_UPDATE.activeTools -> specs; raises ToolError naming the tool
+    index. ``owned``: as ``parse_tool``'s."""
     if not isinstance(raw, list):
         raise ToolError("activeTools: must be a list")
     specs: list[ToolSpec] = []
     seen: set[str] = set()
     for index, item in enumerate(raw):
-        spec = parse_tool(item, origin="client", path=f"activeTools[{index}]")
+        spec = parse_tool(item, origin="client", path=f"activeTools[{index}]", owned=owned)
         if spec.name in seen:
             raise ToolError(f"activeTools[{index}].name: duplicate tool name '{spec.name}'")
         seen.add(spec.name)

@@ -121,6 +121,12 @@ def test_a_server_tool_keeps_its_origin():
         parse_tool(ADD_TO_CART, origin="browser")
 
 
+def test_declarations_of_a_frame_parsed_for_the_call_keep_their_schema_without_a_copy():
+    raw = copy.deepcopy(ADD_TO_CART)
+    [spec] = parse_client_tools([raw], owned=True)
+    assert spec.parameters is raw["parameters"]
+
+
 def test_the_parsed_schema_is_detached_from_the_frame():
     raw = copy.deepcopy(ADD_TO_CART)
     spec = parse_tool(raw)
