@@ -90,15 +90,16 @@ def _local_group_has_members(layer: InMemoryChannelLayer, group: str) -> bool:
 
 def session_events_watched(tenant_id: int) -> bool:
     """Whether a session event of this tenant may have a watcher: exact on the
-    in-memory layer (every watcher is in this process); on Redis the
-    publisher asks (``publish_session``)."""
+    in-memory layer (every watcher is in this process); on Redis, False only
+    when this process learned less than WATCH_PRESENCE_TTL ago that neither
+    group has members, else the publisher asks (``publish_session``)."""
     layer = get_channel_layer()
     if layer is None:
         return False
+    groups = (notify.ALL_WATCH_GROUP, notify.tenant_watch_group(tenant_id))
     if not isinstance(layer, InMemoryChannelLayer):
-        return True
-    return (_local_group_has_members(layer, notify.ALL_WATCH_GROUP)
-            or _local_group_has_members(layer, notify.tenant_watch_group(tenant_id)))
+        return any(_watch_presence.known(group, True) for group in groups)
+    return any(_local_group_has_members(layer, group) for group in groups)
 
 
 # How long this process trusts what it learned of a watch group's members.

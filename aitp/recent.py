@@ -31,6 +31,13 @@ class RecentAnswers(Generic[T]):
             self._known.clear()
         self._known[key] = (time.monotonic(), value)
 
+    def known(self, key: Hashable, default: T) -> T:
+        """The answer if one is fresh, else ``default`` (nothing is asked)."""
+        known = self._known.get(key)
+        if known is not None and time.monotonic() - known[0] < self._fresh_for():
+            return known[1]
+        return default
+
     async def get(self, key: Hashable, ask: Callable[[], Awaitable[T]]) -> T:
         known = self._known.get(key)
         if known is not None and time.monotonic() - known[0] < self._fresh_for():

@@ -141,3 +141,22 @@ async def test_the_connection_answers_a_joining_watcher_before_its_first_frame(w
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.01)
+
+
+async def test_a_session_event_of_a_tenant_known_to_have_no_watcher_queues_nothing(monkeypatch):
+    from channels.layers import InMemoryChannelLayer
+
+    from aitp import notify
+
+    layer = get_channel_layer()
+    monkeypatch.setattr(live, "_watch_presence", live.RecentAnswers(lambda: 3600))
+    publisher = live.LivePublisher(SimpleNamespace(id="ses_unwatched_events", tenant_id=77))
+    if not isinstance(layer, InMemoryChannelLayer):
+        # Not known yet: the publisher asks the groups (and learns the answer).
+        publisher.session_changed("opened")
+        assert publisher.queue.qsize() == 1
+        await publisher.aclose()
+        assert live._watch_presence.known(notify.tenant_watch_group(77), None) is False
+    publisher = live.LivePublisher(SimpleNamespace(id="ses_unwatched_events", tenant_id=77))
+    publisher.session_changed("closed", code=1000)
+    assert publisher.queue.qsize() == 0 and publisher.task is None
