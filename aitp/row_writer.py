@@ -47,10 +47,12 @@ class SessionRowWriter:
         self._snapshot: ContextChanged | None = None
         self._state: str | None = None
         self._written_at: float | None = None
-        self._flush = asyncio.Event()
         self._last_url = ""
         self._visits: list[dict] = []
+        # The write on its way, and the timer of the next one: a session
+        # waiting for its next write holds a timer, not a task.
         self._task: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._finishing = False
 
     def open(self, session_id: str, feed) -> None:
@@ -79,8 +81,10 @@ class SessionRowWriter:
         arguments but the session id, None when nothing is), for the row's
         close to carry; ``announce()`` it once that is written."""
         self._finishing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None:
-            self._flush.set()
             with contextlib.suppress(Exception):
                 await self._task
         return self._take()
@@ -109,23 +113,34 @@ class SessionRowWriter:
         return {"snapshot": snapshot, "state": state, "visits": visits}
 
     def _kick(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = self._own(asyncio.create_task(self._write()), "row writer")
+        """Something is owed: write it now, or when the interval since the
+        last write is over (at most one write per interval: a page sending
+        updates back to back costs one write, not one per frame)."""
+        if self._finishing or self._timer is not None:
+            return
+        if self._task is not None and not self._task.done():
+            return  # the write on its way schedules the next when it is back
+        loop = asyncio.get_running_loop()
+        wait = 0.0 if self._written_at is None else \
+            self._written_at + ROW_WRITE_INTERVAL - loop.time()
+        if wait > 0:
+            self._timer = loop.call_later(wait, self._due)
+        else:
+            self._task = self._own(loop.create_task(self._write()), "row writer")
+
+    def _due(self) -> None:
+        self._timer = None
+        self._kick()
 
     async def _write(self) -> None:
-        while not self._finishing and (self._snapshot is not None or self._state is not None):
-            if self._written_at is not None and not self._flush.is_set():
-                # At most one write per interval: a page sending updates
-                # back to back costs one write, not one per frame.
-                wait = self._written_at + ROW_WRITE_INTERVAL - asyncio.get_running_loop().time()
-                if wait > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._flush.wait(), wait)
-            if self._finishing:
-                return  # what is owed goes with the close
-            owed = self._take()
-            if owed is None:
-                return
+        owed = self._take()
+        if owed is None:
+            return
+        try:
             await LIVE_ROWS.write(session_id=self.session_id, **owed)
+        finally:
             self._written_at = asyncio.get_running_loop().time()
-            self.announce(owed)
+        self.announce(owed)
+        if self._snapshot is not None or self._state is not None:
+            self._task = None  # this write is over: the next may be scheduled
+            self._kick()  # owed meanwhile: an interval from now
