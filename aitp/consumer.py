@@ -180,9 +180,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         # Accept first: every refusal is an AITP error frame + 1008, never an
         # HTTP 403 the browser would retry forever (protocol.md §10).
         await self.accept()
-        self.timers = [
-            self._own(asyncio.create_task(self._handshake_deadline()), "handshake timer"),
-        ]
+        # Timer handles, and the tasks they started: a connection waiting for
+        # its deadline or its next heartbeat holds a timer, not a task.
+        self.timers: list[asyncio.TimerHandle | asyncio.Task] = []
+        self._after(settings.OWLLAYER_HANDSHAKE_TIMEOUT, self._handshake_deadline, "handshake timer")
         await self._join_process()
 
     # --- frames in ----------------------------------------------------------
@@ -305,7 +306,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             self.audio_budget = AudioBudget(settings.OWLLAYER_VOICE_BYTES_PER_SECOND,
                                             asyncio.get_running_loop().time())
         self.machine.accept_handshake(session.id)
-        self.timers.append(self._own(asyncio.create_task(self._heartbeat()), "heartbeat"))
+        self._after(settings.OWLLAYER_HEARTBEAT_INTERVAL, self._heartbeat, "heartbeat")
         logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
         self.feed = WatcherFeed(session)
         self.feed.start(watched)
@@ -428,19 +429,30 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
 
     # --- timers -------------------------------------------------------------------
 
+    def _after(self, delay: float, work, what: str) -> None:
+        """Run ``work()`` (a coroutine function) in a task of its own in
+        ``delay`` seconds, unless the teardown cancels it first."""
+        def due() -> None:
+            _forget(self.timers, timer)
+            if self.teardown_task is None:
+                self.timers.append(self._own(asyncio.create_task(work()), what))
+
+        timer = asyncio.get_running_loop().call_later(delay, due)
+        self.timers.append(timer)
+
     async def _handshake_deadline(self) -> None:
-        await asyncio.sleep(settings.OWLLAYER_HANDSHAKE_TIMEOUT)
         self.machine.handshake_timed_out()
         await self._flush()
 
     async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(settings.OWLLAYER_HEARTBEAT_INTERVAL)
-            # Seen, and the key re-checked: gathered with the other sessions'.
-            refusal = await processes.session_heartbeat(self.session_row.id)
-            if refusal is not None and self.machine.state is State.OPEN:
-                self.machine.refuse(refusal.code, refusal.message, refusal.reason)
-                await self._flush()
+        # Seen, and the key re-checked: gathered with the other sessions'.
+        refusal = await processes.session_heartbeat(self.session_row.id)
+        if refusal is not None and self.machine.state is State.OPEN:
+            self.machine.refuse(refusal.code, refusal.message, refusal.reason)
+            await self._flush()
+        _forget(self.timers, asyncio.current_task())
+        if self.teardown_task is None:
+            self._after(settings.OWLLAYER_HEARTBEAT_INTERVAL, self._heartbeat, "heartbeat")
 
     # --- teardown -------------------------------------------------------------------
 
@@ -474,12 +486,13 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
                 self.turn_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.turn_task
-        timers = getattr(self, "timers", [])
+        timers, self.timers = getattr(self, "timers", []), []
         for timer in timers:
             timer.cancel()
         for timer in timers:
-            with _teardown_step(self, "timer"), contextlib.suppress(asyncio.CancelledError):
-                await timer
+            if isinstance(timer, asyncio.Task):
+                with _teardown_step(self, "timer"), contextlib.suppress(asyncio.CancelledError):
+                    await timer
         # The last snapshot and state the row is owed go with its close.
         owed = await self.row_writer.finish()
         await self._end_row_and_groups(code, reason, owed)
@@ -524,6 +537,11 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
 
         task.add_done_callback(done)
         return task
+
+
+def _forget(timers: list, timer) -> None:
+    with contextlib.suppress(ValueError):  # the teardown took the list meanwhile
+        timers.remove(timer)
 
 
 @contextlib.contextmanager
