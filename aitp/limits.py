@@ -130,11 +130,12 @@ class SharedLimits:
             return None
         digest = hashlib.sha256(raw_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
         try:
-            if await asyncio.wait_for(self.limiter.hit(self.opens, "opens", digest),
-                                      self.config.redis_timeout):
-                return None
-            stats = await asyncio.wait_for(self.limiter.get_window_stats(self.opens, "opens", digest),
-                                           self.config.redis_timeout)
+            # asyncio.timeout, not wait_for: no task of its own per open.
+            async with asyncio.timeout(self.config.redis_timeout):
+                if await self.limiter.hit(self.opens, "opens", digest):
+                    return None
+            async with asyncio.timeout(self.config.redis_timeout):
+                stats = await self.limiter.get_window_stats(self.opens, "opens", digest)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -8,6 +8,7 @@ processes on one Redis and counts one key's opens across both.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -175,6 +176,23 @@ async def test_a_counter_store_that_is_down_lets_sessions_open_with_a_log_line(l
     assert await limiter.allow_session_open(m, "pk_live_one") is True
     assert await limiter.allow_session_open(m, "pk_live_one") is True
 
+    assert m.close is None and sent(m) == []
+    assert any("counter store unavailable" in line for line in limits_log)
+
+
+async def test_a_counter_store_that_never_answers_lets_sessions_open_with_a_log_line(limits_log):
+    async def silent(reader, writer):
+        await reader.read()  # takes every command, answers none
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        shared = SharedLimits(quiet(session_opens_per_key_per_minute=1,
+                                    redis_url=f"redis://127.0.0.1:{port}/0", redis_timeout=0.2))
+        limiter, m = ConnectionLimits(shared.config, shared), machine()
+        assert await limiter.allow_session_open(m, "pk_live_one") is True
+    finally:
+        server.close()
     assert m.close is None and sent(m) == []
     assert any("counter store unavailable" in line for line in limits_log)
 
