@@ -226,13 +226,18 @@ def _end_sql(vendor: str) -> str:
 _END_FIELDS = ("ended_at", "close_code", "close_reason", "state", "last_seen_at")
 
 
+def end_fields(*, now: datetime, code: int | None, reason: str, state: str) -> dict:
+    """The fields that end a session row, by name."""
+    return {"ended_at": now, "close_code": code, "close_reason": reason, "state": state,
+            "last_seen_at": now}
+
+
 def session_end(session_id: str, *, now: datetime, code: int | None, reason: str,
                 state: str) -> int | None:
     """Close the session row if it is still open; returns how many rows closed
     (None inside a ``statements.together`` block, where it goes with the rest)."""
     table = _t(Session)
-    values = {"ended_at": now, "close_code": code, "close_reason": reason, "state": state,
-              "last_seen_at": now}
+    values = end_fields(now=now, code=code, reason=reason, state=state)
     params = [table.prep(name, values[name]) for name in _END_FIELDS]
     params.append(table.prep("id", session_id))
     return statements.execute(_end_sql(connection.vendor), params)

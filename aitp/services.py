@@ -397,12 +397,13 @@ PAGE_HISTORY_LIMIT = 500
 
 def session_write_live(
     *, session_id: str, snapshot: dict | None = None, state: str | None = None,
-    visits: list[dict] = (),
+    visits: list[dict] = (), ending: dict | None = None,
 ) -> None:
     """One write of what a live connection holds: the page snapshot (url,
     title, context, tools), the turn state, and the pages visited since the
     last write (each distinct URL with its time; the oldest are dropped past
-    PAGE_HISTORY_LIMIT). A closed session is left as it is."""
+    PAGE_HISTORY_LIMIT). A closed session is left as it is. ``ending``: the
+    fields that end the row, set in the same statement."""
     fields: dict = {"last_activity_at": timezone.now()}
     if snapshot is not None:
         fields.update(
@@ -411,6 +412,8 @@ def session_write_live(
         )
     if state is not None:
         fields["state"] = state
+    if ending is not None:
+        fields.update(ending)
     if visits:
         statements.session_live_visits(session_id=session_id, fields=fields, visits=list(visits),
                                        keep=PAGE_HISTORY_LIMIT)
@@ -468,12 +471,15 @@ def sessions_close(closes: list[dict]) -> list[Exception | None]:
 def session_close(*, session_id: str, code: int | None, reason: str = "",
                   live: dict | None = None) -> None:
     """End a session's row; ``live``: the last ``session_write_live`` it is
-    owed (but the session id), written with it, in one transaction."""
-    with statements.together():
-        if live is not None:
-            session_write_live(session_id=session_id, **live)
-        open_statements.session_end(session_id, now=timezone.now(), code=code,
-                                    reason=(reason or "")[:200], state=Session.State.ENDED)
+    owed (but the session id), written with it, in the same statement."""
+    now = timezone.now()
+    reason = (reason or "")[:200]
+    if live is None:
+        open_statements.session_end(session_id, now=now, code=code, reason=reason,
+                                    state=Session.State.ENDED)
+        return
+    session_write_live(session_id=session_id, **live, ending=open_statements.end_fields(
+        now=now, code=code, reason=reason, state=Session.State.ENDED))
 
 
 def _session_close_alone(close: dict) -> None:

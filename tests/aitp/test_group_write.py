@@ -178,3 +178,15 @@ def test_a_close_whose_last_live_values_the_database_refuses_still_ends_the_row(
     assert (rows[good.id].current_url, rows[good.id].close_code) == ("/cart", 1000)
     assert rows[bad.id].close_code == 1001 and rows[bad.id].ended_at is not None
     assert rows[bad.id].current_url != "/x"
+
+
+def test_a_close_carrying_live_values_without_new_visits_is_one_statement():
+    session = open_session_row()
+    with queries_sent() as sent:
+        outcomes = services.sessions_close([{
+            "session_id": session.id, "code": 1000,
+            "live": {"snapshot": {"url": "/cart", "title": "Cart", "context": {}, "tools": []},
+                     "state": "idle"}}])
+    assert outcomes == [None] and len(sent) == 1
+    row = Session.objects.get(pk=session.pk)
+    assert (row.current_url, row.state, row.close_code) == ("/cart", Session.State.ENDED, 1000)
