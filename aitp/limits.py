@@ -32,11 +32,12 @@ import hashlib
 import logging
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from datetime import date, datetime
 
 from limits import RateLimitItem, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
-from limits.aio.storage import MemoryStorage, RedisStorage, Storage
+from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.util import WindowStats
 
@@ -105,23 +106,58 @@ def _storage_uri(redis_url: str) -> str:
     return "async+" + redis_url
 
 
+class LocalMovingWindow:
+    """A moving window of one process's hits per key: what limits'
+    ``MovingWindowRateLimiter`` decides over its ``MemoryStorage`` (a hit is
+    refused while ``limit`` hits of the key are younger than ``period``
+    seconds), with each key's hits in a deque, oldest first. That store
+    keeps them in a list it grows at the front, a copy of the whole list per
+    hit: at thousands of opens a minute of one key, most of an open's cost."""
+
+    # Past this many keys, those with no hit in the window are dropped.
+    PRUNE_ABOVE = 10_000
+
+    def __init__(self, limit: int, period: float) -> None:
+        self.limit = limit
+        self.period = period
+        self.hits: dict[str, deque[float]] = {}
+
+    def hit(self, key: str) -> float | None:
+        """None: counted, allowed; else the seconds until one more would be."""
+        now = time.time()
+        hits = self.hits.get(key)
+        if hits is None:
+            if len(self.hits) >= self.PRUNE_ABOVE:
+                self._prune(now)
+            hits = self.hits[key] = deque()
+        while hits and hits[0] <= now - self.period:
+            hits.popleft()
+        if len(hits) >= self.limit:
+            return hits[0] + self.period - now
+        hits.append(now)
+        return None
+
+    def _prune(self, now: float) -> None:
+        self.hits = {key: hits for key, hits in self.hits.items()
+                     if hits and hits[-1] > now - self.period}
+
+
 class SharedLimits:
     """Counters every process sees: Redis when configured, else this process."""
 
     def __init__(self, config: LimitSettings) -> None:
         self.config = config
-        storage: Storage
+        self.opens = _item(RateLimitItemPerMinute, config.session_opens_per_key_per_minute)
+        self.limiter: MovingWindowRateLimiter | None = None
+        self.local: LocalMovingWindow | None = None
         if config.redis_url:
-            storage = RedisStorage(
+            self.limiter = MovingWindowRateLimiter(RedisStorage(
                 _storage_uri(config.redis_url), implementation="redispy",
                 key_prefix=config.prefix, wrap_exceptions=True,
                 socket_timeout=config.redis_timeout, socket_connect_timeout=config.redis_timeout,
-            )
-        else:
-            storage = MemoryStorage()
-        self.storage = storage
-        self.limiter = MovingWindowRateLimiter(storage)
-        self.opens = _item(RateLimitItemPerMinute, config.session_opens_per_key_per_minute)
+            ))
+        elif self.opens is not None:
+            self.local = LocalMovingWindow(config.session_opens_per_key_per_minute, 60.0)
 
     async def session_open_retry_after(self, raw_key: str) -> float | None:
         """None when this key may open one more session now; else the
@@ -129,6 +165,10 @@ class SharedLimits:
         if self.opens is None:
             return None
         digest = hashlib.sha256(raw_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        if self.local is not None:
+            wait = self.local.hit(digest)
+            return None if wait is None else max(1.0, wait)
+        assert self.limiter is not None
         try:
             # asyncio.timeout, not wait_for: no task of its own per open.
             async with asyncio.timeout(self.config.redis_timeout):

@@ -149,6 +149,30 @@ async def test_session_opens_per_key_are_counted_per_key_and_refused_with_1013(c
     assert await limiter.allow_session_open(machine(), "pk_live_one") is True
 
 
+def test_a_processs_own_window_refuses_while_limit_opens_are_younger_than_a_minute(clock):
+    window = limits.LocalMovingWindow(limit=2, period=60)
+    assert window.hit("k") is None
+    clock.advance(30)
+    assert window.hit("k") is None
+    clock.advance(29)
+    assert window.hit("k") == pytest.approx(1)  # the first ages out in a second
+    assert window.hit("other") is None
+    clock.advance(1.5)
+    assert window.hit("k") is None  # a moving window: one slot back, not all
+    assert window.hit("k") == pytest.approx(29.5)  # then when the second one does
+
+
+def test_a_processs_own_window_forgets_keys_without_a_recent_open(clock, monkeypatch):
+    monkeypatch.setattr(limits.LocalMovingWindow, "PRUNE_ABOVE", 3)
+    window = limits.LocalMovingWindow(limit=5, period=60)
+    for key in ("a", "b", "c"):
+        window.hit(key)
+    clock.advance(61)
+    window.hit("b")
+    window.hit("d")
+    assert sorted(window.hits) == ["b", "d"]
+
+
 class Recorded(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
