@@ -110,3 +110,39 @@ def test_a_block_inside_another_goes_with_it():
             statements.calls_insert(session_id="ses_nobody", turn=1, calls=[call()],
                                     now=timezone.now())
     assert not ConversationMessage.objects.filter(session_id=session.id).exists()
+
+
+TRICKY = "50% off, %s and %(name)s; 'quoted' \"twice\"; -- \\ back; DROP TABLE x; ünïcödé ✓"
+
+
+def test_values_with_percent_signs_quotes_and_sql_in_them_are_stored_as_they_are():
+    first, second = open_session_row(), open_session_row()
+    tricky_call = call() | {"arguments": {"note": TRICKY, "n": None, "pi": 3.25}}
+    outcomes = services.turn_checkpoints([
+        {"session_id": session.id, "tenant_id": session.tenant_id, "turn": 1,
+         "messages": [{"seq": 1, "role": "user", "content": [{"type": "text", "text": TRICKY}]}],
+         "calls": [tricky_call] if session is first else []}
+        for session in (first, second)])
+    assert outcomes == [None, None]
+    for session in (first, second):
+        stored = ConversationMessage.objects.get(session_id=session.id, seq=1)
+        assert stored.content == [{"type": "text", "text": TRICKY}]
+    assert ToolCall.objects.get(call_id=tricky_call["call_id"]).arguments == {
+        "note": TRICKY, "n": None, "pi": 3.25}
+
+
+def test_on_postgresql_a_block_goes_with_its_values_bound_and_no_parameters():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only (the second test pass)")
+    sessions = [open_session_row() for _ in range(2)]
+    sent: list[tuple] = []
+
+    def wrapper(execute, sql, params, many, context):
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        services.sessions_write_live([{"session_id": s.id, "state": "thinking"} for s in sessions])
+    [(sql, params)] = sent
+    assert params is None
+    assert all(f"'{s.id}'" in sql for s in sessions)
