@@ -3,8 +3,9 @@
 The session machine and the agent hold the live values (the page, the turn's
 state); ``SessionRowWriter`` writes them to the ``Session`` row at most once
 per ``ROW_WRITE_INTERVAL`` (the open's own insert counting as the first
-write), in a task of its own, so neither the page's next frame nor the turn
-waits for the database. Only the latest values are written, every URL
+write), in a task of its own started when the write is due (until then a
+timer), so neither the page's next frame nor the turn waits for the
+database. Only the latest values are written, every URL
 visited in between is kept for the page history, and watchers are told
 after the row changed. The writes of all connections of the process that
 meet in time go to the database in one call (``aitp.group_write``).
