@@ -263,13 +263,14 @@ def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, 
 
     The key is read and checked without a lock first (a bad key costs no
     transaction; a key read for an open less than KEY_READ_FRESH_FOR seconds
-    ago is not read again). Then, in one transaction, the session row is inserted and
-    only after it the key row is locked, read again and the key's live
-    sessions counted, this one included: two handshakes racing on two
-    processes cannot both take the last slot, and the lock is held for the
-    count and the commit only, never across the insert (the day's usage is
-    written behind, ``usage_count``). The row read under the lock decides;
-    a refusal rolls the insert back. On PostgreSQL that transaction is one
+    ago is not read again). Then, in one transaction, the session row is
+    inserted and only after it the key row is locked, read again and the
+    key's live sessions counted, this one included: two handshakes racing
+    on two processes cannot both take the last slot, and the lock is held
+    for the count and the commit only, never across the insert (the day's
+    usage is written behind, ``usage_count``). The row read under the lock
+    decides (and gives the session its tenant); a refusal rolls the insert
+    back. On PostgreSQL that transaction is one
     query (``_session_open_in_one_query``): the lock is held for the time
     the database takes, not across round trips."""
     now = timezone.now()
