@@ -104,7 +104,7 @@ def install() -> None:
         return original(self, message)
 
     WebSocketProtocol.handle_reply = handle_reply
-    _install_lazy_config_log()
+    _install_lazy_debug_text()
     _install_frame_ceiling(WebSocketProtocol)
     _install_backpressure(WebSocketProtocol)
     WebSocketProtocol._aitp_close_installed = True
@@ -144,7 +144,7 @@ class _HighlightWhenWritten:
         return format(str(self), spec)
 
 
-def _install_lazy_config_log() -> None:
+def _install_lazy_debug_text() -> None:
     from autobahn import util
     from autobahn.twisted import websocket
     from autobahn.websocket import protocol
