@@ -96,8 +96,6 @@ class GroupWrite(Gathered):
     """Writes of many connections in one database call (see the module)."""
 
     def __init__(self, write_many: WriteMany) -> None:
-        self.write_many = write_many
-
         async def send_many(writes: list[dict]) -> list[Any]:
             return await db_call(write_many, writes)
 

@@ -25,6 +25,7 @@ from functools import cache
 from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.constants import OnConflict
+from psycopg.adapt import Transformer
 
 from aitp.models import ConversationMessage, Session, ToolCall
 
@@ -141,8 +142,6 @@ def _parts(sql: str) -> tuple[bytes, ...] | None:
 
 def _bound(batch: list[tuple[str, Sequence]]) -> str | None:
     """The block as one query with its values in it, or None (psycopg binds)."""
-    from psycopg.adapt import Transformer
-
     transformer = Transformer(connection.connection)
     literal = transformer.as_literal
     out: list[bytes] = []

@@ -110,35 +110,19 @@ def install() -> None:
     WebSocketProtocol._aitp_close_installed = True
 
 
-class _PrettyWhenWritten:
-    """``pprint.pformat(value)``, made when the log line is written."""
+class _MadeWhenWritten:
+    """``module.<name>(*args)`` as text, made when the log line is written
+    (the function looked up then)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("args", "module", "name")
 
-    def __init__(self, value) -> None:
-        self.value = value
-
-    def __str__(self) -> str:
-        return pprint.pformat(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
-
-
-class _HighlightWhenWritten:
-    """autobahn's ``util.<name>(*args)`` (a coloured name or value), made
-    when the log line is written."""
-
-    __slots__ = ("args", "name")
-
-    def __init__(self, name: str, *args) -> None:
+    def __init__(self, module, name: str, *args) -> None:
+        self.module = module
         self.name = name
         self.args = args
 
     def __str__(self) -> str:
-        from autobahn import util
-
-        return str(getattr(util, self.name)(*self.args))
+        return str(getattr(self.module, self.name)(*self.args))
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
@@ -151,14 +135,14 @@ def _install_lazy_debug_text() -> None:
 
     if getattr(protocol, "pformat", None) is not pprint.pformat:
         return  # another autobahn: leave it as it is
-    protocol.pformat = _PrettyWhenWritten
+    protocol.pformat = functools.partial(_MadeWhenWritten, pprint, "pformat")
     # The one use of that name that must return text at once.
     protocol.Timings.__str__ = lambda self: pprint.pformat(self._timings)
     # Every use of these two in these modules is an argument of a log line.
     for module in (protocol, websocket):
         for name in ("hltype", "hlval"):
             if getattr(module, name, None) is getattr(util, name):
-                setattr(module, name, functools.partial(_HighlightWhenWritten, name))
+                setattr(module, name, functools.partial(_MadeWhenWritten, util, name))
 
 
 def _install_frame_ceiling(protocol_class) -> None:
