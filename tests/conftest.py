@@ -178,7 +178,7 @@ def redis_required() -> str:
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
     """The Debian Chromium binary for browser tests (`make setup` installs it)."""
-    path = shutil.which("chromium") or CHROMIUM
+    path = CHROMIUM if os.path.exists(CHROMIUM) else (shutil.which("chromium") or CHROMIUM)
     if not os.path.exists(path):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{CHROMIUM} is missing in CI (`make setup` installs it)")

@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from aitp.models import ConversationMessage, DailyUsage, Session
 from aitp.transcript import INTERRUPTED_NOTE
-from aitp_client import AitpClient
+from aitp_client import AitpClient, system_event
+from tests.aitp.conftest import ADD_TO_CART
 from tests.aitp.test_voice_e2e import (
     PATIENCE,
     fake,  # noqa: F401 (fixture)
@@ -172,7 +173,7 @@ async def test_the_console_and_the_live_page_show_what_was_heard_what_was_said_a
 @pytest.mark.browser
 async def test_an_operator_watching_live_sees_the_voice_turn_heard_said_and_interrupted(
         browser, server, fake, api_key, request):
-    from tests.operators.test_live_pages_browser import operator_tab, screenshot
+    from tests.operators.test_live_pages_browser import operator_tab, screenshot, until_the_feed_shows_moves
 
     olivia = await sync_to_async(make_user)("olivia", tenant=api_key.tenant, staff=True)
     client = await open_client(server, api_key)
@@ -180,6 +181,13 @@ async def test_an_operator_watching_live_sees_the_voice_turn_heard_said_and_inte
     try:
         await tab.goto(f"{server.http_url}{reverse('operators:live_session', args=[client.session_id])}")
         await tab.wait_for_selector("#live-status.state-live")
+
+        async def move(url: str) -> None:
+            await client.context_update(url, "Pro Headphones", tools=[ADD_TO_CART],
+                                        context={"productId": "pro-headphones"})
+            await client.recv_until(system_event("tools_effective"), timeout=PATIENCE)
+
+        await until_the_feed_shows_moves(tab, move, back_to="/products/headphones")
         await barged_in_turn(fake, client)
     finally:
         await client.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Awaitable, Callable
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -57,11 +58,21 @@ async def until_the_feed_shows_the_pages_frames(tab, page: AitpPage) -> None:
     layer; on a loaded machine the watch page may say live first (after
     SUBSCRIBE_ANSWER_WAIT). The page's frames flow once the connection
     knows: move the page until a move shows in the feed, then back."""
-    for attempt in range(60):
-        url = f"/orders?check={attempt}"
+
+    async def move(url: str) -> None:
         await page.send("CONTEXT_UPDATE", {"url": url, "title": "Your orders",
                                            "activeTools": [], "context": {"open_orders": 3}})
         await page.recv_until("SYSTEM_EVENT", kind="tools_effective")
+
+    await until_the_feed_shows_moves(tab, move, back_to="/orders")
+
+
+async def until_the_feed_shows_moves(tab, move: Callable[[str], Awaitable[None]], back_to: str) -> None:
+    """Moves the page (``move(url)`` sends a context update and waits for its
+    answer) until a move shows in the live feed, then back to ``back_to``."""
+    for attempt in range(60):
+        url = f"{back_to}?check={attempt}"
+        await move(url)
         try:
             await tab.wait_for_function(
                 "text => document.getElementById('live-feed').textContent.includes(text)",
@@ -71,9 +82,7 @@ async def until_the_feed_shows_the_pages_frames(tab, page: AitpPage) -> None:
             continue
     else:
         raise AssertionError("the live feed never showed the page's frames")
-    await page.send("CONTEXT_UPDATE", {"url": "/orders", "title": "Your orders",
-                                       "activeTools": [], "context": {"open_orders": 3}})
-    await page.recv_until("SYSTEM_EVENT", kind="tools_effective")
+    await move(back_to)
 
 
 @pytest.fixture
