@@ -172,8 +172,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.interrupted: p.Message | None = None
         self.teardown_task: asyncio.Task | None = None
         self.feed: WatcherFeed | None = None
-        self.row_writer = SessionRowWriter(own=self._own)
-        self.commands = OperatorCommands(self.machine, lambda: self.agent, lambda: self.feed)
+        self.row_writer = SessionRowWriter(own=own_task)
+        self.commands = OperatorCommands(self.machine)
         self.groups_joined: list[str] = []
         self.closed = False
         self.rate_limits = connection_limits()
@@ -326,13 +326,13 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     # --- the turn -------------------------------------------------------------
 
     def _start_turn(self, text: str) -> None:
-        self.turn_task = self._own(asyncio.create_task(self.agent.run_turn(text)), "turn")
+        self.turn_task = own_task(asyncio.create_task(self.agent.run_turn(text)), "turn")
 
     def _start_voice_turn(self, listening: Listening, *, checked: bool = True) -> None:
         listening.claimed = True
         self.turn_listening = listening
         turn = self.agent.run_turn(voice=listening) if checked else self._limited_voice_turn(listening)
-        self.turn_task = self._own(asyncio.create_task(turn), "turn")
+        self.turn_task = own_task(asyncio.create_task(turn), "turn")
 
     async def _limited_voice_turn(self, listening: Listening) -> None:
         """A turn the microphone started: the same input limits and token quota as typing."""
@@ -414,7 +414,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         await self._recheck_key()
 
     async def session_command(self, event: dict) -> None:
-        await self.commands.handle(event)
+        await self.commands.handle(event, agent=self.agent, feed=self.feed)
         await self._flush()
 
     async def _recheck_key(self) -> None:
@@ -432,13 +432,17 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     def _after(self, delay: float, work, what: str) -> None:
         """Run ``work()`` (a coroutine function) in a task of its own in
         ``delay`` seconds, unless the teardown cancels it first."""
-        def due() -> None:
-            _forget(self.timers, timer)
-            if self.teardown_task is None:
-                self.timers.append(self._own(asyncio.create_task(work()), what))
+        # The handle reaches ``due`` through a list it leaves when it fires:
+        # a fired handle and its callback are then no reference cycle.
+        handle: list[asyncio.TimerHandle] = []
 
-        timer = asyncio.get_running_loop().call_later(delay, due)
-        self.timers.append(timer)
+        def due() -> None:
+            _forget(self.timers, handle.pop())
+            if self.teardown_task is None:
+                self.timers.append(own_task(asyncio.create_task(work()), what))
+
+        handle.append(asyncio.get_running_loop().call_later(delay, due))
+        self.timers.append(handle[0])
 
     async def _handshake_deadline(self) -> None:
         self.machine.handshake_timed_out()
@@ -471,10 +475,16 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self._start_teardown(code, "client disconnected")
         await self.teardown_task
         processes.connection_closed(self)
+        # The agent reaches back to this consumer (its TurnPort): once the
+        # connection is over, the link is dropped, so the consumer and all
+        # it held are freed at once by reference counting, never left to
+        # the cycle collector, whose passes over thousands of closed
+        # connections would stall every other page.
+        self.agent = None
 
     def _start_teardown(self, code: int, reason: str) -> None:
         if getattr(self, "teardown_task", None) is None:
-            self.teardown_task = self._own(asyncio.create_task(self._end(code, reason)), "teardown")
+            self.teardown_task = own_task(asyncio.create_task(self._end(code, reason)), "teardown")
 
     async def _end(self, code: int, reason: str) -> None:
         """Stop everything this connection owns: the turn (its pending calls
@@ -530,13 +540,15 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         if self.teardown_task is not None:
             await asyncio.shield(self.teardown_task)
 
-    def _own(self, task: asyncio.Task, what: str) -> asyncio.Task:
-        def done(t: asyncio.Task) -> None:
-            if not t.cancelled() and t.exception() is not None:
-                logger.error("%s task failed", what, exc_info=t.exception())
 
-        task.add_done_callback(done)
-        return task
+def own_task(task: asyncio.Task, what: str) -> asyncio.Task:
+    """``task``, whose failure is logged (a connection's turn, timers, teardown, row writes)."""
+    def done(t: asyncio.Task) -> None:
+        if not t.cancelled() and t.exception() is not None:
+            logger.error("%s task failed", what, exc_info=t.exception())
+
+    task.add_done_callback(done)
+    return task
 
 
 def _forget(timers: list, timer) -> None:

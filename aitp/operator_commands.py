@@ -10,22 +10,19 @@ SYSTEM_EVENTs, ``approval_decided`` makes a waiting turn re-read the row,
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from aitp import live
 from aitp import protocol as p
 from aitp.session import CLOSE_POLICY, SessionMachine
 
 
 class OperatorCommands:
-    def __init__(self, machine: SessionMachine, agent: Callable[[], object | None],
-                 feed: Callable[[], object | None]) -> None:
+    def __init__(self, machine: SessionMachine) -> None:
         self.machine = machine
-        self._agent = agent
-        self._feed = feed
 
-    async def handle(self, event: dict) -> None:
-        """Carry out one command; the frames it queues are the caller's to flush."""
+    async def handle(self, event: dict, *, agent, feed) -> None:
+        """Carry out one command with the connection's agent and watcher feed
+        (either None until the session is open); the frames it queues are
+        the caller's to flush."""
         command = event.get("command")
         if command == "end":
             self.machine.send(p.system_event(
@@ -38,11 +35,7 @@ class OperatorCommands:
             self.machine.send(p.system_event(
                 "redirect", message=event.get("message") or None, data={"url": str(event["url"])}
             ))
-        elif command == "approval_decided":
-            agent = self._agent()
-            if agent is not None:
-                await agent.on_approval_decided(int(event["approval_id"]))
-        elif command == live.WATCHERS_COMMAND:
-            feed = self._feed()
-            if feed is not None:
-                await feed.watchers_changed(event)
+        elif command == "approval_decided" and agent is not None:
+            await agent.on_approval_decided(int(event["approval_id"]))
+        elif command == live.WATCHERS_COMMAND and feed is not None:
+            await feed.watchers_changed(event)
