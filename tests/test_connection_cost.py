@@ -50,3 +50,35 @@ def test_a_highlighted_name_reads_as_autobahns_own():
     daphne_close.install()
     name = test_a_highlighted_name_reads_as_autobahns_own
     assert f"{protocol.hltype(name)}" == util.hltype(name)
+
+
+def test_a_closed_websocket_protocol_is_no_longer_kept_by_its_fired_is_closed():
+    import txaio
+    from daphne.ws_protocol import WebSocketProtocol
+
+    txaio.use_twisted()
+    daphne_close.install()
+    connection = WebSocketProtocol()
+    txaio.resolve(connection.is_closed, connection)  # as autobahn does once closed
+    daphne_close.forget_closed_protocol(connection)
+    assert connection.is_closed.called and connection.is_closed.result is None
+    assert WebSocketProtocol.connectionLost.__module__ == daphne_close.__name__
+
+
+def test_the_request_a_websocket_was_upgraded_from_leaves_its_channels_queue():
+    from types import SimpleNamespace
+
+    from daphne.http_protocol import WebRequest
+    from twisted.internet.testing import StringTransport
+    from twisted.web.http import HTTPChannel
+
+    daphne_close.install()
+    channel = HTTPChannel()
+    channel.transport = StringTransport()
+    channel.factory = SimpleNamespace(server=SimpleNamespace(protocol_connected=lambda p: None))
+    request = WebRequest(channel)
+    later = WebRequest(channel)
+    channel.requests.extend([request, later])
+    daphne_close.release_upgraded_request(request)
+    assert channel.requests == [later]
+    assert WebRequest.process.__module__ == daphne_close.__name__
