@@ -131,6 +131,31 @@ def _load_engines_early() -> None:
                      daemon=True).start()
 
 
+def _warm_up_when_serving() -> None:
+    """As the serving loop starts: the channel layer loaded and the model's
+    client made (``warm_up`` of the backend, where it has one), then what was
+    loaded since start-up (the application daphne imported, the layer, the
+    client) frozen with the rest. The first page and the first turn would
+    otherwise load them on the loop every page's frames wait for."""
+    from channels.layers import get_channel_layer
+    from twisted.internet import reactor
+
+    from aitp import llm
+
+    async def warm_up() -> None:
+        get_channel_layer()
+        prepare = getattr(llm.get_backend(), "warm_up", None)
+        if prepare is not None:
+            try:
+                await prepare()
+            except Exception:
+                logger.warning("could not prepare the model's client; the first turn will",
+                               exc_info=True)
+        _quiet_garbage_collector()
+
+    reactor.callWhenRunning(lambda: asyncio.ensure_future(warm_up()))
+
+
 def _quiet_garbage_collector() -> None:
     """What start-up loaded (Django, the apps, the SDKs: most of the heap)
     lives as long as the process: frozen, the collector stops walking it on
@@ -157,6 +182,7 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     access_log.install()  # no ?apiKey= value in daphne's access log
     _load_engines_early()
     _quiet_garbage_collector()
+    _warm_up_when_serving()
 
     try:
         CommandLineInterface().run(

@@ -196,6 +196,14 @@ class AnthropicBackend:
         # so a changed setting takes effect with a new client.
         self._config = config
 
+    async def warm_up(self) -> None:
+        """What the first turn would otherwise do on the serving loop, where
+        every page's frames wait for it: the shared client made (its HTTP
+        stack imported, its TLS trust store loaded) and the async backend of
+        its transport loaded. No request is sent."""
+        get_client(self._config or AnthropicConfig.from_settings())
+        anyio.get_cancelled_exc_class()
+
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
         client = get_client(self._config or AnthropicConfig.from_settings())
         began = False

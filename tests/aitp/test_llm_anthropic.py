@@ -9,7 +9,13 @@ import socket
 import pytest
 
 from aitp.llm import LlmError, LlmRequest, MessageComplete, TextDelta, Usage, get_backend, reset_backend
-from aitp.llm.anthropic_backend import AnthropicBackend, AnthropicConfig, close_client, get_client
+from aitp.llm.anthropic_backend import (
+    AnthropicBackend,
+    AnthropicConfig,
+    close_client,
+    get_client,
+    reset_client,
+)
 from aitp.llm.offline import OfflineBackend
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
@@ -411,3 +417,18 @@ def test_a_long_retry_after_is_capped_for_an_interactive_turn():
     retries = CappedRetries(max_retries=2, max_wait=2.5)
     assert retries.retry_wait(0, httpx2.Headers({"retry-after": "600"})) == 2.5
     assert retries.retry_wait(0, httpx2.Headers({"retry-after": "1"})) == 1
+
+
+async def test_warming_up_makes_the_client_the_first_turn_uses_without_sending_a_request(
+        backend, fake, monkeypatch):
+    import anthropic
+
+    made = []
+    monkeypatch.setattr(anthropic, "AsyncAnthropic",
+                        lambda *a, _make=anthropic.AsyncAnthropic, **k: made.append(1) or _make(*a, **k))
+    reset_client()
+    await backend.warm_up()
+    assert (len(made), fake.requests) == (1, [])
+    fake.enqueue(text_response("Hello.", chunks=1))
+    await collect(backend)
+    assert (len(made), len(fake.requests)) == (1, 1)
