@@ -9,6 +9,7 @@ that can go wrong leaves this module as an LlmError.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import logging
 import random
@@ -21,6 +22,7 @@ from typing import Any
 import anthropic
 import anyio
 import httpx2
+from anthropic.lib.streaming._messages import accumulate_event
 
 from .base import LlmError, LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 
@@ -137,55 +139,103 @@ def should_retry(response: httpx2.Response) -> bool:
     return response.status_code in (408, 409, 429) or response.status_code >= 500
 
 
-# One client per process, so its connection pool is shared by every session.
-# It is rebuilt when the configuration changes (tests point it at a fake
-# server) or when it is used from another event loop: pooled connections
-# belong to the loop that opened them.
+# How many streams at once one client carries before the next stream goes to
+# another. A client's connection pool probes each of its idle connections
+# (a poll(2) apiece) whenever a request starts or ends: with every stream of
+# the process on one client that is a probe per open stream at every turn's
+# start and end, and turns that start and end together would stall every
+# page's frames for it. Small pools keep each probe short.
+STREAMS_PER_CLIENT = 8
+
+
+class ClientPool:
+    """The clients of one configuration on one event loop, sharing one TLS
+    context: a stream takes the least busy one, or a new one when every
+    client already carries STREAMS_PER_CLIENT streams. Clients are kept,
+    with their open connections, for the streams that follow."""
+
+    def __init__(self, config: AnthropicConfig) -> None:
+        self.config = config
+        self.clients: list[anthropic.AsyncAnthropic] = []
+        self.streams: list[int] = []
+        self._tls = httpx2.create_ssl_context()
+        self._add()
+
+    def _add(self) -> None:
+        config = self.config
+        self.clients.append(anthropic.AsyncAnthropic(
+            api_key=config.api_key,
+            base_url=config.base_url,
+            # The retries are CappedRetries', so that each wait is ours.
+            max_retries=0,
+            middleware=[CappedRetries(max_retries=config.max_retries,
+                                      max_wait=config.max_retry_wait)],
+            timeout=anthropic.Timeout(config.timeout, connect=min(CONNECT_TIMEOUT, config.timeout)),
+            open_telemetry=None if config.traces else False,
+            http_client=anthropic.DefaultAsyncHttpxClient(verify=self._tls),
+        ))
+        self.streams.append(0)
+
+    def take(self) -> int:
+        """The index of the client a new stream uses; ``give_back`` it after."""
+        index = min(range(len(self.streams)), key=self.streams.__getitem__)
+        if self.streams[index] >= STREAMS_PER_CLIENT:
+            self._add()
+            index = len(self.clients) - 1
+        self.streams[index] += 1
+        return index
+
+    def give_back(self, index: int) -> None:
+        self.streams[index] -= 1
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()
+
+
+# One pool per process, shared by every session. It is rebuilt when the
+# configuration changes (tests point it at a fake server) or when it is used
+# from another event loop: pooled connections belong to the loop that opened
+# them.
 _client_lock = threading.Lock()
 _client_key: tuple[AnthropicConfig, asyncio.AbstractEventLoop] | None = None
-_client: anthropic.AsyncAnthropic | None = None
+_clients: ClientPool | None = None
+
+
+def client_pool(config: AnthropicConfig) -> ClientPool:
+    global _clients, _client_key
+    key = (config, asyncio.get_running_loop())
+    with _client_lock:
+        if _clients is None or _client_key != key:
+            # A replaced pool is dropped, not closed: it may belong to a
+            # loop that no longer runs.
+            _clients = ClientPool(config)
+            _client_key = key
+        return _clients
 
 
 def get_client(config: AnthropicConfig) -> anthropic.AsyncAnthropic:
-    global _client, _client_key
-    key = (config, asyncio.get_running_loop())
-    with _client_lock:
-        if _client is None or _client_key != key:
-            # A replaced client is dropped, not closed: it may belong to a
-            # loop that no longer runs.
-            _client = anthropic.AsyncAnthropic(
-                api_key=config.api_key,
-                base_url=config.base_url,
-                # The retries are CappedRetries', so that each wait is ours.
-                max_retries=0,
-                middleware=[CappedRetries(max_retries=config.max_retries,
-                                          max_wait=config.max_retry_wait)],
-                timeout=anthropic.Timeout(
-                    config.timeout, connect=min(CONNECT_TIMEOUT, config.timeout)
-                ),
-                open_telemetry=None if config.traces else False,
-            )
-            _client_key = key
-        return _client
+    """The client a stream uses while no other runs."""
+    return client_pool(config).clients[0]
 
 
 def reset_client() -> None:
-    global _client, _client_key
+    global _clients, _client_key
     with _client_lock:
-        _client = None
+        _clients = None
         _client_key = None
 
 
 async def close_client() -> None:
-    """Close the shared client if it belongs to the running loop (at shutdown, in tests)."""
-    global _client, _client_key
+    """Close the shared clients if they belong to the running loop (at shutdown, in tests)."""
+    global _clients, _client_key
     with _client_lock:
-        client, key = _client, _client_key
-        if client is None or key is None or key[1] is not asyncio.get_running_loop():
+        clients, key = _clients, _client_key
+        if clients is None or key is None or key[1] is not asyncio.get_running_loop():
             return
-        _client = None
+        _clients = None
         _client_key = None
-    await client.close()
+    await clients.close()
 
 
 class AnthropicBackend:
@@ -201,27 +251,44 @@ class AnthropicBackend:
         every page's frames wait for it: the shared client made (its HTTP
         stack imported, its TLS trust store loaded) and the async backend of
         its transport loaded. No request is sent."""
-        get_client(self._config or AnthropicConfig.from_settings())
+        client_pool(self._config or AnthropicConfig.from_settings())
         anyio.get_cancelled_exc_class()
 
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
-        client = get_client(self._config or AnthropicConfig.from_settings())
+        clients = client_pool(self._config or AnthropicConfig.from_settings())
+        taken = clients.take()
+        try:
+            async with contextlib.aclosing(self._stream(clients.clients[taken], request)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            clients.give_back(taken)
+
+    async def _stream(self, client: anthropic.AsyncAnthropic,
+                      request: LlmRequest) -> AsyncIterator[StreamEvent]:
         began = False
         text_sent = False
         finished = False
+        message = None
+        json_bufs: dict[int, bytes] = {}
         try:
-            async with client.messages.stream(**request_params(request)) as stream:
+            # The raw events, added up into the message by the SDK's own
+            # accumulator: its stream helper also builds a second event
+            # object for every delta, which nothing here reads.
+            async with await client.messages.create(stream=True, **request_params(request)) as events:
                 began = True
-                async for event in stream:
+                async for event in events:
+                    if message is not None or event.type == "message_start":
+                        message = accumulate_event(event=event, current_snapshot=message,
+                                                   json_bufs=json_bufs)
                     if event.type == "content_block_delta" and event.delta.type == "text_delta":
                         if event.delta.text:
                             text_sent = True
                             yield TextDelta(event.delta.text)
                     elif event.type == "message_stop":
                         finished = True
-                if not finished:
+                if not finished or message is None:
                     raise LlmError("stream_interrupted", detail="stream ended before message_stop")
-                message = await stream.get_final_message()
         except LlmError:
             raise
         # The SDK's stream accumulator raises assorted built-in errors on

@@ -10,8 +10,10 @@ import pytest
 
 from aitp.llm import LlmError, LlmRequest, MessageComplete, TextDelta, Usage, get_backend, reset_backend
 from aitp.llm.anthropic_backend import (
+    STREAMS_PER_CLIENT,
     AnthropicBackend,
     AnthropicConfig,
+    ClientPool,
     close_client,
     get_client,
     reset_client,
@@ -432,3 +434,17 @@ async def test_warming_up_makes_the_client_the_first_turn_uses_without_sending_a
     fake.enqueue(text_response("Hello.", chunks=1))
     await collect(backend)
     assert (len(made), len(fake.requests)) == (1, 1)
+
+
+async def test_a_stream_takes_the_least_busy_client_and_a_new_one_only_once_all_are_full():
+    config = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0, timeout=1.0)
+    pool = ClientPool(config)
+    try:
+        assert [pool.take() for _ in range(STREAMS_PER_CLIENT)] == [0] * STREAMS_PER_CLIENT
+        assert (pool.take(), len(pool.clients)) == (1, 2)
+        assert pool.take() == 1  # 8 on the first, 1 on the second
+        for _ in range(STREAMS_PER_CLIENT):
+            pool.give_back(0)
+        assert (pool.take(), len(pool.clients)) == (0, 2)  # kept and reused
+    finally:
+        await pool.close()
