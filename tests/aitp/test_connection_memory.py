@@ -18,18 +18,25 @@ from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, open_page
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-def the_consumer() -> AitpConsumer:
+def consumers() -> weakref.WeakSet:
     gc.collect()
-    consumers = [o for o in gc.get_objects() if isinstance(o, AitpConsumer)]
-    assert len(consumers) == 1
-    return consumers[0]
+    return weakref.WeakSet(o for o in gc.get_objects() if isinstance(o, AitpConsumer))
+
+
+def the_new_consumer(before: weakref.WeakSet) -> AitpConsumer:
+    """The consumer that serves the page opened since ``before`` (another
+    test's page may still be open in this process)."""
+    new = [consumer for consumer in consumers() if consumer not in before]
+    assert len(new) == 1
+    return new[0]
 
 
 async def test_a_closed_connection_is_freed_without_the_cycle_collector(connect, api_key):
+    before = consumers()
     page = await open_page(connect, api_key, tools=[ADD_TO_CART])
     await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
     await page.recv_until("AGENT_RESPONSE", done=True)
-    consumer = weakref.ref(the_consumer())
+    consumer = weakref.ref(the_new_consumer(before))
     agent = weakref.ref(consumer().agent)
     gc.disable()
     try:
@@ -42,8 +49,9 @@ async def test_a_closed_connection_is_freed_without_the_cycle_collector(connect,
 async def test_a_connection_whose_heartbeats_fired_is_freed_without_the_cycle_collector(
         connect, api_key, settings):
     settings.OWLLAYER_HEARTBEAT_INTERVAL = 0.05
+    before = consumers()
     page = await open_page(connect, api_key)
-    consumer = weakref.ref(the_consumer())
+    consumer = weakref.ref(the_new_consumer(before))
     opened = consumer().session_row
     async with asyncio.timeout(CONSUMER_PATIENCE):  # a heartbeat was written
         while (await Session.objects.aget(pk=opened.id)).last_seen_at == opened.last_seen_at:
