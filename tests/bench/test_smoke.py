@@ -1,4 +1,5 @@
-"""``python -m bench`` end to end, in a tiny configuration.
+"""``python -m bench`` end to end, in a tiny configuration, on the backend of
+the test pass (embedded in the first, PostgreSQL + Redis in the second).
 
 These check the run's shape (a report with every line, both sides measured,
 servers stopped), never its numbers: a shared machine makes any timing
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -63,11 +65,26 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def backend_of_this_pass() -> list[str]:
+    """The bench's backend options for this test pass: the second pass (its
+    PostgreSQL and Redis in the environment) runs the bench on those servers,
+    in a throwaway database and under a channel prefix of the run's own; the
+    first on the embedded default."""
+    database, redis = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
+    if not (database.startswith("postgres") and redis):
+        return ["--backend", "embedded"]
+    server = urlsplit(database)
+    return ["--backend", "postgres", "--no-proxy",
+            "--postgres", f"{server.scheme}://{server.netloc}", "--redis", redis]
+
+
 def test_a_tiny_run_reports_every_line_with_both_sides_and_a_ratio(tmp_path):
     out = tmp_path / "report.json"
+    backend = backend_of_this_pass()
+    embedded = backend[1] == "embedded"
 
     done = subprocess.run(
-        [sys.executable, "-m", "bench", *TINY, "--json", str(out)],
+        [sys.executable, "-m", "bench", *TINY, *backend, "--json", str(out)],
         cwd=PROJECT_ROOT, env=bench_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT,
     )
 
@@ -76,11 +93,13 @@ def test_a_tiny_run_reports_every_line_with_both_sides_and_a_ratio(tmp_path):
     assert report["version"] == 1
     assert report["config"]["handshakes"] == 2
     assert report["environment"]["llm"] == "offline"
-    assert report["environment"]["backend"] == "embedded"
-    assert report["environment"]["database"].startswith("sqlite (throwaway")
+    assert report["environment"]["backend"] == backend[1]
+    assert report["environment"]["database"].startswith(
+        "sqlite (throwaway" if embedded else "postgresql (throwaway")
     assert report["environment"]["open_files_limit"] > 0
     measures = {measure["name"]: measure for measure in report["measures"]}
-    assert [measure["name"] for measure in report["measures"]] == LINES
+    # The voice line runs on the embedded backend unless named.
+    assert [measure["name"] for measure in report["measures"]] == (LINES if embedded else LINES[:-1])
     for name in ("handshake", "context_round_trip", "tool_turn"):
         measure = measures[name]
         assert measure["product"]["n"] == measure["baseline"]["n"] == 2
@@ -98,10 +117,11 @@ def test_a_tiny_run_reports_every_line_with_both_sides_and_a_ratio(tmp_path):
     # Every stamped delta of every streamed answer reached the page.
     assert measures["streaming"]["raw"]["product"]["count"] == 2 * 1 * 3
     assert measures["streaming"]["verdict"] in ("ok", "over")
-    # One session, then two, each speaking two turns; every turn heard and spoken back.
-    voice = measures["voice"]["raw"]
-    assert [(step["sessions"], step["count"]) for step in voice["steps"]] == [(1, 2), (2, 4)]
-    assert voice["held_sessions"] in (1, 2)
+    if embedded:
+        # One session, then two, each speaking two turns; every turn heard and spoken back.
+        voice = measures["voice"]["raw"]
+        assert [(step["sessions"], step["count"]) for step in voice["steps"]] == [(1, 2), (2, 4)]
+        assert voice["held_sessions"] in (1, 2)
     for measure in report["measures"]:
         if measure["kind"] == "line":
             assert all(row["ratio"] > 0 for row in measure["rows"]
