@@ -153,7 +153,11 @@ def _warm_up_when_serving() -> None:
                                exc_info=True)
         _quiet_garbage_collector()
 
-    reactor.callWhenRunning(lambda: asyncio.ensure_future(warm_up()))
+    # The loop holds its tasks weakly: this one is held until it is done.
+    reactor.callWhenRunning(lambda: _warming.append(asyncio.ensure_future(warm_up())))
+
+
+_warming: list[asyncio.Future] = []
 
 
 def _quiet_garbage_collector() -> None:
