@@ -5,6 +5,8 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
+import subprocess
 
 import pytest
 
@@ -358,7 +360,55 @@ async def test_leaving_the_loop_early_closes_the_http_stream(backend, fake):
             assert isinstance(event, TextDelta)
             break
 
-    assert fake.wait_for(lambda requests: requests[0].outcome == "client_disconnected")
+    # The socket closes on the loop's next turn: wait without blocking it.
+    assert await asyncio.to_thread(
+        fake.wait_for, lambda requests: requests[0].outcome == "client_disconnected")
+
+
+@pytest.fixture
+def tls_fake(tmp_path, settings):
+    """A fake Messages API over HTTPS on 127.0.0.1, with a certificate of its
+    own (made here by the openssl binary) that no trust store holds."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    with FakeAnthropicServer(tls=context) as server:
+        settings.ANTHROPIC_API_KEY = API_KEY
+        settings.ANTHROPIC_BASE_URL = server.base_url
+        settings.OWLLAYER_LLM_MAX_RETRIES = 0
+        settings.OWLLAYER_LLM_TIMEOUT = 5.0
+        server.cert = cert
+        yield server
+
+
+async def test_streams_from_a_model_api_over_tls_whose_certificate_is_trusted(tls_fake, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_fake.cert))  # the trust store the client loads
+    tls_fake.enqueue(text_response("Over TLS.", chunks=3))
+    try:
+        deltas, complete = await collect(AnthropicBackend())
+    finally:
+        await close_client()
+
+    assert "".join(deltas) == "Over TLS."
+    assert complete.content == [{"type": "text", "text": "Over TLS."}]
+
+
+async def test_refuses_a_model_api_whose_certificate_is_not_trusted(tls_fake, monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    tls_fake.enqueue(text_response("Never read."))
+    try:
+        deltas, error = await failure(AnthropicBackend())
+    finally:
+        await close_client()
+
+    assert deltas == []
+    assert error.code == "unreachable"
+    assert tls_fake.requests == []  # nothing crossed a connection it could not trust
 
 
 async def test_builds_a_new_client_when_the_base_url_changes():

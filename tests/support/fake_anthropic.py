@@ -28,6 +28,7 @@ import logging
 import re
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -434,8 +435,10 @@ class RecordedRequest(dict):
 
 class FakeAnthropicServer:
     def __init__(self, *, port: int = 0, api_key: str | None = None,
-                 responder: Responder | None = None) -> None:
+                 responder: Responder | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._port = port
+        # When set, the server speaks HTTPS with this (server side) context.
+        self._tls = tls
         # When set, requests that do not carry this key get a 401 like the real API.
         self.api_key = api_key
         self.responder: Responder = responder or default_responder
@@ -451,6 +454,8 @@ class FakeAnthropicServer:
     def start(self) -> FakeAnthropicServer:
         self._stopping.clear()
         self._httpd = _HTTPServer(("127.0.0.1", self._port), _Handler, fake=self)
+        if self._tls is not None:
+            self._httpd.socket = self._tls.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
             name="fake-anthropic", daemon=True,
@@ -490,7 +495,7 @@ class FakeAnthropicServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self._tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     # scripting
     def enqueue(self, *responses: Response) -> None:
