@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
@@ -30,7 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from aitp import live, notify, ports, processes, services, voice
+from aitp import ids, live, notify, ports, processes, services, voice
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
@@ -109,7 +108,7 @@ def agent_config_from_settings() -> AgentConfig:
 
 
 def new_session_id() -> str:
-    return "ses_" + secrets.token_hex(12)
+    return "ses_" + ids.token_hex(12)
 
 
 class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):

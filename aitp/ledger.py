@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitp import calls
+from aitp import calls, ids
 from aitp.calls import CallEvent, CallStatus, Party
 from aitp.tools import Risk, ToolSpec
 
@@ -42,7 +41,7 @@ OPERATOR_DECLINED_MESSAGE = "An operator declined this action."
 def new_call_id() -> str:
     # Unguessable: only the connection that got the call can answer it, and
     # nobody else can even name it.
-    return "tc_" + secrets.token_urlsafe(16)
+    return "tc_" + ids.token_urlsafe(16)
 
 
 @dataclass(frozen=True)

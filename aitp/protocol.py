@@ -12,11 +12,12 @@ import json
 import math
 import re
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from aitp import ids
 
 PROTOCOL_VERSION = "1.0.0"
 
@@ -597,7 +598,7 @@ def make_message(type: MessageType, payload: BaseModel | dict, *, meta: dict | N
     else:
         raise TypeError(f"payload for {message_type.value} must be {model_class.__name__}")
     if id is None:
-        id = f"msg_{uuid.uuid4()}"
+        id = f"msg_{ids.uuid4()}"
     if now_ms is None:
         now_ms = int(time.time() * 1000)
     return Message(type=message_type, payload=model, id=id, timestamp=now_ms, meta=meta)

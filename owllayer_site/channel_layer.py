@@ -51,6 +51,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from aitp import ids
 from aitp.group_write import Gathered
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,10 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             supported_errors=(RedisConnectionError,),
         ))
         return create_pool(host)
+
+    async def new_channel(self, prefix: str = "specific") -> str:
+        # channels-redis' own, with its random part drawn in blocks (aitp.ids).
+        return f"{prefix}.{self.client_prefix}!{ids.uuid4().hex}"
 
     def __str__(self) -> str:
         # The host entries may carry a password in the address.

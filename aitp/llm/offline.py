@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import secrets
 from collections.abc import AsyncIterator
+
+from aitp import ids
 
 from .base import LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 
@@ -77,7 +78,7 @@ def answer(request: LlmRequest) -> tuple[list[dict], str]:
         name, arguments = call
         tool_use = {
             "type": "tool_use",
-            "id": "toolu_off_" + secrets.token_hex(6),
+            "id": "toolu_off_" + ids.token_hex(6),
             "name": name,
             "input": arguments,
         }
