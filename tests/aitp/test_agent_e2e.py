@@ -97,3 +97,20 @@ async def test_an_overloaded_upstream_gives_the_error_event_then_the_done_frame(
     assert done["payload"] == {"chunk": "", "done": True}
     assert final_text(again) == "Back again."
     assert len(fake.requests) == 2
+
+
+async def test_a_process_stopped_after_streamed_turns_exits_cleanly_with_nothing_left_unclosed(
+        server, fake, api_key):
+    fake.enqueue(text_response("First answer.", chunks=3), text_response("Second answer.", chunks=3))
+    client = await open_client(server, api_key)
+    try:
+        assert final_text(await client.say("one", timeout=20)) == "First answer."
+        assert final_text(await client.say("two", timeout=20)) == "Second answer."
+    finally:
+        await client.close()
+
+    exit_code = server.stop()
+
+    assert exit_code == 0, server.logs()
+    logs = server.logs()
+    assert "Unclosed" not in logs and "Traceback" not in logs, logs
