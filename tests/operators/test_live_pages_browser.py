@@ -88,8 +88,7 @@ async def until_the_feed_shows_moves(tab, move: Callable[[str], Awaitable[None]]
 async def open_the_first(tab, details: str) -> None:
     """Opens the first ``details`` by its summary, as often as it takes: the
     record is swapped whenever the session changed, and a click whose press
-    and release straddle a swap reaches neither summary (the browser's rule
-    for a press on a node that left the page)."""
+    and release straddle a swap can be lost with the summary it pressed."""
     first = f"{details} >> nth=0"
     for _ in range(10):
         await tab.click(f"{first} >> summary")
