@@ -46,10 +46,6 @@ _entropy = _Entropy()
 os.register_at_fork(after_in_child=_entropy.forget)
 
 
-def token_bytes(size: int) -> bytes:
-    return _entropy.take(size)
-
-
 def token_hex(size: int) -> str:
     """As ``secrets.token_hex``: ``size`` random bytes, as hex."""
     return _entropy.take(size).hex()

@@ -153,11 +153,16 @@ def _warm_up_when_serving() -> None:
                                exc_info=True)
         _quiet_garbage_collector()
 
-    # The loop holds its tasks weakly: this one is held until it is done.
-    reactor.callWhenRunning(lambda: _warming.append(asyncio.ensure_future(warm_up())))
+    def start() -> None:
+        # The loop holds its tasks weakly: this one is held until it is done.
+        task = asyncio.ensure_future(warm_up())
+        _warming.add(task)
+        task.add_done_callback(_warming.discard)
+
+    reactor.callWhenRunning(start)
 
 
-_warming: list[asyncio.Future] = []
+_warming: set[asyncio.Future] = set()
 
 
 def _quiet_garbage_collector() -> None:

@@ -13,7 +13,7 @@ def test_random_ids_have_the_shapes_of_their_secrets_and_uuid_counterparts():
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", ids.token_urlsafe(16))
     value = ids.uuid4()
     assert value.version == 4 and value.variant == uuid.RFC_4122
-    assert len(ids.token_bytes(ids.BLOCK + 1)) == ids.BLOCK + 1
+    assert len(ids.token_hex(ids.BLOCK + 1)) == 2 * (ids.BLOCK + 1)
 
 
 def test_no_two_ids_share_their_bytes_across_blocks_and_threads():
@@ -34,12 +34,12 @@ def test_no_two_ids_share_their_bytes_across_blocks_and_threads():
 
 
 def test_a_forked_child_never_hands_out_the_bytes_its_parent_will():
-    ids.token_bytes(16)  # the parent holds a block with unread bytes
+    ids.token_hex(16)  # the parent holds a block with unread bytes
     reader, writer = os.pipe()
     child = os.fork()
     if child == 0:
         try:
-            os.write(writer, ids.token_bytes(16))
+            os.write(writer, bytes.fromhex(ids.token_hex(16)))
         finally:
             os._exit(0)
     os.close(writer)
@@ -48,4 +48,4 @@ def test_a_forked_child_never_hands_out_the_bytes_its_parent_will():
     os.close(reader)
 
     assert len(in_child) == 16
-    assert in_child != ids.token_bytes(16)
+    assert in_child != bytes.fromhex(ids.token_hex(16))

@@ -365,6 +365,18 @@ async def test_leaving_the_loop_early_closes_the_http_stream(backend, fake):
         fake.wait_for, lambda requests: requests[0].outcome == "client_disconnected")
 
 
+async def test_a_turn_after_the_api_dropped_the_pooled_connection_still_streams(backend, fake):
+    fake.enqueue(text_response("First."), text_response("Second."))
+    deltas, _ = await collect(backend)
+    assert "".join(deltas) == "First."
+
+    fake.drop_connections()  # no loop turn in between: the client may not know yet
+    deltas, complete = await collect(backend)
+
+    assert "".join(deltas) == "Second."
+    assert complete.stop_reason == "end_turn"
+
+
 @pytest.fixture
 def tls_fake(tmp_path, settings):
     """A fake Messages API over HTTPS on 127.0.0.1, with a certificate of its

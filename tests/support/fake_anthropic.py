@@ -470,16 +470,20 @@ class FakeAnthropicServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         # Idle keep-alive connections would otherwise hold handler threads.
+        self.drop_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+
+    def drop_connections(self) -> None:
+        """Shut every open connection, as an API ending idle keep-alives does."""
         with self._changed:
             connections = list(self._connections)
         for conn in connections:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
-                logger.debug("connection already closed at stop")
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._httpd = None
+                logger.debug("connection already closed")
 
     def __enter__(self) -> FakeAnthropicServer:
         return self.start()
