@@ -28,6 +28,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
+from django.utils import timezone
 
 from aitp import ids, live, notify, ports, processes, services, voice
 from aitp import protocol as p
@@ -306,7 +307,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
                                             asyncio.get_running_loop().time())
         self.machine.accept_handshake(session.id)
         self._after(settings.OWLLAYER_HEARTBEAT_INTERVAL, self._heartbeat, "heartbeat")
-        logger.info("session %s: opened for tenant %s", session.id, session.tenant_id)
+        # One INFO line per session, at its close (with its tenant and length).
+        logger.debug("session %s: opened for tenant %s", session.id, session.tenant_id)
         self.feed = WatcherFeed(session)
         self.feed.start(watched)
         self.row_writer.open(session.id, self.feed)
@@ -519,7 +521,9 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
                     self.row_writer.announce(owed)
                 self.feed.session_changed("closed", code=code)
                 await self.feed.aclose()
-            logger.info("session %s: closed (%s)", self.session_row.id, code)
+            row = self.session_row
+            logger.info("session %s: closed (%s) for tenant %s after %.1f s", row.id, code,
+                        row.tenant_id, (timezone.now() - row.started_at).total_seconds())
 
     # --- process shutdown (aitp.processes drains every live connection) ------------
 
