@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from functools import cache
 
@@ -86,9 +86,9 @@ def together() -> Iterator[None]:
     the database and then for the GIL, which the event loop and the other
     database threads hold most of the time. The connection binds parameters
     on the client (Django's default for psycopg), which is what lets one
-    query carry several statements. What a block reads (the ORM, or
-    ``session_page_history``) runs at once and does not see the block's own
-    writes; an error inside the block sends nothing.
+    query carry several statements. What a block reads (through the ORM)
+    runs at once and does not see the block's own writes; an error inside
+    the block sends nothing.
 
     Elsewhere (SQLite, in-process; or inside a transaction already) the block
     is ``transaction.atomic()`` and each statement runs when it is called. A
@@ -324,51 +324,62 @@ def session_live_update(*, session_id: str, fields: dict) -> int | None:
 
 
 @cache
-def _session_live_visits_sql(vendor: str, names: tuple[str, ...]) -> str:
+def _session_live_visits_sql(vendor: str, names: tuple[str, ...], visits: int) -> str:
+    """The UPDATE of ``session_live_visits``: ``names`` set, ``visits`` visits
+    appended to the page history and the history trimmed to its last
+    entries, in the database (the parameters: the names' values, the
+    visits', the number kept, the session id)."""
     table = _table(Session, vendor)
     history = table.column["page_history"]
     sets = [f"{table.column[name]} = %s" for name in names]
-    sets.append(
-        f"{history} = (SELECT COALESCE(jsonb_agg(kept.visit ORDER BY kept.n), '[]'::jsonb) FROM "
-        f"(SELECT visit, n FROM jsonb_array_elements(COALESCE({history}, '[]'::jsonb) || %s::jsonb) "
-        f"WITH ORDINALITY AS listed(visit, n) ORDER BY n DESC LIMIT %s) AS kept)"
-    )
+    if vendor == "postgresql":
+        # The visits as one array; the kept entries in order of their position.
+        sets.append(
+            f"{history} = (SELECT COALESCE(jsonb_agg(kept.visit ORDER BY kept.n), '[]'::jsonb) FROM "
+            f"(SELECT visit, n FROM jsonb_array_elements(COALESCE({history}, '[]'::jsonb) || %s::jsonb) "
+            f"WITH ORDINALITY AS listed(visit, n) ORDER BY n DESC LIMIT %s) AS kept)"
+        )
+    else:
+        # SQLite's JSON functions: each visit appended at the end ('$[#]'),
+        # and only past the limit the entries from the first one kept on.
+        appended = ", ".join(["'$[#]', json(%s)"] * visits)
+        sets.append(
+            f"{history} = (SELECT CASE WHEN json_array_length(new.v) <= %s THEN new.v ELSE "
+            f"(SELECT json_group_array(json(entry.value)) FROM json_each(new.v) AS entry "
+            f"WHERE entry.key >= json_array_length(new.v) - %s) END "
+            f"FROM (SELECT json_insert(COALESCE({history}, '[]'), {appended}) AS v) AS new)"
+        )
     return (f"UPDATE {table.name} SET {', '.join(sets)} WHERE {table.column['id']} = %s "
             f"AND {table.column['ended_at']} IS NULL")
 
 
+# The visits one SQLite statement appends at most (one statement text per
+# count): more go in several statements.
+_VISITS_PER_STATEMENT = 8
+
+
 def session_live_visits(*, session_id: str, fields: dict, visits: list[dict], keep: int) -> None:
     """``session_live_update`` that also appends these visits to the row's
-    page history, keeping its last ``keep`` entries. On PostgreSQL one
-    statement appends and trims in the database; elsewhere the history is
-    read and written back in one transaction."""
-    if not one_query_transactions():
-        with transaction.atomic():
-            history = session_page_history(session_id=session_id)
-            fields = {**fields, "page_history": [*(history or []), *visits][-keep:]}
-            session_live_update(session_id=session_id, fields=fields)
-        return
-    names = tuple(sorted(fields))
+    page history, keeping its last ``keep`` entries: appended and trimmed
+    by the database, in one statement (on SQLite, one per
+    ``_VISITS_PER_STATEMENT`` visits, in one transaction)."""
     table = _t(Session)
-    execute(_session_live_visits_sql(connection.vendor, names), [
-        *(table.prep(name, fields[name]) for name in names),
-        table.prep("page_history", list(visits)), keep, session_id,
-    ])
+    vendor = connection.vendor
+    if vendor == "postgresql":
+        names = tuple(sorted(fields))
+        execute(_session_live_visits_sql(vendor, names, 1), [
+            *(table.prep(name, fields[name]) for name in names),
+            table.prep("page_history", list(visits)), keep, session_id,
+        ])
+        return
+    chunks = [visits[start:start + _VISITS_PER_STATEMENT]
+              for start in range(0, len(visits), _VISITS_PER_STATEMENT)]
+    with transaction.atomic() if len(chunks) > 1 else nullcontext():
+        for number, chunk in enumerate(chunks):
+            names = tuple(sorted(fields)) if number == 0 else ()
+            execute(_session_live_visits_sql(vendor, names, len(chunk)), [
+                *(table.prep(name, fields[name]) for name in names),
+                keep, keep, *(table.prep("page_history", visit) for visit in chunk), session_id,
+            ])
 
 
-@cache
-def _page_history_sql(vendor: str) -> str:
-    table = _table(Session, vendor)
-    return (f"SELECT {table.column['page_history']} FROM {table.name} "
-            f"WHERE {table.column['id']} = %s AND {table.column['ended_at']} IS NULL")
-
-
-def session_page_history(*, session_id: str) -> list | None:
-    """The page history of a session row that is still open (None: closed or unknown)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_page_history_sql(connection.vendor), [session_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    field = _t(Session).fields["page_history"]
-    return field.from_db_value(row[0], None, connection)
