@@ -140,7 +140,31 @@ def session_insert(session: Session) -> None:
 
 
 def _insert_params(session: Session) -> list:
-    return [f.get_db_prep_save(f.pre_save(session, True), connection) for f in _t(Session).concrete]
+    """The insert's values as the ORM sends them; a field still at its
+    constant default sends the value prepared once (most of a new row's)."""
+    defaults = _prepared_defaults(connection.vendor)
+    params = []
+    for f in _t(Session).concrete:
+        value = f.pre_save(session, True)
+        default = defaults.get(f.name)
+        if default is not None and type(value) is type(default[0]) and value == default[0]:
+            params.append(default[1])
+        else:
+            params.append(f.get_db_prep_save(value, connection))
+    return params
+
+
+@cache
+def _prepared_defaults(vendor: str) -> dict[str, tuple[object, object]]:
+    """Per field of a session row with a constant default (a value, or an
+    empty dict or list; not a time): that value and what the ORM sends for it."""
+    found = {}
+    for f in _t(Session).concrete:
+        if callable(f.default) and f.default not in (dict, list):
+            continue
+        value = f.get_default()
+        found[f.name] = (value, f.get_db_prep_save(value, connection))
+    return found
 
 
 def _saved(session: Session) -> None:
