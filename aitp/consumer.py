@@ -35,6 +35,7 @@ from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.agent_voice import Listening
+from aitp.conf import from_settings
 from aitp.db import DbCallConsumer, db_call
 from aitp.group_write import GroupWrite
 from aitp.limits import connection_limits
@@ -84,6 +85,7 @@ async def capabilities() -> tuple[str, ...]:
     return CAPABILITIES
 
 
+@from_settings
 def limits_from_settings() -> Limits:
     return Limits(
         max_message_bytes=settings.OWLLAYER_MAX_MESSAGE_BYTES,
@@ -96,6 +98,7 @@ def limits_from_settings() -> Limits:
     )
 
 
+@from_settings
 def agent_config_from_settings() -> AgentConfig:
     return AgentConfig(
         model=settings.OWLLAYER_MODEL,

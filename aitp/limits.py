@@ -35,6 +35,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from datetime import date, datetime
+from functools import lru_cache
 
 from limits import RateLimitItem, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.aio.storage import RedisStorage
@@ -42,6 +43,7 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.util import WindowStats
 
 from aitp import protocol as p
+from aitp.conf import from_settings
 from aitp.recent import RecentAnswers
 from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
 
@@ -90,6 +92,19 @@ class LimitSettings:
 
 def _item(kind: type[RateLimitItem], amount: int) -> RateLimitItem | None:
     return kind(amount) if amount > 0 else None
+
+
+@lru_cache(maxsize=8)
+def _windows(config: LimitSettings) -> tuple[RateLimitItem | None, ...]:
+    """A connection's limits (frames, dropped frames, user inputs, approval
+    requests), the same items for every connection of one configuration."""
+    return (
+        _item(RateLimitItemPerSecond, config.frames_per_second),
+        _item(RateLimitItemPerMinute, config.flood_close_drops),
+        _item(RateLimitItemPerMinute, config.user_inputs_per_minute),
+        # "Per call": a call lives for minutes at most, so an hour's window is its lifetime.
+        _item(RateLimitItemPerHour, config.approval_requests_per_call),
+    )
 
 
 def _retry_after_ms(reset_at: float) -> int:
@@ -193,7 +208,7 @@ def shared_limits(config: LimitSettings) -> SharedLimits:
     """One SharedLimits per event loop (an async Redis client belongs to the loop it started on)."""
     loop = asyncio.get_running_loop()
     shared = _shared.get(loop)
-    if shared is None or shared.config != config:
+    if shared is None or (shared.config is not config and shared.config != config):
         shared = _shared[loop] = SharedLimits(config)
     return shared
 
@@ -246,11 +261,7 @@ class ConnectionLimits:
         self.shared = shared
         # This connection's own counters: a small store it alone uses.
         self._local = ConnectionWindows()
-        self._frames = _item(RateLimitItemPerSecond, config.frames_per_second)
-        self._drops = _item(RateLimitItemPerMinute, config.flood_close_drops)
-        self._inputs = _item(RateLimitItemPerMinute, config.user_inputs_per_minute)
-        # "Per call": a call lives for minutes at most, so an hour's window is its lifetime.
-        self._approvals = _item(RateLimitItemPerHour, config.approval_requests_per_call)
+        self._frames, self._drops, self._inputs, self._approvals = _windows(config)
 
     async def allow_frame(self, machine: SessionMachine) -> bool:
         """Every inbound frame, before it is parsed."""
@@ -328,8 +339,13 @@ class ConnectionLimits:
 
 def connection_limits() -> ConnectionLimits:
     """The consumer's limits for one new connection (call inside the event loop)."""
-    config = LimitSettings.from_django()
+    config = _limit_settings()
     return ConnectionLimits(config, shared_limits(config))
+
+
+@from_settings
+def _limit_settings() -> LimitSettings:
+    return LimitSettings.from_django()
 
 
 # --- the monthly token quota --------------------------------------------------
