@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -290,12 +291,14 @@ def _parse_frame(text: str | bytes, *, max_bytes: int, allowed: frozenset[Messag
     elif _utf8_length_exceeds(text, max_bytes):
         raise _too_large(max_bytes)
 
+    out_of_range: list[bool] = []
     try:
         if strict_values:
             # Out-of-range numbers are kept as markers so that the refusal
             # below can name the field and the frame's id.
-            data = json.loads(text, parse_constant=_reject_constant, parse_float=float,
-                              parse_int=_bounded_int)
+            integer, real = _number_checks(out_of_range)
+            data = json.loads(text, parse_constant=_reject_constant, parse_float=real,
+                              parse_int=integer)
         else:
             data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
@@ -308,7 +311,8 @@ def _parse_frame(text: str | bytes, *, max_bytes: int, allowed: frozenset[Messag
         raise ProtocolError("invalid_message", "frame must be a json object")
 
     message_id = data.get("id")
-    if strict_values:
+    if strict_values and (out_of_range or _text_may_be_unstorable(text)
+                          or _deeper_than(data, max_depth)):
         problem = find_unstorable(data, max_depth=max_depth)
         if problem is not None:
             code, path, fact = problem
@@ -386,6 +390,62 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):  # 1e400 parses to inf
         raise ValueError("number out of range")
     return value
+
+
+def _number_checks(out_of_range: list[bool]
+                   ) -> tuple[Callable[[str], int | _OutOfRange], Callable[[str], float]]:
+    """json.loads' number hooks for a client frame: values as json makes them
+    (an integer too long to convert kept as a marker), and an entry in
+    ``out_of_range`` for each one ``find_unstorable`` refuses."""
+    def integer(literal: str) -> int | _OutOfRange:
+        # 18 digits are always in range; int() of 5,000 digits is itself refused.
+        if len(literal) - (literal[0] == "-") <= 18:
+            return int(literal)
+        value = _bounded_int(literal)
+        if type(value) is not int or abs(value) > MAX_INTEGER:
+            out_of_range.append(True)
+        return value
+
+    def real(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):  # 1e400 parses to inf
+            out_of_range.append(True)
+        return value
+
+    return integer, real
+
+
+def _text_may_be_unstorable(text: str) -> bool:
+    """Whether the frame's text may hold a string ``find_unstorable`` refuses:
+    U+0000 or a lone surrogate, as it is or escaped (an escaped surrogate
+    pair, or an escaped backslash before a 'u', only looks like one)."""
+    if "\\u" in text or "\x00" in text:
+        return True
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _deeper_than(value: Any, max_depth: int | None) -> bool:
+    """Whether the parsed frame nests objects and arrays more than
+    ``max_depth`` levels deep (the frame itself is level 1)."""
+    if max_depth is None:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        if depth > max_depth:
+            return True
+        depth += 1
+        for child in (item.values() if type(item) is dict else item):
+            if type(child) is dict or type(child) is list:
+                push((child, depth))
+    return False
 
 
 class _OutOfRange:
