@@ -24,7 +24,7 @@ from functools import cache
 from typing import cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Model
+from django.db.models import DateTimeField, Model
 
 from aitp import statements
 from aitp.models import ApiKey, Session
@@ -143,14 +143,22 @@ def _insert_params(session: Session) -> list:
     """The insert's values as the ORM sends them; a field still at its
     constant default sends the value prepared once (most of a new row's)."""
     defaults = _prepared_defaults(connection.vendor)
-    params = []
+    params: list = []
+    # A new row's times are one value: prepared once (the last time field's value, and what was sent).
+    before: tuple = (None, None)
     for f in _t(Session).concrete:
         value = f.pre_save(session, True)
         default = defaults.get(f.name)
         if default is not None and type(value) is type(default[0]) and value == default[0]:
             params.append(default[1])
-        else:
-            params.append(f.get_db_prep_save(value, connection))
+            continue
+        if value is before[0] and type(f) is DateTimeField:
+            params.append(before[1])
+            continue
+        prepared = f.get_db_prep_save(value, connection)
+        params.append(prepared)
+        if type(f) is DateTimeField:
+            before = (value, prepared)
     return params
 
 
