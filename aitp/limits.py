@@ -32,7 +32,7 @@ import hashlib
 import logging
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from datetime import date, datetime
 from functools import lru_cache
@@ -44,6 +44,7 @@ from limits.util import WindowStats
 
 from aitp import protocol as p
 from aitp.conf import from_settings
+from aitp.group_write import Gathered
 from aitp.recent import RecentAnswers
 from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
 
@@ -173,6 +174,8 @@ class SharedLimits:
             ))
         elif self.opens is not None:
             self.local = LocalMovingWindow(config.session_opens_per_key_per_minute, 60.0)
+        # The opens asked for while the store is counting others go together.
+        self._counted = Gathered(self._count_opens)
 
     async def session_open_retry_after(self, raw_key: str) -> float | None:
         """None when this key may open one more session now; else the
@@ -183,22 +186,45 @@ class SharedLimits:
         if self.local is not None:
             wait = self.local.hit(digest)
             return None if wait is None else max(1.0, wait)
-        assert self.limiter is not None
+        return await self._counted.ask(digest=digest)
+
+    async def _count_opens(self, opens: list[dict]) -> list[float | None]:
+        """``session_open_retry_after`` of several opens: in the store, each
+        key's opens are counted at once (a hit of that many), and only when
+        that would pass the limit one at a time, so that exactly the opens
+        the window still holds are let through. A store that is down or
+        slow lets every one of them open."""
+        wanted = Counter(request["digest"] for request in opens)
         try:
-            # asyncio.timeout, not wait_for: no task of its own per open.
+            # asyncio.timeout, not wait_for: no task of its own per call.
             async with asyncio.timeout(self.config.redis_timeout):
-                if await self.limiter.hit(self.opens, "opens", digest):
-                    return None
-            async with asyncio.timeout(self.config.redis_timeout):
-                stats = await self.limiter.get_window_stats(self.opens, "opens", digest)
+                answers = await asyncio.gather(*(self._count_key(digest, count)
+                                                 for digest, count in wanted.items()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             # Fail open: a missing counter store must not refuse pages.
             logger.warning("session opens per key not counted (counter store unavailable: %s)",
                            type(exc).__name__)
-            return None
-        return max(1.0, stats.reset_time - time.time())
+            return [None] * len(opens)
+        by_key = dict(zip(wanted, answers, strict=True))
+        return [by_key[request["digest"]].pop() for request in opens]
+
+    async def _count_key(self, digest: str, count: int) -> list[float | None]:
+        """For ``count`` opens of one key, None for each one let through and
+        the seconds to wait for each one refused."""
+        assert self.limiter is not None and self.opens is not None
+        if count > 1 and await self.limiter.hit(self.opens, "opens", digest, cost=count):
+            return [None] * count
+        allowed = 0
+        while allowed < count and await self.limiter.hit(self.opens, "opens", digest):
+            allowed += 1
+        if allowed == count:
+            return [None] * count
+        stats = await self.limiter.get_window_stats(self.opens, "opens", digest)
+        wait = max(1.0, stats.reset_time - time.time())
+        # Popped from the end: the first opens asked for are the ones let through.
+        return [wait] * (count - allowed) + [None] * allowed
 
 
 _shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

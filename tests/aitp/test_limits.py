@@ -12,11 +12,13 @@ import asyncio
 import json
 import logging
 import secrets
+import time
 from datetime import timedelta
 
 import pytest
 from django.test import override_settings
 from django.utils import timezone
+from limits.util import WindowStats
 
 from aitp import limits, services
 from aitp.limits import ConnectionLimits, LimitSettings, SharedLimits
@@ -147,6 +149,58 @@ async def test_session_opens_per_key_are_counted_per_key_and_refused_with_1013(c
     assert await limiter.allow_session_open(machine(), "pk_live_two") is True
     clock.advance(61)
     assert await limiter.allow_session_open(machine(), "pk_live_one") is True
+
+
+class CountingStore:
+    """A shared moving window that never moves, answering as a store does
+    (on a later turn of the loop) and counting the calls made to it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[tuple, int] = {}
+        self.calls = 0
+
+    async def hit(self, item, *identifiers: str, cost: int = 1) -> bool:
+        self.calls += 1
+        await asyncio.sleep(0)
+        if self.held.get(identifiers, 0) + cost > self.limit:
+            return False
+        self.held[identifiers] = self.held.get(identifiers, 0) + cost
+        return True
+
+    async def get_window_stats(self, item, *identifiers: str):
+        return WindowStats(reset_time=time.time() + 30, remaining=0)
+
+
+async def test_opens_of_one_key_asked_together_are_counted_together_and_only_the_limit_goes():
+    shared = SharedLimits(quiet(session_opens_per_key_per_minute=4,
+                                redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    shared.limiter = store = CountingStore(limit=4)
+
+    waits = await asyncio.gather(*(shared.session_open_retry_after("pk_live_one")
+                                   for _ in range(10)))
+    other = await shared.session_open_retry_after("pk_live_two")
+
+    assert waits[:4] == [None] * 4  # the first asked are the ones let through
+    assert all(wait is not None and wait >= 1.0 for wait in waits[4:])
+    assert other is None
+    assert store.calls < 10
+
+
+@pytest.mark.redis
+async def test_opens_of_one_key_asked_together_on_redis_let_exactly_the_limit_through(
+    redis_required,
+):
+    shared = SharedLimits(quiet(session_opens_per_key_per_minute=4, redis_url=redis_required,
+                                prefix=f"owl-limits-test-{secrets.token_hex(6)}"))
+
+    first = await asyncio.gather(*(shared.session_open_retry_after("pk_live_one")
+                                   for _ in range(3)))
+    more = await asyncio.gather(*(shared.session_open_retry_after("pk_live_one")
+                                  for _ in range(5)))
+
+    assert first == [None] * 3
+    assert more[0] is None and all(wait is not None for wait in more[1:])
 
 
 def test_a_processs_own_window_refuses_while_limit_opens_are_younger_than_a_minute(clock):
