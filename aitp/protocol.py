@@ -694,6 +694,32 @@ def serialize(message: Message) -> str:
     return _json_text(envelope)
 
 
+def serialize_system_event(message: Message, data_json: str) -> str:
+    """``serialize(message)`` of a SYSTEM_EVENT whose data the server has
+    written already (``data_json``: ``compact_json`` of the message's data):
+    put in as it is, not written again."""
+    event = message.payload
+    if type(event) is not SystemEvent or message.meta is not None:
+        return serialize(message)
+    fields: dict[str, Any] = {"kind": event.kind}
+    if event.message is not None:
+        fields["message"] = event.message
+    head = _json_text({"id": message.id, "type": MessageType.SYSTEM_EVENT.value,
+                       "timestamp": message.timestamp, "payload": fields})
+    # head ends with the payload's "}" and the frame's "}".
+    text = f'{head[:-2]},"data":{data_json}}}}}'
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return serialize(message)  # a lone surrogate: written escaped, the long way
+    return text
+
+
+def compact_json(value: Any) -> str:
+    """JSON text as a frame writes it (compact, characters as they are)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _system_event_fields(event: SystemEvent) -> dict[str, Any]:
     """SYSTEM_EVENT's payload as ``model_dump(exclude_none=True)`` gives it."""
     fields: dict[str, Any] = {"kind": event.kind}
@@ -705,7 +731,7 @@ def _system_event_fields(event: SystemEvent) -> dict[str, Any]:
 
 
 def _json_text(envelope: dict[str, Any]) -> str:
-    text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = compact_json(envelope)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -27,6 +27,7 @@ from django.utils import timezone
 from aitp import services
 from aitp.group_write import GroupWrite
 from aitp.session import ContextChanged
+from aitp.statements import JsonText
 
 # The session row (page snapshot, turn state) is written at most this often;
 # the connection holds the live values, the row is for watchers and the record.
@@ -109,7 +110,9 @@ class SessionRowWriter:
         if event is not None:
             snapshot = {
                 "url": event.url, "title": event.title, "context": event.context,
-                "tools": [tool.wire for tool in event.tools],  # shared: serialized as they are
+                # Written once already, for the page's tools_effective.
+                "tools": [tool.wire for tool in event.tools] if event.tools_json is None
+                else JsonText(event.tools_json),
             }
         return {"snapshot": snapshot, "state": state, "visits": visits}
 

@@ -72,6 +72,8 @@ class ContextChanged:
     context: dict
     tools: tuple[ToolSpec, ...]
     surface: ToolSurface
+    # The tools' declarations as the JSON array the frame wrote (None: not written).
+    tools_json: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,8 +303,12 @@ class SessionMachine:
             update.url, update.title, update.context, tools,
         )
         surface = self.surface
-        self.send(p.system_event("tools_effective", data=surface.to_event_data()))
-        return [ContextChanged(update.url, update.title, update.context, tools, surface)]
+        # The page's declarations written once: for this frame and for the session's row.
+        tools_json = p.compact_json([tool.wire for tool in tools])
+        event = p.system_event("tools_effective", data=surface.to_event_data())
+        self.send(event, text=p.serialize_system_event(
+            event, surface.event_data_json(tools_json, p.compact_json)))
+        return [ContextChanged(update.url, update.title, update.context, tools, surface, tools_json)]
 
     def _user_input(self, message: p.Message) -> list[Event]:
         user_input = cast(p.UserInput, message.payload)
@@ -419,15 +425,16 @@ class SessionMachine:
 
     # --- output --------------------------------------------------------------
 
-    def send(self, message: p.Message) -> None:
-        """Queue a frame for the peer; nothing is sent once closed, and no
-        voice frame to a session that was not offered "audio"."""
+    def send(self, message: p.Message, *, text: str | None = None) -> None:
+        """Queue a frame for the peer (``text``: the message written
+        already); nothing is sent once closed, and no voice frame to a
+        session that was not offered "audio"."""
         if not self.audio and _is_voice(message):
             return
         if self.state is State.OPEN or (
             self.state is State.AWAITING_HANDSHAKE and message.type is p.MessageType.SYSTEM_EVENT
         ):
-            self._queue(message)
+            self._outgoing.append(p.serialize(message) if text is None else text)
 
     def error(self, code: str, message: str, **data) -> None:
         self.send(p.error_event(code, message, **{k: v for k, v in data.items() if v is not None}))

@@ -26,6 +26,7 @@ from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.constants import OnConflict
 from psycopg.adapt import Transformer
+from psycopg.types.json import Jsonb
 
 from aitp.models import ConversationMessage, Session, ToolCall
 
@@ -46,8 +47,24 @@ class _Table:
         self.select = ", ".join(self.qualified[f.name] for f in self.concrete)
 
     def prep(self, name: str, value):
-        """A value as the ORM would send it for this field."""
+        """A value as the ORM would send it for this field (a ``JsonText``
+        as the JSON it already is)."""
+        if type(value) is JsonText:
+            return _json_parameter(value)
         return self.fields[name].get_db_prep_save(value, connection)
+
+
+class JsonText(str):
+    """A JSON field's value written as JSON text already: sent as it is,
+    not serialized again (``_Table.prep``)."""
+
+    __slots__ = ()
+
+
+def _json_parameter(text: JsonText):
+    if connection.vendor == "postgresql":
+        return Jsonb(text, dumps=str)  # what the ORM sends, with the text as written
+    return str(text)
 
 
 @cache

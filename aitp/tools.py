@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from operator import attrgetter
@@ -446,6 +446,23 @@ class ToolSurface:
             "clientTools": [t.wire for t in self.client_tools],
             "ignoredClientTools": [t.wire for t in self.ignored],
         }
+
+    def event_data_json(self, client_json: str, write: Callable[[Any], str]) -> str:
+        """``to_event_data()`` as JSON text, the client tools' declarations
+        given written already (``client_json``: ``write`` of their ``wire``
+        list): they are half of the event, and the session's row keeps them
+        too. ``write`` writes the rest."""
+        server_json = write([t.wire for t in self.server_tools])
+        ignored = self.ignored
+        if not self.server_tools:
+            effective = client_json
+        elif not ignored:  # the server tools, then every client tool
+            effective = server_json[:-1] + ("," if self.client_tools else "") + client_json[1:]
+        else:
+            effective = write([t.wire for t in self.effective])
+        return (f'{{"effectiveTools":{effective},"serverTools":{server_json},'
+                f'"clientTools":{client_json},'
+                f'"ignoredClientTools":{write([t.wire for t in ignored])}}}')
 
     def anthropic_tools(self) -> list[dict]:
         """Tools for the model in a canonical order.

@@ -163,11 +163,14 @@ async def test_a_page_that_leaves_within_the_row_interval_has_its_snapshot_writt
     monkeypatch.setattr(row_writer, "ROW_WRITE_INTERVAL", 3600)
     page = await connect()
     ack = await page.handshake(api_key.raw)
-    await page.context(url="/p/1", title="Headphones", tools=[ADD_TO_CART], context={"productId": "p1"})
+    effective = await page.context(url="/p/1", title="Headphones", tools=[ADD_TO_CART],
+                                   context={"productId": "p1"})
     await page.close()
     session = await Session.objects.aget(id=ack["payload"]["sessionId"])
     assert live_writes == []
     assert (session.current_url, session.context) == ("/p/1", {"productId": "p1"})
+    assert session.tools == effective["payload"]["data"]["clientTools"]
+    assert [tool["name"] for tool in session.tools] == ["add_to_cart"]
     assert session.ended_at is not None and [v["url"] for v in session.page_history] == ["/p/1"]
 
 

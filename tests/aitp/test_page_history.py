@@ -3,10 +3,13 @@ dropped past the limit, a closed session left alone; appended and trimmed
 by the database, in one statement."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from aitp import services
 from aitp.models import Session
+from aitp.statements import JsonText
 from tests.aitp.conftest import open_session_row, queries_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,3 +67,12 @@ def test_a_visit_is_one_statement():
         services.session_write_live(session_id=session.id, visits=[visit("/a")])
     assert len(sent) == 1 and sent[0].startswith("UPDATE")
     assert history(session) == ["/a"]
+
+
+def test_tools_written_as_json_text_are_stored_as_the_json_they_are():
+    session = open_session_row()
+    tools = [{"name": "zoom", "description": "Zoom ünï 😀", "risk": "none"}]
+    text = json.dumps(tools, separators=(",", ":"), ensure_ascii=False)
+    snapshot = {"url": "/z", "title": "Z", "context": {}, "tools": JsonText(text)}
+    services.session_write_live(session_id=session.id, snapshot=snapshot)
+    assert Session.objects.get(pk=session.pk).tools == tools

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from aitp import protocol as p
 from aitp.tools import (
     TOOL_NAME_RE,
     Risk,
@@ -451,6 +452,43 @@ def test_the_tools_effective_event_lists_every_group():
     assert data["effectiveTools"][1] == {"name": "add_to_cart", "description": "add_to_cart tool",
                                          "risk": "high"}
     assert data["ignoredClientTools"][0]["description"] == "client copy"
+
+
+SURFACES = {
+    "server and client, one shadowed": surface,
+    "server and client, none shadowed": lambda: ToolSurface.build(
+        [tool("search", "server")], [parse_tool(ADD_TO_CART), tool("zoom", description="zoom ünï 😀")]),
+    "server only": lambda: ToolSurface.build([tool("search", "server")], []),
+    "client only": lambda: ToolSurface.build([], [parse_tool(ADD_TO_CART), tool("back")]),
+    "none": lambda: ToolSurface.build([], []),
+}
+
+
+@pytest.mark.parametrize("build", SURFACES.values(), ids=SURFACES.keys())
+def test_the_event_data_written_from_the_client_tools_json_is_the_event_data(build):
+    s = build()
+    client_json = p.compact_json([t.wire for t in s.client_tools])
+    written = s.event_data_json(client_json, p.compact_json)
+    assert written == p.compact_json(s.to_event_data())
+
+
+@pytest.mark.parametrize("build", SURFACES.values(), ids=SURFACES.keys())
+def test_a_tools_effective_frame_written_from_its_data_json_is_the_frame(build):
+    s = build()
+    event = p.system_event("tools_effective", data=s.to_event_data())
+    data_json = s.event_data_json(p.compact_json([t.wire for t in s.client_tools]), p.compact_json)
+    assert p.serialize_system_event(event, data_json) == p.serialize(event)
+
+
+def test_a_tools_effective_frame_with_a_lone_surrogate_is_written_escaped():
+    lone = ToolSpec(name="odd", description="half \ud83d", parameters=None, risk=Risk.NONE,
+                    origin="server")
+    s = ToolSurface.build([lone], [])
+    event = p.system_event("tools_effective", data=s.to_event_data())
+    text = p.serialize_system_event(
+        event, s.event_data_json(p.compact_json([]), p.compact_json))
+    text.encode("utf-8")
+    assert text == p.serialize(event) and "\\ud83d" in text
 
 
 def test_model_tools_are_server_then_client_each_sorted_with_one_cache_breakpoint():
