@@ -260,11 +260,27 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             self.machine.send(reply)
 
     async def _open_session(self, event: HandshakeRequested) -> None:
-        if not await self.rate_limits.allow_session_open(self.machine, event.api_key):
+        session_id = new_session_id()
+        # The session's groups (and its key's, when this process knows the
+        # key) are joined while the opens of the key are counted: a page
+        # refused leaves them in its teardown.
+        known_key_id = services.remembered_key_id(event.api_key)
+        groups = [notify.session_group(session_id)]
+        if known_key_id is not None:
+            groups.append(notify.key_group(known_key_id))
+        # Counted as joined first: whatever the join raises, the teardown leaves them.
+        self.groups_joined.extend(groups)
+        joining = asyncio.ensure_future(notify.join(
+            self.channel_layer, groups, self.channel_name, ask=live.session_watch_group(session_id)))
+        try:
+            allowed = await self.rate_limits.allow_session_open(self.machine, event.api_key)
+        finally:
+            watched = await joining
+        if not allowed:
             return
         init = event.init
         info = services.HandshakeInfo(
-            session_id=new_session_id(),
+            session_id=session_id,
             origin=self.origin,
             user_agent=init.userAgent or "",
             viewport=init.viewport or "",
@@ -286,13 +302,12 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             return
         server_tools = await _load_server_tools(session.tenant_id)
         self.machine.set_server_tools(tuple(tool.spec for tool in server_tools))
-        groups = [notify.session_group(session.id), notify.key_group(session.api_key_id)]
-        # Counted as joined first: whatever the join raises, the teardown leaves them.
-        self.groups_joined.extend(groups)
-        watched = await notify.join(self.channel_layer, groups, self.channel_name,
-                                    ask=live.session_watch_group(session.id))
-        if await self._handshake_abandoned():
-            return
+        if session.api_key_id != known_key_id:
+            key_group = notify.key_group(session.api_key_id)
+            self.groups_joined.append(key_group)
+            await notify.join(self.channel_layer, [key_group], self.channel_name)
+            if await self._handshake_abandoned():
+                return
         self.agent = Agent(
             session_id=session.id,
             tenant_id=session.tenant_id,

@@ -134,6 +134,17 @@ def _key_for_open(raw_key: str) -> ApiKey | None:
     return key
 
 
+def remembered_key_id(raw_key: str) -> int | None:
+    """The id of this plaintext key when this process has read it for an
+    open (however long ago: a key's id never changes), else None. Reads
+    no database: for the event loop."""
+    known = _recent_keys.get(raw_key[:LOOKUP_PREFIX_LENGTH] if raw_key else "")
+    if known is None or len(raw_key) > 200 or not hmac.compare_digest(
+            known[1].key_hash, _key_hash(raw_key)):
+        return None
+    return known[1].pk
+
+
 def _key_changed(key: ApiKey) -> None:
     """This process's next open of the key reads it again."""
     _recent_keys.pop(key.prefix, None)

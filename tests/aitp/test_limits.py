@@ -498,6 +498,27 @@ async def test_opens_past_the_per_key_limit_are_refused_with_1013_and_other_keys
 
 
 @pytest.mark.django_db(transaction=True)
+@override_settings(OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE=1)
+async def test_an_open_refused_for_the_per_key_limit_leaves_the_groups_it_joined(connect, api_key):
+    from channels.layers import get_channel_layer
+
+    from aitp import notify
+
+    page = await connect()
+    assert (await page.handshake(api_key.raw))["type"] == "HANDSHAKE_ACK"
+    refused = await connect()  # joins the key's group while its open is counted
+    assert (await refused.handshake(api_key.raw))["payload"]["data"]["code"] == "rate_limited"
+    assert (await refused.recv())["code"] == 1013
+    await page.close()
+
+    members = get_channel_layer().groups.get(notify.key_group(api_key.pk), {})
+    deadline = asyncio.get_running_loop().time() + SOON
+    while members:
+        assert asyncio.get_running_loop().time() < deadline, f"still in the key's group: {members}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
 async def test_a_session_opens_while_the_counter_store_is_down(connect, api_key, limits_log):
     with override_settings(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
                            OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE=1):
