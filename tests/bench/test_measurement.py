@@ -10,6 +10,7 @@ no timing assertions).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from pathlib import Path
 
@@ -288,6 +289,19 @@ async def test_the_drain_waits_for_closed_rows_and_a_quiet_process():
     assert probes.polls == 5  # four polls saw open rows, the fifth none
     assert probes.busy_windows == 0  # every busy window was waited out
     assert drainer.drains == 1
+
+
+async def test_after_a_drain_what_the_client_holds_is_frozen_out_of_its_collections():
+    probes = FakeProbes(open_polls=0, busy_windows=0)
+    drainer = Drainer(rows=probes.rows, cpu_seconds=probes.cpu_seconds, sleep=probes.sleep,
+                      clock=probes.clock)
+    kept_frames = [{"frame": number} for number in range(1000)]
+    gc.unfreeze()
+    try:
+        await drainer.drain([7])
+        assert gc.get_freeze_count() >= len(kept_frames)
+    finally:
+        gc.unfreeze()
 
 
 async def test_the_drain_allows_the_sessions_a_phase_keeps_open_but_not_unfinished_calls():
