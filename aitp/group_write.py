@@ -19,8 +19,8 @@ it writes each alone, so that only that write fails
 
 ``Gathered`` is the same gathering for any coroutine that sends many
 requests at once (the Redis layer's group memberships: one round trip for
-the joins and leaves of every connection that asked meanwhile); each
-request gets its own answer.
+the joins and leaves of every connection that asked meanwhile; the shared
+count of session opens per key); each request gets its own answer.
 """
 from __future__ import annotations
 
