@@ -306,8 +306,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             key_group = notify.key_group(session.api_key_id)
             self.groups_joined.append(key_group)
             await notify.join(self.channel_layer, [key_group], self.channel_name)
-            if await self._handshake_abandoned():
-                return
+        if await self._handshake_abandoned():
+            return
         self.agent = Agent(
             session_id=session.id,
             tenant_id=session.tenant_id,

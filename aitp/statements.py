@@ -344,8 +344,9 @@ def session_live_update(*, session_id: str, fields: dict) -> int | None:
 def _session_live_visits_sql(vendor: str, names: tuple[str, ...], visits: int) -> str:
     """The UPDATE of ``session_live_visits``: ``names`` set, ``visits`` visits
     appended to the page history and the history trimmed to its last
-    entries, in the database (the parameters: the names' values, the
-    visits', the number kept, the session id)."""
+    entries, in the database. Its parameters: the names' values; on
+    PostgreSQL the visits (one array) and the number kept, on SQLite the
+    number kept (twice) and each visit; the session id."""
     table = _table(Session, vendor)
     history = table.column["page_history"]
     sets = [f"{table.column[name]} = %s" for name in names]

@@ -5,6 +5,7 @@ Runs without Django: the machine is pure.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -153,6 +154,16 @@ class TestOpen:
         assert [t["name"] for t in data["serverTools"]] == ["add_to_cart"]
         assert [t["name"] for t in data["ignoredClientTools"]] == ["add_to_cart"]
         assert m.surface.get("add_to_cart").origin == "server"
+
+    def test_a_server_tool_json_cannot_write_is_still_sent_in_tools_effective(self):
+        m = opened()
+        odd = {"type": "OBJECT", "properties": {}, "x-since": datetime(2026, 1, 2, tzinfo=UTC)}
+        m.set_server_tools((ToolSpec("lookup", "server side", odd, Risk.NONE, "server"),))
+        [event] = m.receive_text(frame("CONTEXT_UPDATE", {"activeTools": [TOOL]}))
+        data = sent(m)[0]["payload"]["data"]
+        assert data["serverTools"][0]["parameters"]["x-since"] == "2026-01-02T00:00:00Z"
+        assert [t["name"] for t in data["effectiveTools"]] == ["lookup", "add_to_cart"]
+        assert json.loads(event.tools_json) == data["clientTools"]
 
     def test_a_refused_context_keeps_the_previous_snapshot(self):
         m = opened(max_active_tools=1, max_context_bytes=100)
