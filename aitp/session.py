@@ -437,7 +437,7 @@ class SessionMachine:
         if self.state is State.OPEN or (
             self.state is State.AWAITING_HANDSHAKE and message.type is p.MessageType.SYSTEM_EVENT
         ):
-            self._outgoing.append(p.serialize(message) if text is None else text)
+            self._queue(message, text)
 
     def error(self, code: str, message: str, **data) -> None:
         self.send(p.error_event(code, message, **{k: v for k, v in data.items() if v is not None}))
@@ -446,8 +446,8 @@ class SessionMachine:
         out, self._outgoing = self._outgoing, []
         return out
 
-    def _queue(self, message: p.Message) -> None:
-        self._outgoing.append(p.serialize(message))
+    def _queue(self, message: p.Message, text: str | None = None) -> None:
+        self._outgoing.append(p.serialize(message) if text is None else text)
 
     def _invalid(self, code: str, message: str, *, message_id: str | None = None) -> None:
         """The peer sent something we cannot use: tell it, keep the
