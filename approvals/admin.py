@@ -34,7 +34,7 @@ from approvals.models import (
 )
 from approvals.selectors import awaiting_operator, is_operator
 from approvals.server_tools import python_tool, python_tool_names
-from tenants.selectors import changeable_tenant_ids, may_change_tenant
+from tenants.selectors import changeable_tenant_ids, may_change_tenant, visible_tenants
 
 
 class ScreenAdmin(admin.ModelAdmin):
@@ -191,11 +191,19 @@ class AllApprovalsAdmin(ApprovalAdmin):
     pass
 
 
+class VisibleTenantFilter(admin.RelatedFieldListFilter):
+    """"By tenant" offers only the tenants the user may see: a staff member
+    of one tenant never reads the others' slugs off the filter."""
+
+    def field_choices(self, field, request, model_admin):
+        return [(tenant.pk, str(tenant)) for tenant in visible_tenants(request.user).order_by("slug")]
+
+
 @admin.register(PendingApproval)
 class PendingApprovalAdmin(ApprovalAdmin):
     list_display = ("id", "session_id", "tenant", "tool_name", "risk", "arguments_short",
                     "created_at", "deadline")
-    list_filter = ("risk", "tenant")
+    list_filter = ("risk", ("tenant", VisibleTenantFilter))
     ordering = ("deadline",)
 
     def get_queryset(self, request):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from tenants.models import TenantMembership
+from tenants.models import Tenant, TenantMembership
 
 
 def tenant_ids_for_user(user) -> set[int] | None:
@@ -17,6 +17,13 @@ def tenant_ids_for_user(user) -> set[int] | None:
     if user.is_superuser:
         return None
     return set(TenantMembership.objects.filter(user=user).values_list("tenant_id", flat=True))
+
+
+def visible_tenants(user) -> QuerySet[Tenant]:
+    """The tenants a signed-in user may see, as rows (every one for a superuser)."""
+    tenant_ids = tenant_ids_for_user(user)
+    tenants = Tenant.objects.all()
+    return tenants if tenant_ids is None else tenants.filter(pk__in=tenant_ids)
 
 
 def scope_to_user(queryset: QuerySet, user, tenant_field: str = "tenant") -> QuerySet:
