@@ -222,7 +222,8 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "prefix_display", "name", "tenant", "status", "origins", "max_sessions",
         "expires_at", "last_used_at", "created_at",
     ]
-    list_filter = ["status", "tenant"]
+    # Only the tenants of the keys the user sees: never another tenant's slug.
+    list_filter = ["status", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["prefix", "name", "tenant__slug"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     fields = [
@@ -292,17 +293,41 @@ class ApiKeyAdmin(TenantScopedAdmin):
         return response
 
     def _owned(self, request, queryset):
+        """The selected keys of tenants the user owns. The changelist also
+        lists the keys of tenants the user only views: those are left as they
+        are, and the user is told so."""
         owned = changeable_tenant_ids(request.user)
-        return queryset if owned is None else queryset.filter(tenant_id__in=owned)
+        if owned is None:
+            return queryset
+        viewed_only = queryset.exclude(tenant_id__in=owned).count()
+        if viewed_only:
+            whose = "their tenants" if viewed_only != 1 else "its tenant"
+            self.message_user(
+                request, f"{_keys(viewed_only)} left unchanged: you only view {whose}.", messages.ERROR,
+            )
+        return queryset.filter(tenant_id__in=owned)
 
     @admin.action(description="Revoke selected keys (closes their live sessions)",
                   permissions=["change"])
     def revoke_keys(self, request, queryset):
-        for key in self._owned(request, queryset):
+        keys = list(self._owned(request, queryset).exclude(status=ApiKey.Status.REVOKED))
+        for key in keys:
             aitp_services.api_key_revoke(key=key, user=request.user)
+        if keys:
+            self.message_user(request, f"{_keys(len(keys))} revoked; their live sessions are closing.",
+                              messages.SUCCESS)
 
     @admin.action(description="Disable selected keys (closes their live sessions)",
                   permissions=["change"])
     def disable_keys(self, request, queryset):
-        for key in self._owned(request, queryset).exclude(status=ApiKey.Status.REVOKED):
+        keys = list(self._owned(request, queryset).exclude(
+            status__in=[ApiKey.Status.REVOKED, ApiKey.Status.DISABLED]))
+        for key in keys:
             aitp_services.api_key_set_status(key=key, status=ApiKey.Status.DISABLED, user=request.user)
+        if keys:
+            self.message_user(request, f"{_keys(len(keys))} disabled; their live sessions are closing.",
+                              messages.SUCCESS)
+
+
+def _keys(count: int) -> str:
+    return f"{count} key{'s' if count != 1 else ''}"
