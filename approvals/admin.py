@@ -314,7 +314,11 @@ class OptionalJSONField(forms.JSONField):
 
 # Fields only one kind of server tool uses: a built-in (Python) tool never
 # calls a webhook, a webhook has no handler in this code.
-WEBHOOK_ONLY_FIELDS = ("webhook_url", "timeout_seconds", "masked_secret")
+WEBHOOK_ONLY_FIELDS = ("webhook_url", "timeout_seconds", "webhook_networks", "masked_secret")
+# What a tool's webhook may reach inside the server's network: superusers
+# set it, and no one else sees it (a tenant must not open that network to
+# itself, nor read which networks exist).
+SUPERUSER_ONLY_FIELDS = ("webhook_networks",)
 PYTHON_ONLY_FIELDS = ("python_handler", "handler_parameters")
 
 
@@ -329,7 +333,8 @@ class ServerToolForm(forms.ModelForm):
     class Meta:
         model = ServerTool
         fields = ("tenant", "name", "description", "kind", "webhook_url", "timeout_seconds",
-                  "python_handler", "parameters", "risk", "approval_policy", "enabled")
+                  "webhook_networks", "python_handler", "parameters", "risk", "approval_policy",
+                  "enabled")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -349,8 +354,20 @@ class ServerToolAdmin(TenantScopedAdmin):
         readonly = list(super().get_readonly_fields(request, obj))
         return readonly if obj is None else [*readonly, "tenant"]
 
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        # Left out of the form itself, not only of the page: a posted value
+        # for a field the form does not have is never read. (The class is
+        # made anew for each request.)
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if not request.user.is_superuser:
+            for field in SUPERUSER_ONLY_FIELDS:
+                form.base_fields.pop(field, None)
+        return form
+
     def get_fields(self, request, obj=None):
         fields = list(super().get_fields(request, obj))
+        if not request.user.is_superuser:
+            fields = [f for f in fields if f not in SUPERUSER_ONLY_FIELDS]
         if obj is None:
             return [f for f in fields if f != "handler_parameters"]
         fields.remove("tenant")

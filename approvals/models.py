@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from aitp.tools import RISK_CHOICES, TOOL_NAME_RE, Risk, ToolError
 from approvals.tool_specs import python_tool, spec_for_row
+from approvals.webhook_addresses import parse_networks, within
 
 GENESIS_HASH = "0" * 64
 
@@ -47,6 +48,20 @@ def default_webhook_timeout() -> float:
     return settings.OWLLAYER_WEBHOOK_TIMEOUT
 
 
+def validate_webhook_networks(text: str) -> None:
+    """Entries that parse and lie inside the operator's ceiling."""
+    try:
+        entries = parse_networks(text)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
+    ceiling = settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS
+    outside = [str(entry) for entry in entries if not within(entry, ceiling)]
+    if outside:
+        raise ValidationError(
+            f"outside OWLLAYER_WEBHOOK_ALLOWED_NETWORKS ({', '.join(map(str, ceiling)) or 'empty'}): "
+            + ", ".join(outside))
+
+
 class ServerTool(models.Model):
     """A tool that runs on the server: a tenant's webhook or a registered Python handler."""
 
@@ -77,6 +92,14 @@ class ServerTool(models.Model):
     python_handler = models.CharField(max_length=64, blank=True, default="")
     approval_policy = models.CharField(max_length=24, choices=Policy.choices, default=Policy.USER)
     enabled = models.BooleanField(default=True)
+    # Set by superusers only (the admin shows it to no one else): a tenant
+    # must not open the server's own network to itself.
+    webhook_networks = models.TextField(
+        blank=True, default="", validators=[validate_webhook_networks],
+        help_text="Networks this webhook may reach although not public, inside "
+                  "OWLLAYER_WEBHOOK_ALLOWED_NETWORKS: one per line, each a network, optionally "
+                  "with ports (10.20.0.0/16, 10.20.0.7:8443, [fd00:1::/64]:443,8443).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

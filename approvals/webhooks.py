@@ -2,32 +2,44 @@
 
 The receiver checks ``X-OwlLayer-Signature`` = ``sha256=`` + hex HMAC-SHA256,
 under the tool's secret, of ``f"{timestamp}.{body}"`` where timestamp is the
-``X-OwlLayer-Timestamp`` header (unix seconds) and body the raw request bytes;
-signing the timestamp lets it refuse replays of an old request.
+``X-OwlLayer-Timestamp`` header (unix seconds, taken as the request is
+sent) and body the raw request bytes; signing the timestamp lets it refuse
+replays of an old request.
 
 A tenant chooses the url, so the server must not become their way into the
 network it runs in: the name is resolved here, every address it resolves to
-must be public (or inside ``OWLLAYER_WEBHOOK_ALLOWED_NETWORKS``), and the
-request then goes to the checked address itself, with the original Host
-header and TLS server name, so a second DNS answer cannot swap it. The
-errors say what failed ("the webhook address is not allowed", "the webhook
-did not answer"), never which port was closed or how a connection failed.
+must be allowed (``approvals.webhook_addresses``: public by IANA's
+registries, or opened for this tool by a superuser inside the operator's
+``OWLLAYER_WEBHOOK_ALLOWED_NETWORKS``), and the request then goes to the
+checked address itself, with the original Host header and TLS server name
+(the certificate is verified for that name), so a second DNS answer cannot
+swap it. No proxy from the environment is used. The errors say what failed
+("the webhook address is not allowed", "the webhook did not answer"), never
+which port was closed, how a connection failed or that a certificate was
+refused.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import socket
+import ssl
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import certifi
 import httpx
 from django.conf import settings
+
+from approvals import webhook_addresses
+from approvals.webhook_addresses import AllowedNetwork, IPAddress
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +64,6 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 NOT_ALLOWED = "the webhook address is not allowed"
 NO_ANSWER = "the webhook did not answer"
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
 
 def check_url(url: str) -> None:
     parts = urlsplit(url)
@@ -65,19 +75,24 @@ def check_url(url: str) -> None:
         raise ToolRunError("webhook url must be http or https") from None
 
 
-def address_allowed(address: IPAddress, allowed_networks=None) -> bool:
-    """Public unicast addresses, or those inside an operator's allowed networks."""
-    networks = (settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS if allowed_networks is None
-                else allowed_networks)
-    if any(address.version == net.version and address in net for net in networks):
-        return True
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:  # ::ffff:127.0.0.1 is 127.0.0.1
-        return address_allowed(mapped, networks)
-    return address.is_global and not (
-        address.is_multicast or address.is_reserved or address.is_private
-        or address.is_loopback or address.is_link_local or address.is_unspecified
+def address_allowed(address: IPAddress, *, port: int,
+                    networks: Sequence[AllowedNetwork] = ()) -> bool:
+    """Public by IANA's registries, or opened by the tool's ``networks`` (on
+    that port) inside the operator's OWLLAYER_WEBHOOK_ALLOWED_NETWORKS."""
+    return webhook_addresses.address_allowed(
+        address, port=port, networks=networks,
+        ceiling=settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS,
     )
+
+
+def tool_networks(text: str) -> tuple[AllowedNetwork, ...]:
+    """A server tool's ``webhook_networks`` as it is used: an entry that does
+    not parse (the row was written around the form) opens nothing."""
+    try:
+        return webhook_addresses.parse_networks(text or "")
+    except ValueError:
+        logger.warning("a server tool's webhook networks do not parse; none are opened")
+        return ()
 
 
 async def resolve(host: str, port: int) -> list[str]:
@@ -87,14 +102,17 @@ async def resolve(host: str, port: int) -> list[str]:
     return [info[4][0] for info in infos]
 
 
-async def checked_address(host: str, port: int) -> IPAddress:
+async def checked_address(host: str, port: int,
+                          networks: Sequence[AllowedNetwork] = ()) -> IPAddress:
     """The address to connect to; ToolRunError unless every address the name
     has is allowed (a name with one private address among public ones could
     be steered to it)."""
     try:
-        return _allowed_or_refuse([ipaddress.ip_address(host)])
+        literal = ipaddress.ip_address(host)
     except ValueError:
         pass  # a name, not an address literal
+    else:
+        return _allowed_or_refuse([literal], port, networks)
     try:
         found = await resolve(host, port)
         addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]
@@ -102,13 +120,26 @@ async def checked_address(host: str, port: int) -> IPAddress:
         raise ToolRunError(NO_ANSWER) from None
     if not addresses:
         raise ToolRunError(NO_ANSWER)
-    return _allowed_or_refuse(addresses)
+    return _allowed_or_refuse(addresses, port, networks)
 
 
-def _allowed_or_refuse(addresses: list[IPAddress]) -> IPAddress:
-    if not all(address_allowed(a) for a in addresses):
+def _allowed_or_refuse(addresses: list[IPAddress], port: int,
+                       networks: Sequence[AllowedNetwork]) -> IPAddress:
+    if not all(address_allowed(a, port=port, networks=networks) for a in addresses):
         raise ToolRunError(NOT_ALLOWED)
     return addresses[0]
+
+
+@functools.lru_cache(maxsize=4)
+def _tls_context(ca_file: str) -> ssl.SSLContext:
+    """The certificates webhooks trust: the public CAs (certifi), plus the
+    operator's OWLLAYER_WEBHOOK_CA_FILE. Made once per file: loading the CA
+    bundle costs more than a local request. SSL_CERT_FILE and SSL_CERT_DIR
+    are not read (the client does not trust the environment)."""
+    context = ssl.create_default_context(cafile=certifi.where())
+    if ca_file:
+        context.load_verify_locations(cafile=ca_file)
+    return context
 
 
 def _pinned(url: str, address: IPAddress) -> tuple[str, str, str]:
@@ -126,34 +157,47 @@ def _pinned(url: str, address: IPAddress) -> tuple[str, str, str]:
 async def call_webhook(
     *, url: str, secret: str, tool: str, arguments: dict, session_id: str, call_id: str,
     timeout: float, max_bytes: int | None = None,
+    allowed_networks: Sequence[AllowedNetwork] | None = None,
 ) -> Any:
-    """POST the call and return the parsed JSON answer; raises ToolRunError."""
+    """POST the call and return the parsed JSON answer; raises ToolRunError.
+
+    ``allowed_networks``: what the tool's ``webhook_networks`` open. None,
+    for a caller that passes no tool's networks, opens every network of
+    OWLLAYER_WEBHOOK_ALLOWED_NETWORKS on every port."""
     check_url(url)
     limit = settings.OWLLAYER_WEBHOOK_MAX_BYTES if max_bytes is None else max_bytes
+    networks = (tuple(AllowedNetwork(net) for net in settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS)
+                if allowed_networks is None else tuple(allowed_networks))
     parts = urlsplit(url)
     body = json.dumps(
         {"tool": tool, "arguments": arguments, "sessionId": session_id, "callId": call_id},
         separators=(",", ":"), ensure_ascii=False,
     ).encode("utf-8")
-    timestamp = str(int(time.time()))
     headers = {
         "Content-Type": "application/json",
         "User-Agent": f"OwlLayer/{settings.OWLLAYER_SERVER_VERSION}",
-        TIMESTAMP_HEADER: timestamp,
-        SIGNATURE_HEADER: sign(secret, timestamp, body),
     }
     try:
         # httpx's timeout bounds each network step; asyncio.timeout bounds the
         # whole exchange, so a server dripping bytes cannot hold the turn.
         async with asyncio.timeout(timeout):
             address = await checked_address(
-                parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+                parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+                networks,
             )
             target, headers["Host"], server_name = _pinned(url, address)
+            # Signed as it is sent, not before the name was resolved: a
+            # receiver refusing old timestamps sees the time of sending.
+            timestamp = str(int(time.time()))
+            headers[TIMESTAMP_HEADER] = timestamp
+            headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
             # trust_env=False: no proxy from the environment may carry the
-            # request somewhere other than the checked address.
-            async with httpx.AsyncClient(timeout=timeout, follow_redirects=False,
-                                         trust_env=False) as client:
+            # request somewhere other than the checked address. The
+            # certificate is checked for the url's host name (sni_hostname).
+            async with httpx.AsyncClient(
+                timeout=timeout, follow_redirects=False, trust_env=False,
+                verify=_tls_context(settings.OWLLAYER_WEBHOOK_CA_FILE),
+            ) as client:
                 async with client.stream("POST", target, content=body, headers=headers,
                                          extensions={"sni_hostname": server_name}) as response:
                     if not 200 <= response.status_code < 300:
@@ -168,7 +212,7 @@ async def call_webhook(
         # One answer for refused, reset, unresolvable and slow alike: the
         # difference would let a tenant map the network behind the server.
         logger.warning("session %s: webhook tool %s did not answer: %s", session_id, tool,
-                       type(exc).__name__)
+                       _failure(exc))
         raise ToolRunError(NO_ANSWER) from None
     if status == 204 and not raw:
         return None
@@ -176,6 +220,16 @@ async def call_webhook(
         return json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         raise ToolRunError("webhook returned invalid JSON") from None
+
+
+def _failure(exc: BaseException) -> str:
+    """For the operator's log: what went wrong, a refused certificate named."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"certificate not accepted ({cause.verify_message})"
+        cause = cause.__cause__ or cause.__context__
+    return type(exc).__name__
 
 
 async def _read_capped(response: httpx.Response, limit: int) -> bytes:

@@ -394,9 +394,14 @@ OWLLAYER_STREAM_INTERVAL = env_float("OWLLAYER_STREAM_INTERVAL", 0.04, minimum=0
 OWLLAYER_APPROVAL_TIMEOUT = env_float("OWLLAYER_APPROVAL_TIMEOUT", 120.0, minimum=0.1)
 OWLLAYER_WEBHOOK_TIMEOUT = env_float("OWLLAYER_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
 OWLLAYER_WEBHOOK_MAX_BYTES = env_int("OWLLAYER_WEBHOOK_MAX_BYTES", 256 * 1024, minimum=1)
-# Webhooks never reach loopback, private, link-local, multicast or reserved
-# addresses, except those in these networks (CIDRs, e.g. "10.20.0.0/16").
+# Webhooks reach only addresses IANA's registries call globally reachable,
+# except what a server tool's webhook_networks (set by a superuser) open,
+# and only inside these networks (CIDRs, e.g. "10.20.0.0/16"): the ceiling.
 OWLLAYER_WEBHOOK_ALLOWED_NETWORKS = env_networks("OWLLAYER_WEBHOOK_ALLOWED_NETWORKS")
+# CA certificates (PEM) https webhooks trust besides the public ones.
+OWLLAYER_WEBHOOK_CA_FILE = env_str("OWLLAYER_WEBHOOK_CA_FILE", "")
+if OWLLAYER_WEBHOOK_CA_FILE and not os.path.isfile(OWLLAYER_WEBHOOK_CA_FILE):
+    raise ImproperlyConfigured(f"OWLLAYER_WEBHOOK_CA_FILE is not a file: {OWLLAYER_WEBHOOK_CA_FILE!r}")
 
 # API keys are stored as an HMAC of the key under this secret, so a leaked
 # database does not leak usable keys. Rotating it invalidates every key.

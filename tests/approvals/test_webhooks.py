@@ -1,12 +1,22 @@
-"""Webhook tools against a real HTTP server on 127.0.0.1."""
+"""Webhook tools against a real HTTP(S) server on 127.0.0.1."""
 from __future__ import annotations
 
+import asyncio
 import socket
 
+import httpx
 import pytest
 
-from approvals.webhooks import ToolRunError, call_webhook, sign
-from tests.approvals.webhook_receiver import SECRET, Receiver
+from approvals import webhooks
+from approvals.webhooks import NO_ANSWER, ToolRunError, call_webhook, sign
+from tests.approvals.webhook_receiver import (
+    MAX_AGE_SECONDS,
+    SECRET,
+    Receiver,
+    start_receiver,
+    stop_receiver,
+)
+from tests.support.certificates import CertificateAuthority, server_context
 
 
 async def call(url: str, *, timeout: float = 5.0, max_bytes: int = 4096, secret: str = SECRET):
@@ -93,3 +103,151 @@ async def test_only_http_and_https_urls_are_called(url):
         await call(url)
 
     assert caught.value.message == "webhook url must be http or https"
+
+
+# --- the signed timestamp -------------------------------------------------------
+
+
+async def test_the_signed_timestamp_is_the_time_the_request_was_sent(receiver):
+    await call(receiver + "/echo")
+
+    (request,) = Receiver.received
+    sent_at = int(request["headers"]["X-OwlLayer-Timestamp"])
+    # The task asks for "within a few seconds": a request signed before a slow
+    # name lookup, or with a stale clock, would be further off.
+    assert abs(request["arrived"] - sent_at) <= 5
+    assert request["signed"] is True and request["genuine"] is True
+
+
+def _replay(url: str, request: dict) -> httpx.Response:
+    """The same bytes and headers again, as someone who recorded them would send."""
+    headers = {name: value for name, value in request["headers"].items()
+               if name.lower() in ("content-type", "x-owllayer-timestamp", "x-owllayer-signature")}
+    return httpx.post(url, content=request["raw_body"], headers=headers, trust_env=False)
+
+
+async def test_the_readme_receiver_refuses_a_request_replayed_after_its_window(receiver):
+    await call(receiver + "/echo")
+    (original,) = Receiver.received
+
+    Receiver.clock_offset = MAX_AGE_SECONDS + 60
+    replayed = await asyncio.to_thread(_replay, receiver + "/echo", original)
+
+    assert replayed.status_code == 401
+    assert Receiver.received[1]["signed"] is True  # the signature alone still matches
+    assert Receiver.received[1]["genuine"] is False
+
+
+async def test_the_readme_receiver_accepts_a_fresh_request_and_refuses_a_forged_timestamp(receiver):
+    await call(receiver + "/echo")
+    (original,) = Receiver.received
+    later = str(int(original["headers"]["X-OwlLayer-Timestamp"]) + 1)
+    forged = {**original, "headers": {**original["headers"], "X-OwlLayer-Timestamp": later}}
+
+    fresh = await asyncio.to_thread(_replay, receiver + "/echo", original)
+    moved = await asyncio.to_thread(_replay, receiver + "/echo", forged)
+
+    assert fresh.status_code == 200
+    assert moved.status_code == 401  # a new timestamp breaks the signature
+
+
+# --- https: the certificate is checked for the url's name -----------------------
+
+WEBHOOK_NAME = "webhook.test"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A private CA with certificates for webhook.test and for another name, and
+    a second CA nobody trusts with a certificate for webhook.test."""
+    directory = tmp_path_factory.mktemp("pki")
+    trusted = CertificateAuthority.create("Shop Private CA")
+    untrusted = CertificateAuthority.create("Unknown CA")
+    return {
+        "ca_file": trusted.write(directory),
+        "right_name": trusted.issue(directory, WEBHOOK_NAME),
+        "other_name": trusted.issue(directory, "other.test"),
+        "unknown_ca": untrusted.issue(directory, WEBHOOK_NAME),
+    }
+
+
+@pytest.fixture
+def tls_receiver(request, pki, monkeypatch, settings):
+    """An https receiver on 127.0.0.1 presenting the certificate named by the
+    test's parameter; webhook.test resolves to 127.0.0.1 through the stub
+    resolver, and the CA setting names the private CA."""
+    settings.OWLLAYER_WEBHOOK_CA_FILE = str(pki["ca_file"])
+
+    async def resolve(host: str, port: int) -> list[str]:
+        if host != WEBHOOK_NAME:
+            raise socket.gaierror(socket.EAI_NONAME, "unknown name")
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(webhooks, "resolve", resolve)
+    server, thread = start_receiver(tls=server_context(*pki[request.param]))
+    try:
+        yield f"https://{WEBHOOK_NAME}:{server.server_address[1]}"
+    finally:
+        stop_receiver(server, thread)
+
+
+@pytest.mark.parametrize("tls_receiver", ["right_name"], indirect=True)
+async def test_an_https_webhook_with_a_certificate_for_its_name_from_the_configured_ca_answers(
+    tls_receiver
+):
+    answer = await call(tls_receiver + "/echo")
+
+    assert answer["ok"] is True
+    assert Receiver.received[0]["host"] == tls_receiver.removeprefix("https://")
+
+
+@pytest.mark.parametrize("tls_receiver", ["other_name"], indirect=True)
+async def test_an_https_webhook_whose_certificate_names_another_host_did_not_answer(
+    tls_receiver, caplog
+):
+    with pytest.raises(ToolRunError) as caught:
+        await call(tls_receiver + "/echo")
+
+    assert caught.value.message == NO_ANSWER
+    assert Receiver.received == []
+    assert "certificate not accepted" in caplog.text
+
+
+@pytest.mark.parametrize("tls_receiver", ["unknown_ca"], indirect=True)
+async def test_an_https_webhook_whose_certificate_comes_from_an_untrusted_ca_did_not_answer(
+    tls_receiver, caplog
+):
+    with pytest.raises(ToolRunError) as caught:
+        await call(tls_receiver + "/echo")
+
+    assert caught.value.message == NO_ANSWER
+    assert Receiver.received == []
+    assert "certificate not accepted" in caplog.text
+
+
+@pytest.mark.parametrize("tls_receiver", ["right_name"], indirect=True)
+async def test_without_the_ca_setting_a_private_certificate_is_not_trusted(tls_receiver, settings):
+    settings.OWLLAYER_WEBHOOK_CA_FILE = ""
+
+    with pytest.raises(ToolRunError) as caught:
+        await call(tls_receiver + "/echo")
+
+    assert caught.value.message == NO_ANSWER
+    assert Receiver.received == []
+
+
+@pytest.mark.parametrize("tls_receiver", ["right_name"], indirect=True)
+async def test_ssl_cert_file_in_the_environment_does_not_make_webhooks_trust_a_ca(
+    tls_receiver, settings, monkeypatch, pki
+):
+    settings.OWLLAYER_WEBHOOK_CA_FILE = ""
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki["ca_file"]))
+    webhooks._tls_context.cache_clear()  # made anew while the variable is set
+
+    try:
+        with pytest.raises(ToolRunError) as caught:
+            await call(tls_receiver + "/echo")
+    finally:
+        webhooks._tls_context.cache_clear()
+
+    assert caught.value.message == NO_ANSWER

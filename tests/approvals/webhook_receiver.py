@@ -1,13 +1,35 @@
-"""A tenant's webhook endpoint for tests: a real HTTP server on 127.0.0.1."""
+"""A tenant's webhook endpoint for tests: a real HTTP(S) server on 127.0.0.1.
+
+It checks requests with the receiver the README shows (the Python block
+defining ``owllayer_request_is_genuine``, read from the README itself), so
+the documented check is the one the tests run.
+"""
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import re
+import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 SECRET = "whsec_test_secret"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_receiver_check():
+    """The README's ``owllayer_request_is_genuine``, run from its own text."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    source = next(block for block in blocks if "def owllayer_request_is_genuine(" in block)
+    namespace: dict = {}
+    exec(compile(source, "README.md", "exec"), namespace)
+    return namespace["owllayer_request_is_genuine"], namespace["MAX_AGE_SECONDS"]
+
+
+is_genuine, MAX_AGE_SECONDS = readme_receiver_check()
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -15,6 +37,8 @@ class Receiver(BaseHTTPRequestHandler):
 
     received: list[dict] = []
     release = threading.Event()
+    # Seconds added to this receiver's clock: a request replayed later.
+    clock_offset = 0.0
 
     def log_message(self, *args) -> None:  # keep test output quiet
         pass
@@ -33,11 +57,14 @@ class Receiver(BaseHTTPRequestHandler):
             SECRET.encode(), timestamp.encode() + b"." + body, hashlib.sha256
         ).hexdigest()
         signed = hmac.compare_digest(expected, self.headers["X-OwlLayer-Signature"])
+        now = time.time() + self.clock_offset
+        genuine = is_genuine(SECRET, timestamp, self.headers["X-OwlLayer-Signature"], body, now=now)
         self.received.append({"path": self.path, "body": json.loads(body), "signed": signed,
-                              "host": self.headers.get("Host")})
+                              "genuine": genuine, "host": self.headers.get("Host"),
+                              "arrived": now, "raw_body": body, "headers": dict(self.headers)})
         if self.path == "/echo":
-            if not signed:
-                return self._answer(401, b'{"error": "bad signature"}')
+            if not genuine:
+                return self._answer(401, b'{"error": "bad signature or stale timestamp"}')
             return self._answer(200, json.dumps({"ok": True, "got": json.loads(body)}).encode())
         if self.path == "/slow":
             self.release.wait(10)
@@ -71,11 +98,16 @@ class Receiver(BaseHTTPRequestHandler):
         self._answer(404, b"{}")
 
 
-def start_receiver() -> tuple[ThreadingHTTPServer, threading.Thread]:
+def start_receiver(tls: ssl.SSLContext | None = None) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """A receiver on a free port; ``tls``: the server side of https."""
     Receiver.received = []
     Receiver.release = threading.Event()
+    Receiver.clock_offset = 0.0
     server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     server.daemon_threads = True
+    if tls is not None:
+        # A failed handshake is an OSError in accept(), which the server drops.
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               daemon=True)
     thread.start()
