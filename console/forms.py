@@ -1,13 +1,14 @@
-"""Console forms: keys and memberships. Writes happen in the views through services."""
+"""Console forms: keys, memberships and invitations. Writes happen in the views through services."""
 from __future__ import annotations
 
 from django import forms
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import UserCreationForm
 from django.utils import timezone
 
 from console.origins import parse_origin_lines
-from tenants.models import Tenant, TenantMembership
+from tenants.models import TenantMembership
 
 MAX_SESSION_CAP = 10_000
 
@@ -74,33 +75,25 @@ class ApiKeyEditForm(forms.Form):
     max_sessions = _cap_field()
 
 
-class MemberAddForm(forms.Form):
-    user = forms.CharField(
-        label="Username or email", max_length=254,
-        help_text="The person must already have an account.",
+class InviteForm(forms.Form):
+    """Whom to invite: an e-mail address, never an account. Nothing here
+    looks an account up, so the answer is the same whatever accounts exist."""
+
+    email = forms.EmailField(
+        label="E-mail address", max_length=254,
+        help_text="They get a link that works once; they accept signed in as the account with "
+        "this address, or make one.",
     )
     role = forms.ChoiceField(choices=TenantMembership.Role.choices, initial=TenantMembership.Role.VIEWER)
 
-    def __init__(self, *args, tenant: Tenant, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.tenant = tenant
 
-    def clean_user(self):
-        identifier = self.cleaned_data["user"].strip()
-        # Staff and superusers are the operators' accounts: a tenant owner
-        # cannot pull them into a tenant (or learn that they exist).
-        users = get_user_model().objects.filter(is_active=True, is_staff=False, is_superuser=False)
-        user = users.filter(username=identifier).first()
-        if user is None and "@" in identifier:
-            matches = list(users.filter(email__iexact=identifier)[:2])
-            if len(matches) > 1:
-                raise forms.ValidationError("several accounts have this email; use the username")
-            user = matches[0] if matches else None
-        if user is None:
-            raise forms.ValidationError("no account with this username or email")
-        if TenantMembership.objects.filter(tenant=self.tenant, user=user).exists():
-            raise forms.ValidationError("already a member of this tenant")
-        return user
+class InvitationSignUpForm(UserCreationForm):
+    """A new person's account, made through an invitation link: a username
+    and a password (the e-mail address is the invited one)."""
+
+    class Meta(UserCreationForm.Meta):
+        model = get_user_model()
+        fields = ("username",)
 
 
 class MemberRoleForm(forms.Form):

@@ -8,14 +8,20 @@ and ``key_update`` also clears an expiry, which ``api_key_update`` cannot.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
-from datetime import datetime
+import secrets
+from datetime import datetime, timedelta
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import send_mail
 from django.db import transaction
+from django.utils import timezone
 
 from aitp import services as aitp_services
 from aitp.models import ApiKey, OperatorAction
-from tenants.models import Tenant, TenantMembership
+from tenants.models import Invitation, Tenant, TenantMembership
 
 logger = logging.getLogger(__name__)
 
@@ -178,3 +184,182 @@ def membership_remove(*, membership: TenantMembership, by) -> None:
         _audit(current, by, "member_removed", role=current.role)
         current.delete()
     logger.info("member removed tenant=%s membership=%s", membership.tenant_id, membership.pk)
+
+
+# --- invitations -------------------------------------------------------------------
+#
+# An owner invites an e-mail address; the membership exists only once the
+# person at that address accepts, signed in as the account with that address
+# (or as the account a new person makes through the link). Inviting answers
+# the same whatever accounts exist: nothing is looked up until the link is
+# opened, and only its holder learns more.
+
+INVITATION_UNUSABLE = (
+    "This invitation link cannot be used: it was used already, withdrawn or has expired, "
+    "or it is not a link we sent. Ask the tenant's owner for a new invitation."
+)
+
+
+class InvitationRefused(ValueError):
+    """The invitation cannot be accepted; the message is for the person holding the link."""
+
+
+def normalize_email(address: str) -> str:
+    return address.strip().lower()
+
+
+def _token_hash(token: str) -> str:
+    # The token is 256 random bits: a plain hash is enough to keep a leaked
+    # database from holding usable links.
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def invitation_create(*, tenant: Tenant, email: str, role: str, by) -> tuple[Invitation, str]:
+    """Invite an address into a tenant; returns the row and the link's token
+    (for the e-mail only: it is stored hashed). A pending invitation of the
+    same address to the same tenant is withdrawn: only the newest link works."""
+    now = timezone.now()
+    email = normalize_email(email)
+    token = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        replaced = Invitation.objects.filter(
+            tenant=tenant, email=email, accepted_at__isnull=True, withdrawn_at__isnull=True,
+        ).update(withdrawn_at=now)
+        invitation = Invitation.objects.create(
+            tenant=tenant, email=email, role=role, token_hash=_token_hash(token), invited_by=by,
+            created_at=now, expires_at=now + timedelta(days=settings.OWLLAYER_INVITATION_DAYS),
+        )
+        OperatorAction.objects.create(tenant=tenant, user=by, action="member_invited", data={
+            "email": email, "role": role, "invitation": invitation.pk, "replaced": replaced,
+        })
+    logger.info("member invited tenant=%s invitation=%s user=%s", tenant.slug, invitation.pk, by.pk)
+    return invitation, token
+
+
+def invitation_send(*, invitation: Invitation, accept_url: str) -> None:
+    """E-mail the link (``accept_url`` holds the token). Raises what the mail
+    backend raises (``OSError``, ``smtplib.SMTPException``)."""
+    inviter = invitation.invited_by.get_username() if invitation.invited_by else "An owner"
+    expires = timezone.localtime(invitation.expires_at).strftime("%Y-%m-%d %H:%M %Z")
+    send_mail(
+        subject=f"Invitation to {invitation.tenant.name} on OwlLayer",
+        message=(
+            f"{inviter} invites you to {invitation.tenant.name} on OwlLayer, as "
+            f"{invitation.get_role_display().lower()}.\n\n"
+            f"To accept, open this link (it works once, until {expires}):\n\n{accept_url}\n\n"
+            "You will sign in with the account that has this e-mail address, or, if you have "
+            "none, choose a username and password.\n\n"
+            "If you did not expect this invitation, ignore this e-mail.\n"
+        ),
+        from_email=None,
+        recipient_list=[invitation.email],
+    )
+
+
+def invitation_withdraw(*, invitation: Invitation, by, reason: str = "withdrawn") -> bool:
+    """Withdraw a pending invitation (its link stops working); False when it
+    was no longer pending. ``by`` None: the server withdrew it (``reason``)."""
+    with transaction.atomic():
+        current = Invitation.objects.select_for_update().filter(pk=invitation.pk).first()
+        if current is None or current.accepted_at is not None or current.withdrawn_at is not None:
+            return False
+        current.withdrawn_at = timezone.now()
+        current.save(update_fields=["withdrawn_at"])
+        OperatorAction.objects.create(
+            tenant_id=current.tenant_id, user=by, action="invitation_withdrawn",
+            data={"email": current.email, "role": current.role, "invitation": current.pk,
+                  "reason": reason},
+        )
+    logger.info("invitation withdrawn tenant=%s invitation=%s reason=%s",
+                current.tenant_id, current.pk, reason)
+    return True
+
+
+def invitation_for_token(token: str | None) -> Invitation | None:
+    """The invitation a link's token names, pending or not; None for anything else."""
+    if not token or len(token) > 200:
+        return None
+    return (Invitation.objects.select_related("tenant", "invited_by")
+            .filter(token_hash=_token_hash(token)).first())
+
+
+def invitation_refusal(invitation: Invitation | None, user=None, *, now: datetime | None = None) -> str | None:
+    """Why this invitation cannot be accepted (by ``user``, when given); None if it can.
+    Used, withdrawn, expired and unknown links get the same answer."""
+    if invitation is None or not invitation.is_pending(now or timezone.now()):
+        return INVITATION_UNUSABLE
+    if user is None:
+        return None
+    if user.is_staff or user.is_superuser:
+        # Only a superuser puts an operator account into a tenant (in the admin).
+        return "Operator accounts cannot join a tenant through an invitation."
+    if not user.is_active or normalize_email(user.email or "") != invitation.email:
+        return ("This invitation was sent to another e-mail address. Sign out, then open the "
+                "link again and sign in as the account with that address.")
+    return None
+
+
+def _locked_invitation(token: str) -> Invitation | None:
+    if not token or len(token) > 200:
+        return None
+    return (Invitation.objects.select_for_update().select_related("tenant", "invited_by")
+            .filter(token_hash=_token_hash(token)).first())
+
+
+def _accept(invitation: Invitation, user, now: datetime) -> tuple[TenantMembership, bool]:
+    membership, created = TenantMembership.objects.get_or_create(
+        tenant=invitation.tenant, user=user, defaults={"role": invitation.role},
+    )
+    invitation.accepted_at, invitation.accepted_by = now, user
+    invitation.save(update_fields=["accepted_at", "accepted_by"])
+    # A new member is recorded as any other; one who already was, as an accepted invitation.
+    OperatorAction.objects.create(
+        tenant_id=invitation.tenant_id, user=user,
+        action="member_added" if created else "invitation_accepted",
+        data={"member": user.get_username(), "role": membership.role, "invitation": invitation.pk,
+              "invited_by": invitation.invited_by.get_username() if invitation.invited_by else None},
+    )
+    logger.info("invitation accepted tenant=%s invitation=%s user=%s new_member=%s",
+                invitation.tenant_id, invitation.pk, user.pk, created)
+    return membership, created
+
+
+def invitation_accept(*, token: str, user) -> tuple[TenantMembership, bool]:
+    """Accept as the signed-in ``user``: the membership (and whether it is new).
+    The link is used up; raises InvitationRefused with the reason otherwise."""
+    now = timezone.now()
+    with transaction.atomic():
+        invitation = _locked_invitation(token)
+        refusal = invitation_refusal(invitation, user, now=now)
+        if refusal is not None:
+            raise InvitationRefused(refusal)
+        assert invitation is not None
+        return _accept(invitation, user, now)
+
+
+def invitation_has_account(invitation: Invitation) -> bool:
+    """Whether an account with the invited address exists (told only to the link's holder)."""
+    return get_user_model().objects.filter(email__iexact=invitation.email).exists()
+
+
+def invitation_sign_up(*, token: str, username: str, password: str):
+    """A new person makes an account through the link, with the invited
+    address, and accepts; returns the user. Refused when sign-up through
+    invitations is off or an account with the address exists (it signs in)."""
+    now = timezone.now()
+    with transaction.atomic():
+        invitation = _locked_invitation(token)
+        refusal = invitation_refusal(invitation, now=now)
+        if refusal is not None:
+            raise InvitationRefused(refusal)
+        assert invitation is not None
+        if not settings.OWLLAYER_INVITATION_SIGN_UP:
+            raise InvitationRefused("New accounts are not made here: ask the service's operators "
+                                    "for an account, then sign in to accept.")
+        if invitation_has_account(invitation):
+            raise InvitationRefused("An account with this e-mail address exists: sign in to accept.")
+        user = get_user_model().objects.create_user(
+            username=username, email=invitation.email, password=password,
+        )
+        _accept(invitation, user, now)
+    return user

@@ -28,4 +28,8 @@ urlpatterns = [
     path(tenant + "members/", views.members, name="members"),
     path(tenant + "members/<int:membership_id>/role/", views.member_role, name="member_role"),
     path(tenant + "members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
+    path(tenant + "invitations/<int:invitation_id>/withdraw/", views.invitation_withdraw,
+         name="invitation_withdraw"),
+    # The invited person's page: not a member yet, maybe not even signed in.
+    path("invitation/", views.invitation, name="invitation"),
 ]

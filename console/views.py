@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import logging
+import smtplib
 from datetime import datetime, time
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
+from django.db import IntegrityError
 from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.templatetags.static import static
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
@@ -26,9 +31,15 @@ from aitp.models import ApiKey, OperatorAction, Session, ToolCall
 from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
 from console.access import Access, render_page, tenant_view
-from console.forms import ApiKeyCreateForm, ApiKeyEditForm, MemberAddForm, MemberRoleForm
+from console.forms import (
+    ApiKeyCreateForm,
+    ApiKeyEditForm,
+    InvitationSignUpForm,
+    InviteForm,
+    MemberRoleForm,
+)
 from console.usage import bar_chart, daily_usage, day_label
-from tenants.models import TenantMembership
+from tenants.models import Invitation, TenantMembership
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +261,8 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
         return redirect("console:keys", slug=access.tenant.slug)
     live = Session.objects.filter(_live_q(), api_key=key).count()
     return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
-                       section="keys", key=key, live_sessions=live)
+                       section="keys", key=key, live_sessions=live,
+                       demo_key=key.status != ApiKey.Status.REVOKED and is_the_demo_pages_key(key))
 
 
 # --- members ---------------------------------------------------------------------
@@ -258,13 +270,27 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
 
 @tenant_view()
 def members(request: HttpRequest, access: Access) -> HttpResponse:
-    form = MemberAddForm(request.POST or None, tenant=access.tenant)
+    form = InviteForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        user = form.cleaned_data["user"]
-        console_services.membership_add(
-            tenant=access.tenant, user=user, role=form.cleaned_data["role"], by=request.user
+        # The same answer whatever accounts exist: an invitation is made and
+        # sent for any address; who may accept is decided when the link is used.
+        invitation, token = console_services.invitation_create(
+            tenant=access.tenant, email=form.cleaned_data["email"], role=form.cleaned_data["role"],
+            by=request.user,
         )
-        messages.success(request, f"{user.get_username()} added.")
+        try:
+            console_services.invitation_send(
+                invitation=invitation, accept_url=_invitation_url(request, token),
+            )
+        except (OSError, smtplib.SMTPException) as exc:
+            logger.warning("invitation %s not sent: %s", invitation.pk, type(exc).__name__)
+            console_services.invitation_withdraw(invitation=invitation, by=None, reason="not sent")
+            messages.error(request, f"The invitation to {invitation.email} could not be sent (the mail "
+                                    "server did not take it); nothing changed. Try again later.")
+            return redirect("console:members", slug=access.tenant.slug)
+        messages.success(request, f"Invitation sent to {invitation.email}. The link works once, for "
+                                  f"{_days(settings.OWLLAYER_INVITATION_DAYS)}; they become a "
+                                  f"{invitation.get_role_display().lower()} when they accept.")
         return redirect("console:members", slug=access.tenant.slug)
     rows = (
         TenantMembership.objects.filter(tenant=access.tenant)

@@ -325,6 +325,28 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 
+# --- E-mail (console invitations) -------------------------------------------
+# Debug mode prints each e-mail on the server's output instead of sending it.
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.console.EmailBackend" if DEBUG else "django.core.mail.backends.smtp.EmailBackend",
+)
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be true")
+EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 10.0, minimum=0.1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "OwlLayer <owllayer@localhost>")
+# An invitation link works once, for this many days after it was sent.
+OWLLAYER_INVITATION_DAYS = env_float("OWLLAYER_INVITATION_DAYS", 7.0, minimum=0.001)
+# Whether a person without an account may make one through an invitation
+# link (else an operator makes the account first, and the person signs in).
+OWLLAYER_INVITATION_SIGN_UP = env_bool("OWLLAYER_INVITATION_SIGN_UP", True)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

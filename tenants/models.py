@@ -60,3 +60,39 @@ class TenantMembership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class Invitation(models.Model):
+    """An owner's invitation to join a tenant, sent to an e-mail address.
+
+    The membership exists only once the person at that address accepts, signed
+    in as the account with that address (or as the account the link lets a
+    new person make). The link's token is shown nowhere but in the e-mail:
+    only its SHA-256 is stored, and it works once, until ``expires_at``.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(max_length=254, help_text="Stored in lower case.")
+    role = models.CharField(max_length=16, choices=TenantMembership.Role.choices,
+                            default=TenantMembership.Role.VIEWER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    withdrawn_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "email"], name="invitation_tenant_email")]
+
+    def __str__(self) -> str:
+        return f"{self.email} @ {self.tenant} ({self.role})"
+
+    def is_pending(self, now) -> bool:
+        return self.accepted_at is None and self.withdrawn_at is None and self.expires_at > now

@@ -1,4 +1,5 @@
-"""Owners manage members; a tenant always keeps at least one owner."""
+"""Owners manage members; a tenant always keeps at least one owner. (Members
+join by invitation: tests/console/test_invitations.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -10,61 +11,6 @@ from tenants.models import TenantMembership
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def newbie(django_user_model):
-    return django_user_model.objects.create_user(username="newbie", password="x", email="New@Example.com")
-
-
-def add(client, user: str, role: str = VIEWER):
-    return client.post(reverse("console:members", args=["acme"]), {"user": user, "role": role})
-
-
-def test_an_owner_adds_an_existing_user_by_username(owner_client, olivia, acme, newbie):
-    response = add(owner_client, "newbie", OWNER)
-    assert response["Location"] == reverse("console:members", args=["acme"])
-    assert TenantMembership.objects.get(tenant=acme, user=newbie).role == OWNER
-    action = OperatorAction.objects.get(action="member_added")
-    assert (action.user, action.data) == (olivia, {"member": "newbie", "role": OWNER})
-
-
-def test_an_owner_adds_an_existing_user_by_email_in_any_case(owner_client, acme, newbie):
-    add(owner_client, "new@example.COM")
-    assert TenantMembership.objects.get(tenant=acme, user=newbie).role == VIEWER
-
-
-def test_the_added_member_can_then_see_the_tenant(owner_client, newbie):
-    add(owner_client, "newbie")
-    assert signed_in(newbie).get(reverse("console:keys", args=["acme"])).status_code == 200
-
-
-@pytest.mark.parametrize(
-    "identifier, error",
-    [
-        ("ghost", "no account with this username or email"),
-        ("ghost@example.com", "no account with this username or email"),
-        ("olivia", "already a member of this tenant"),
-    ],
-)
-def test_adding_someone_who_cannot_be_added_says_why(owner_client, olivia, identifier, error):
-    response = add(owner_client, identifier)
-    assert response.status_code == 200
-    assert response.context["form"].errors["user"] == [error]
-    assert not OperatorAction.objects.exists()
-
-
-def test_an_email_shared_by_two_accounts_asks_for_the_username(owner_client, django_user_model):
-    django_user_model.objects.create_user(username="a", password="x", email="same@example.com")
-    django_user_model.objects.create_user(username="b", password="x", email="same@example.com")
-    response = add(owner_client, "same@example.com")
-    assert response.context["form"].errors["user"] == ["several accounts have this email; use the username"]
-
-
-def test_a_member_of_another_tenant_can_be_added_without_losing_that_tenant(owner_client, bea, acme, beta):
-    add(owner_client, "bea")
-    slugs = TenantMembership.objects.filter(user=bea).values_list("tenant__slug", flat=True)
-    assert set(slugs) == {"acme", "beta"}
 
 
 def test_an_owner_changes_a_members_role(owner_client, victor):
