@@ -261,8 +261,7 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
         return redirect("console:keys", slug=access.tenant.slug)
     live = Session.objects.filter(_live_q(), api_key=key).count()
     return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
-                       section="keys", key=key, live_sessions=live,
-                       demo_key=key.status != ApiKey.Status.REVOKED and is_the_demo_pages_key(key))
+                       section="keys", key=key, live_sessions=live)
 
 
 # --- members ---------------------------------------------------------------------
@@ -298,9 +297,100 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
         .order_by("user__username")
     )
     owners = sum(1 for row in rows if row.role == TenantMembership.Role.OWNER)
+    pending = (
+        Invitation.objects.filter(tenant=access.tenant, accepted_at__isnull=True,
+                                  withdrawn_at__isnull=True, expires_at__gt=timezone.now())
+        .select_related("invited_by").order_by("email")
+    )
     return render_page(request, access, "console/members.html", title="Members", section="members",
                        members=rows, form=form, roles=TenantMembership.Role.choices,
-                       last_owner=owners == 1)
+                       last_owner=owners == 1, invitations=pending)
+
+
+def _days(days: float) -> str:
+    return f"{days:g} day{'s' if days != 1 else ''}"
+
+
+def _invitation_url(request: HttpRequest, token: str) -> str:
+    # The token travels as a query parameter: the access log writes its value
+    # as [redacted] (owllayer_site/access_log.py).
+    return request.build_absolute_uri(reverse("console:invitation") + "?" + urlencode({"token": token}))
+
+
+@require_POST
+@tenant_view(owner_only=True)
+def invitation_withdraw(request: HttpRequest, access: Access, invitation_id: int) -> HttpResponse:
+    invitation = get_object_or_404(Invitation, tenant=access.tenant, pk=invitation_id)
+    if console_services.invitation_withdraw(invitation=invitation, by=request.user):
+        messages.success(request, f"The invitation to {invitation.email} was withdrawn; its link no "
+                                  "longer works.")
+    else:
+        messages.info(request, f"The invitation to {invitation.email} was no longer pending.")
+    return redirect("console:members", slug=access.tenant.slug)
+
+
+# --- accepting an invitation (the invited person, not yet a member) -----------------
+
+INVITATION_SESSION_KEY = "console_invitation_token"
+
+
+@never_cache
+def invitation(request: HttpRequest) -> HttpResponse:
+    """The link in the e-mail. Its token is moved into the session at once
+    and the browser sent on to this page without it, so the token is not left
+    in the history or sent on in a Referer header; signing in keeps it."""
+    if "token" in request.GET:
+        request.session[INVITATION_SESSION_KEY] = request.GET["token"][:200]
+        return redirect("console:invitation")
+    token = request.session.get(INVITATION_SESSION_KEY)
+    found = console_services.invitation_for_token(token)
+    user = request.user if request.user.is_authenticated else None
+    sign_up = None
+    if request.method == "POST":
+        try:
+            if request.POST.get("action") == "accept" and user is not None:
+                membership, created = console_services.invitation_accept(token=token, user=user)
+                return _joined(request, membership, created)
+            if request.POST.get("action") == "sign_up" and user is None:
+                sign_up = InvitationSignUpForm(request.POST)
+                if sign_up.is_valid():
+                    new_user = console_services.invitation_sign_up(
+                        token=token, username=sign_up.cleaned_data["username"],
+                        password=sign_up.cleaned_data["password1"],
+                    )
+                    login(request, new_user, backend="django.contrib.auth.backends.ModelBackend")
+                    membership = TenantMembership.objects.select_related("tenant").get(
+                        user=new_user, tenant_id=found.tenant_id)
+                    return _joined(request, membership, True)
+        except console_services.InvitationRefused as refused:
+            messages.error(request, str(refused))
+        except IntegrityError:  # the username was taken meanwhile
+            messages.error(request, "That username was just taken: choose another.")
+    refusal = console_services.invitation_refusal(found, user)
+    usable = console_services.invitation_refusal(found) is None
+    has_account = usable and console_services.invitation_has_account(found)
+    if usable and user is None and not has_account and settings.OWLLAYER_INVITATION_SIGN_UP:
+        sign_up = sign_up or InvitationSignUpForm()
+    else:
+        sign_up = None
+    return render(request, "console/invitation.html", {
+        "page_title": "Invitation",
+        "invitation": found if usable else None,
+        "refusal": refusal,
+        "has_account": has_account,
+        "sign_up": sign_up,
+        "sign_up_allowed": settings.OWLLAYER_INVITATION_SIGN_UP,
+    }, status=200 if usable else 404)
+
+
+def _joined(request: HttpRequest, membership: TenantMembership, created: bool) -> HttpResponse:
+    request.session.pop(INVITATION_SESSION_KEY, None)
+    tenant = membership.tenant
+    if created:
+        messages.success(request, f"You joined {tenant.name} as {membership.get_role_display().lower()}.")
+    else:
+        messages.info(request, f"You were already a member of {tenant.name}; nothing changed.")
+    return redirect("console:usage", slug=tenant.slug)
 
 
 @require_POST
