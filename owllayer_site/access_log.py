@@ -2,30 +2,99 @@
 
 Browsers cannot set headers on a WebSocket, so a page may put its key in the
 URL (``/owllayer?apiKey=...``); daphne's own access log writes every path
-whole. This writer replaces the value of every secret-looking query
-parameter with ``[redacted]`` before the line is written, for HTTP requests
-and every WebSocket event alike. ``install()`` makes daphne's command line
-use it (owllayer_site.serve calls it before starting daphne).
+whole, as the client sent it. This writer replaces the value of every
+key-like query parameter with ``[redacted]`` before the line is written, for
+HTTP requests and every WebSocket event alike. ``install()`` makes daphne's
+command line use it (owllayer_site.serve calls it before starting daphne).
+
+A parameter is judged by its name as an application would read it, however
+it was spelled: percent-decoded (repeatedly: ``%2561`` is ``a`` after two
+passes), ``+`` read as a space, Unicode-normalised (NFKC) and case-folded,
+with everything but letters and digits dropped. So ``api%4Bey``,
+``%61piKey``, ``APIKEY``, ``api+key``, ``api%20key`` and ``api_key`` are all
+``apikey``. ``&``, ``;`` and a second ``?`` all separate parameters, and a
+key-like parameter's value is cut up to the next ``&``: whichever separator
+the reader uses, no part of the value is left. Every occurrence of a repeated
+parameter is redacted; so is any value that is itself an API key or a
+webhook secret, whatever its name.
 """
 from __future__ import annotations
 
 import re
+import unicodedata
+from urllib.parse import unquote
 
 from daphne.access import AccessLogGenerator
 
 REDACTED = "[redacted]"
-# Query parameters whose values are secrets; matched case-insensitively.
-SECRET_PARAMETERS = ("apiKey", "api_key", "key", "token", "access_token", "secret", "password")
+# Parameter names (as normalised by ``_normalised``) whose values are secrets.
+SECRET_NAMES = frozenset({
+    "apikey", "key", "token", "accesstoken", "authtoken", "idtoken", "refreshtoken",
+    "secret", "clientsecret", "password", "passwd", "pwd", "auth", "authorization",
+    "signature", "sig", "sessionid", "credential", "credentials",
+})
+# ... and names that end like one of these (x_api_key, client_secret, ...).
+SECRET_SUFFIXES = ("apikey", "token", "secret", "password")
+# Values that are secrets whatever they are called: API keys, webhook secrets.
+SECRET_VALUE_PREFIXES = ("pk_live_", "pk_test_", "whsec_")
+_SECRET_VALUE_STARTS = tuple(prefix.replace("_", "") for prefix in SECRET_VALUE_PREFIXES)
+# Percent-decoding passes: enough for any encoding a client stacks in practice.
+DECODE_PASSES = 4
 
-_SECRET_VALUE = re.compile(
-    r"([?&;](?:" + "|".join(re.escape(name) for name in SECRET_PARAMETERS) + r")=)[^&;#\s\"]*",
-    re.IGNORECASE,
-)
+# The query of a request line: from "?" (or an encoded one) to the end of the URI.
+_QUERY = re.compile(r"(\?|%3[fF])([^\s\"]*)")
+# Within an "&"-separated part, what else a reader may take for a separator.
+_PIECE_SEPARATORS = re.compile(r"([;?])")
+
+
+def _decoded(text: str) -> str:
+    for _ in range(DECODE_PASSES):
+        decoded = unquote(text.replace("+", " "), errors="replace")
+        if decoded == text:
+            break
+        text = decoded
+    return text
+
+
+def _normalised(name: str) -> str:
+    name = unicodedata.normalize("NFKC", _decoded(name)).casefold()
+    return "".join(ch for ch in name if ch.isalnum())
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a query parameter of this name (as sent) carries a secret."""
+    normal = _normalised(name)
+    return normal in SECRET_NAMES or normal.endswith(SECRET_SUFFIXES)
+
+
+def _is_secret_value(value: str) -> bool:
+    return _normalised(value).startswith(_SECRET_VALUE_STARTS)
+
+
+def _redact_query(query: str) -> str:
+    return "&".join(_redact_part(part) for part in query.split("&"))
+
+
+def _redact_part(part: str) -> str:
+    """One ``&``-separated part, whose ``;``- or ``?``-separated pieces may
+    each be a parameter: from the first key-like one on, its value runs to
+    the next ``&``."""
+    pieces = _PIECE_SEPARATORS.split(part)  # piece, separator, piece, ...
+    for index in range(0, len(pieces), 2):
+        name, equals, value = pieces[index].partition("=")
+        if equals and (is_secret_name(name) or _is_secret_value(value)):
+            return "".join(pieces[:index]) + f"{name}={REDACTED}"
+        if not equals and "=" in _decoded(name):
+            # "apiKey%3Dvalue": no parameter value as sent, but a secret all the same.
+            inner_name, _, inner_value = _decoded(name).partition("=")
+            if is_secret_name(inner_name) or _is_secret_value(inner_value):
+                return "".join(pieces[:index]) + REDACTED
+    return part
 
 
 def redact(text: str) -> str:
-    """``text`` with the values of secret query parameters replaced."""
-    return _SECRET_VALUE.sub(r"\1" + REDACTED, text)
+    """``text`` (a request line or path) with every key-like query value replaced."""
+    return _QUERY.sub(lambda match: match.group(1) + _redact_query(match.group(2)), text)
 
 
 class RedactingAccessLogGenerator(AccessLogGenerator):
