@@ -1,8 +1,8 @@
 """A session open's and close's statements, built once, not compiled per call.
 
 Every open runs the same few statements: the key's row with its tenant (once
-without a lock, once under it), the session's insert, the count of the key's
-live sessions; every close one update. Through the ORM each is a query
+without a lock, once under both rows' locks), the session's insert, the
+counts of the key's and the tenant's live sessions; every close one update. Through the ORM each is a query
 compiled anew on every call, and that Python costs far more than the
 database takes to run the statement -- on the database threads, under the
 GIL the event loop needs for everyone's frames. Here each statement's text
@@ -90,10 +90,12 @@ def _key_sql(vendor: str, for_update: bool) -> str:
         f"WHERE {key.qualified['prefix']} = %s"
     )
     if for_update and connection.features.has_select_for_update:
-        # As select_for_update(no_key=True, of=("self",)): the key row only.
+        # As select_for_update(no_key=True, of=("self", "tenant")): the key's
+        # row for its cap, the tenant's for its ceiling (opens of the
+        # tenant's other keys count against it too).
         sql += " " + connection.ops.for_update_sql(
             no_key=connection.features.has_select_for_no_key_update,
-            of=(key.name,) if connection.features.has_select_for_update_of else (),
+            of=(key.name, tenant.name) if connection.features.has_select_for_update_of else (),
         )
     return sql
 
@@ -103,8 +105,9 @@ _KEY_AND_TENANT = (ApiKey, Tenant)
 
 def key_with_tenant(prefix: str, *, for_update: bool = False) -> ApiKey | None:
     """The key row of this lookup prefix with its tenant (``key.tenant`` set),
-    or None. ``for_update`` locks the key row (FOR NO KEY UPDATE OF the key
-    on PostgreSQL; SQLite's transaction holds the write lock already)."""
+    or None. ``for_update`` locks the key's and the tenant's rows (FOR NO KEY
+    UPDATE OF both on PostgreSQL; SQLite's transaction holds the write lock
+    already)."""
     with connection.cursor() as cursor:
         cursor.execute(_key_sql(connection.vendor, for_update), [prefix])
         row = cursor.fetchone()
@@ -185,25 +188,32 @@ def _saved(session: Session) -> None:
 
 @cache
 def _admit_sql(vendor: str) -> str:
-    session, key = _t(Session), _t(ApiKey)
-    s, k = session.column, key.qualified
-    live = _live_count_sql(vendor)
+    session, key, tenant = _t(Session), _t(ApiKey), _t(Tenant)
+    s, k, t = session.column, key.qualified, tenant.qualified
+    # The admission rule of services._session_open_refusal, in SQL: the key
+    # active and unexpired, its live sessions (this one included) within its
+    # cap, the tenant's within its ceiling, if it has one. (The origin and the
+    # quota are checked after, in Python.)
     return ";\n".join((
         _insert_sql(vendor),
         _key_sql(vendor, True),
         f"DELETE FROM {session.name} WHERE {s['id']} = %s AND NOT EXISTS ("
-        f"SELECT 1 FROM {key.name} WHERE {k['id']} = %s AND {k['status']} = %s "
+        f"SELECT 1 FROM {key.name} INNER JOIN {tenant.name} ON ({k['tenant']} = {t['id']}) "
+        f"WHERE {k['id']} = %s AND {k['status']} = %s "
         f"AND ({k['expires_at']} IS NULL OR {k['expires_at']} > %s) "
-        f"AND ({live}) <= {k['max_sessions']}) RETURNING {s['id']}",
+        f"AND ({_live_count_sql(vendor)}) <= {k['max_sessions']} "
+        f"AND ({t['max_sessions']} IS NULL OR ({_tenant_live_count_sql(vendor)}) <= {t['max_sessions']})"
+        f") RETURNING {s['id']}",
     ))
 
 
 def session_admit(session: Session, *, prefix: str, seen_since: datetime,
                   now: datetime) -> tuple[ApiKey | None, bool]:
-    """Insert the session row, lock its key's row and read it again, and take
-    the row back out unless the key is active, unexpired and has at most
-    ``max_sessions`` live sessions (seen since ``seen_since``, this one
-    included) -- in one query, so one round trip, and one transaction.
+    """Insert the session row, lock its key's and its tenant's rows and read
+    them again, and take the row back out unless the key is active, unexpired
+    and has at most ``max_sessions`` live sessions and its tenant at most its
+    own ``max_sessions`` (seen since ``seen_since``, this one included) -- in
+    one query, so one round trip, and one transaction.
 
     Returns the key as read under the lock (with its tenant; None when it is
     gone) and whether the row stayed. The lock is held from the key's read to
@@ -217,6 +227,7 @@ def session_admit(session: Session, *, prefix: str, seen_since: datetime,
     params += [prefix]
     params += [table.prep("id", session.id), key.prep("id", session.api_key_id), ApiKey.Status.ACTIVE.value,
                key.prep("expires_at", now), table.prep("api_key", session.api_key_id),
+               table.prep("last_seen_at", seen_since), table.prep("tenant", session.tenant_id),
                table.prep("last_seen_at", seen_since)]
     with connection.cursor() as cursor:
         cursor.execute(_admit_sql(connection.vendor), params)
@@ -244,6 +255,24 @@ def live_session_count(key_id: int, *, seen_since: datetime) -> int:
     with connection.cursor() as cursor:
         cursor.execute(_live_count_sql(connection.vendor),
                        [table.prep("api_key", key_id), table.prep("last_seen_at", seen_since)])
+        return cursor.fetchone()[0]
+
+
+@cache
+def _tenant_live_count_sql(vendor: str) -> str:
+    table = _t(Session)
+    return (
+        f"SELECT COUNT(*) FROM {table.name} WHERE {table.column['tenant']} = %s "
+        f"AND {table.column['ended_at']} IS NULL AND {table.column['last_seen_at']} >= %s"
+    )
+
+
+def tenant_live_session_count(tenant_id: int, *, seen_since: datetime) -> int:
+    """The tenant's open sessions (over all its keys) seen since then."""
+    table = _t(Session)
+    with connection.cursor() as cursor:
+        cursor.execute(_tenant_live_count_sql(connection.vendor),
+                       [table.prep("tenant", tenant_id), table.prep("last_seen_at", seen_since)])
         return cursor.fetchone()[0]
 
 

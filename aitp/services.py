@@ -55,8 +55,9 @@ LOOKUP_PREFIX_LENGTH = len(KEY_PREFIX) + 8
 # --- tenants --------------------------------------------------------------
 
 
-def tenant_create(*, slug: str, name: str = "") -> Tenant:
-    return Tenant.objects.create(slug=slug, name=name or slug)
+def tenant_create(*, slug: str, name: str = "", **fields) -> Tenant:
+    """A new tenant; ``fields`` (e.g. its ceilings) replace the defaults for new tenants."""
+    return Tenant.objects.create(slug=slug, name=name or slug, **fields)
 
 
 # --- API keys -------------------------------------------------------------
@@ -67,6 +68,27 @@ def _key_hash(raw_key: str) -> str:
     return hmac.new(secret, raw_key.encode(), hashlib.sha256).hexdigest()
 
 
+class KeyCeilingReached(ValueError):
+    """The tenant holds as many keys as its ceiling (``Tenant.max_keys``) allows."""
+
+
+def key_ceiling_refusal(tenant_id: int, *, lock: bool = False) -> str | None:
+    """Why this tenant may not have one more key (its keys that are not
+    revoked already fill its ceiling), or None. ``lock``: counted under the
+    tenant's row lock (inside a transaction), as ``api_key_create`` does;
+    forms ask without it, to answer before anything is written."""
+    tenants = Tenant.objects.select_for_update(no_key=True) if lock else Tenant.objects
+    ceiling = tenants.values_list("max_keys", flat=True).get(pk=tenant_id)
+    if ceiling is None:
+        return None
+    held = ApiKey.objects.filter(tenant_id=tenant_id).exclude(status=ApiKey.Status.REVOKED).count()
+    if held < ceiling:
+        return None
+    keys = "1 key" if held == 1 else f"{held} keys"
+    return (f"This tenant already has {keys}, as many as its ceiling allows: revoke a key it "
+            "no longer uses, or ask the service's operators to raise the ceiling.")
+
+
 def api_key_create(
     *,
     tenant: Tenant,
@@ -75,17 +97,24 @@ def api_key_create(
     max_sessions: int | None = None,
     expires_at: datetime | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the plaintext key, which is never stored."""
+    """Create a key; returns the row and the plaintext key, which is never
+    stored. Raises KeyCeilingReached when the tenant already holds
+    ``max_keys`` keys that are not revoked (counted under the tenant's row
+    lock, so two creations at once cannot both take the last one)."""
     raw_key = KEY_PREFIX + secrets.token_urlsafe(24).replace("-", "x").replace("_", "y")
-    key = ApiKey.objects.create(
-        tenant=tenant,
-        name=name,
-        prefix=raw_key[:LOOKUP_PREFIX_LENGTH],
-        key_hash=_key_hash(raw_key),
-        allowed_origins=list(allowed_origins),
-        max_sessions=max_sessions or settings.OWLLAYER_DEFAULT_SESSION_CAP,
-        expires_at=expires_at,
-    )
+    with transaction.atomic():
+        refusal = key_ceiling_refusal(tenant.pk, lock=True)
+        if refusal is not None:
+            raise KeyCeilingReached(refusal)
+        key = ApiKey.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=raw_key[:LOOKUP_PREFIX_LENGTH],
+            key_hash=_key_hash(raw_key),
+            allowed_origins=list(allowed_origins),
+            max_sessions=max_sessions or settings.OWLLAYER_DEFAULT_SESSION_CAP,
+            expires_at=expires_at,
+        )
     return key, raw_key
 
 
@@ -270,16 +299,18 @@ KEY_USE_PRECISION = timedelta(seconds=60)
 
 
 def session_open(*, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, Refusal | None]:
-    """Check the key and the concurrent-session cap, and open the session.
+    """Check the key, its concurrent-session cap and its tenant's ceiling,
+    and open the session.
 
     The key is read and checked without a lock first (a bad key costs no
     transaction; a key read for an open less than KEY_READ_FRESH_FOR seconds
     ago is not read again). Then, in one transaction, the session row is
-    inserted and only after it the key row is locked, read again and the
-    key's live sessions counted, this one included: two handshakes racing
-    on two processes cannot both take the last slot, and the lock is held
-    for the count and the commit only, never across the insert (the day's
-    usage is written behind, ``usage_count``). The row read under the lock
+    inserted and only after it the key's and the tenant's rows are locked,
+    read again and the live sessions of the key and of the tenant counted,
+    this one included: two handshakes racing on two processes, with one key
+    or two keys of a tenant, cannot both take the last slot, and the locks
+    are held for the counts and the commit only, never across the insert
+    (the day's usage is written behind, ``usage_count``). The row read under the lock
     decides (and gives the session its tenant); a refusal rolls the insert
     back. On PostgreSQL that transaction is one
     query (``_session_open_in_one_query``): the lock is held for the time
@@ -314,12 +345,13 @@ def _new_session(key: ApiKey, info: HandshakeInfo, now: datetime) -> Session:
 
 def _session_open_in_one_query(key: ApiKey, raw_key: str, info: HandshakeInfo,
                                now: datetime) -> tuple[Session | None, Refusal | None]:
-    """session_open on PostgreSQL: the insert, the key's lock, its re-read
-    and the cap in one round trip (``open_statements.session_admit``). The
-    quota of the tenant read with the key is checked after (its counts are
-    written behind anyway). Over the cap, the slow path counts without
-    processes known to be gone and, when that leaves a slot, opens as
-    ``_session_open_locked`` does."""
+    """session_open on PostgreSQL: the insert, the key's and tenant's locks,
+    their re-read, the cap and the ceiling in one round trip
+    (``open_statements.session_admit``). The quota of the tenant read with
+    the key is checked after (its counts are written behind anyway). Over
+    the cap or the ceiling, the slow path counts without processes known to
+    be gone and, when that leaves a slot, opens as ``_session_open_locked``
+    does."""
     session = _new_session(key, info, now)
     locked, stayed = open_statements.session_admit(
         session, prefix=raw_key[:LOOKUP_PREFIX_LENGTH], seen_since=_stale_before(now), now=now)
@@ -329,9 +361,9 @@ def _session_open_in_one_query(key: ApiKey, raw_key: str, info: HandshakeInfo,
     if refusal is None and limits.token_quota_used_up(locked.tenant, now=now):
         refusal = _QUOTA_REFUSAL
     if refusal is None and not stayed:
-        if _live_sessions_without_gone_processes(locked, now) < locked.max_sessions:
+        refusal = _caps_refusal(locked, now, row_counted=False)
+        if refusal is None:
             return _session_open_locked(locked, raw_key, info, now)
-        refusal = _SESSION_LIMIT_REFUSAL
     if refusal is not None:
         if stayed:  # refused for what the query does not check (the origin, the quota)
             Session.objects.filter(pk=session.pk).delete()
@@ -363,29 +395,32 @@ _QUOTA_REFUSAL = Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
                          limits.USAGE_LIMIT_REASON)
 _SESSION_LIMIT_REFUSAL = Refusal("session_limit", "Too many concurrent sessions for this API key.",
                                  "session limit reached")
+# The tenant's own ceiling, over all its keys: refused as the key's cap is.
+_TENANT_SESSION_LIMIT_REFUSAL = Refusal(
+    "tenant_session_limit", "Too many concurrent sessions for this tenant.",
+    "tenant session limit reached")
 
 
 def _session_open_refusal(raw_key: str, info: HandshakeInfo,
                           now: datetime) -> tuple[Refusal | None, ApiKey | None]:
-    """Under the key's row lock (inside session_open's transaction, its own
-    row already inserted): the refusal of the key as it is now, of its
-    tenant's token quota or of its session cap (None admits the session),
-    and the key as read under the lock, with its tenant."""
+    """Under the key's and its tenant's row locks (inside session_open's
+    transaction, its own row already inserted): the refusal of the key as it
+    is now, of its tenant's token quota, of its session cap or of its
+    tenant's ceiling (None admits the session), and the key as read under
+    the lock, with its tenant. ``open_statements.session_admit`` is the same
+    rule in SQL (tests/aitp/test_admission_paths.py runs both)."""
     # FOR NO KEY UPDATE: the session rows inserted by other opens hold a
-    # KEY SHARE lock on the key row (their foreign key) until they commit;
-    # a FOR UPDATE would wait for them, and they for it.
+    # KEY SHARE lock on the key and tenant rows (their foreign keys) until
+    # they commit; a FOR UPDATE would wait for them, and they for it.
     key = api_key_lookup(raw_key, for_update=True)
     refusal = api_key_refusal(key, origin=info.origin, now=now)
     if refusal is not None:
         return refusal, key
     if limits.token_quota_used_up(key.tenant, now=now):
         return _QUOTA_REFUSAL, key
-    # The live sessions of the key, this one included (live_sessions_filter).
-    live = open_statements.live_session_count(key.pk, seen_since=_stale_before(now))
-    if live > key.max_sessions:
-        live = _live_sessions_without_gone_processes(key, now)
-    if live > key.max_sessions:
-        return _SESSION_LIMIT_REFUSAL, key
+    refusal = _caps_refusal(key, now)
+    if refusal is not None:
+        return refusal, key
     if key.last_used_at is None or key.last_used_at <= now - KEY_USE_PRECISION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
     return None, key
@@ -568,10 +603,36 @@ def _sessions_close(open_rows, *, now: datetime, code: int, reason: str) -> int:
             ).update(status=ToolCall.Status.DISCONNECTED, error=LOST_CALL_ERROR, finished_at=now)
 
 
-def _live_sessions_without_gone_processes(key: ApiKey, now: datetime) -> int:
-    """The key's live sessions, not counting those of server processes known
-    to be gone (the sweep closes their rows; until it has, they hold no slot)."""
-    live = Session.objects.filter(api_key=key, **live_sessions_filter(now))
+def _caps_refusal(key: ApiKey, now: datetime, *, row_counted: bool = True) -> Refusal | None:
+    """The refusal of the key's session cap or of its tenant's ceiling, in
+    that order (None: both have room for this open), counted under their row
+    locks. ``row_counted``: this open's row is among the live rows (inside
+    session_open's transaction); else the one query took it back out, and
+    it is counted here. A count over a limit is made again without the
+    sessions of server processes known to be gone, which hold no slot."""
+    seen_since = _stale_before(now)
+    this_open = 0 if row_counted else 1
+
+    def over(limit: int, quick: Callable[[], int], **rows) -> bool:
+        if row_counted and quick() <= limit:
+            return False
+        return _live_sessions_without_gone_processes(now, **rows) + this_open > limit
+
+    if over(key.max_sessions, lambda: open_statements.live_session_count(
+            key.pk, seen_since=seen_since), api_key=key):
+        return _SESSION_LIMIT_REFUSAL
+    ceiling = key.tenant.max_sessions
+    if ceiling is not None and over(ceiling, lambda: open_statements.tenant_live_session_count(
+            key.tenant_id, seen_since=seen_since), tenant_id=key.tenant_id):
+        return _TENANT_SESSION_LIMIT_REFUSAL
+    return None
+
+
+def _live_sessions_without_gone_processes(now: datetime, **rows) -> int:
+    """The live sessions of these rows (a key's, a tenant's), not counting
+    those of server processes known to be gone (the sweep closes their rows;
+    until it has, they hold no slot)."""
+    live = Session.objects.filter(**rows, **live_sessions_filter(now))
     gone = liveness.gone_ids(set(live.values_list("process", flat=True)), now=now)
     return live.exclude(process__in=gone).count() if gone else live.count()
 

@@ -7,8 +7,8 @@ re-checked by its live sessions at once, so a page from a removed origin is
 closed as it is when the change is made in the console.
 
 The tenant's own staff see only their tenants; only the service's operators
-(superusers) create a tenant, set a quota, delete a tenant or put a staff
-account in one.
+(superusers) create a tenant, set a quota or its ceilings (live sessions,
+keys), delete a tenant or put a staff account in one.
 """
 from __future__ import annotations
 
@@ -84,16 +84,17 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "quota_display", "tokens_this_month", "created_at"]
+    list_display = ["slug", "name", "quota_display", "tokens_this_month", "max_sessions", "max_keys",
+                    "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 
     def get_readonly_fields(self, request, obj=None):
-        # The quota bounds what a tenant costs: only the service's operators
-        # (superusers) set it, never a tenant's own staff.
+        # The quota and the ceilings bound what a tenant costs: only the
+        # service's operators (superusers) set them, never a tenant's own staff.
         readonly = [*super().get_readonly_fields(request, obj), "created_at", "tokens_this_month"]
         if not request.user.is_superuser:
-            readonly.append("monthly_token_quota")
+            readonly += ["monthly_token_quota", *services.CEILING_FIELDS]
         return readonly
 
     @admin.display(description="Monthly token quota")
@@ -213,6 +214,16 @@ class ApiKeyAdminForm(forms.ModelForm):
         if self.initial.get("status") == ApiKey.Status.REVOKED and status != ApiKey.Status.REVOKED:
             raise forms.ValidationError("a revoked key cannot be re-activated")
         return status
+
+    def clean_tenant(self):
+        # A new key must fit its tenant's ceiling (the service checks again,
+        # under the tenant's lock, when it writes).
+        tenant = self.cleaned_data["tenant"]
+        if self.instance.pk is None and tenant is not None:
+            refusal = aitp_services.key_ceiling_refusal(tenant.pk)
+            if refusal is not None:
+                raise forms.ValidationError(refusal)
+        return tenant
 
 
 @admin.register(ApiKey)

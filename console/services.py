@@ -53,21 +53,27 @@ def key_create(
     return key, raw_key
 
 
-TENANT_FIELDS = ("slug", "name", "system_prompt", "monthly_token_quota")
+# The tenant's ceilings (live sessions, keys): empty means none.
+CEILING_FIELDS = ("max_sessions", "max_keys")
+TENANT_FIELDS = ("slug", "name", "system_prompt", "monthly_token_quota", *CEILING_FIELDS)
 
 
 def tenant_create(*, slug: str, by, name: str = "", system_prompt: str | None = None,
-                  monthly_token_quota: int | None = None) -> Tenant:
+                  monthly_token_quota: int | None = None, **ceilings: int | None) -> Tenant:
     """Create a tenant, recording who did (the prompt by name only). It has no
     members yet: the service's operators, who alone create tenants, see every
-    tenant without one and add its first owner."""
+    tenant without one and add its first owner. A ceiling not given is the
+    default for new tenants; one given as None is no ceiling."""
+    unknown = set(ceilings) - set(CEILING_FIELDS)
+    if unknown:
+        raise ValueError(f"not a tenant ceiling: {', '.join(sorted(unknown))}")
     with transaction.atomic():
         tenant = aitp_services.tenant_create(slug=slug, name=name)
         given = {
             field: value for field, value in
             (("system_prompt", system_prompt), ("monthly_token_quota", monthly_token_quota))
             if value is not None
-        }
+        } | ceilings
         if given:
             for field, value in given.items():
                 setattr(tenant, field, value)
@@ -75,14 +81,17 @@ def tenant_create(*, slug: str, by, name: str = "", system_prompt: str | None = 
         OperatorAction.objects.create(tenant=tenant, user=by, action="tenant_created", data={
             "fields": sorted({"slug", "name", *given}), "slug": tenant.slug, "name": tenant.name,
             "monthly_token_quota": tenant.monthly_token_quota,
+            **{field: getattr(tenant, field) for field in CEILING_FIELDS},
         })
     logger.info("tenant created tenant=%s user=%s", tenant.slug, by.pk)
     return tenant
 
 
 def tenant_update(*, tenant: Tenant, by, changes: dict) -> Tenant:
-    """Change a tenant's slug, name, system prompt or monthly quota, recording
-    who did and what changed (the prompt by name only: it may be long)."""
+    """Change a tenant's slug, name, system prompt, monthly quota or ceilings,
+    recording who did and what changed (the prompt by name only: it may be
+    long). A lower ceiling closes nothing: it refuses what it no longer
+    allows (new sessions, new keys) until the tenant is under it again."""
     unknown = set(changes) - set(TENANT_FIELDS)
     if unknown:
         raise ValueError(f"not a tenant field: {', '.join(sorted(unknown))}")
@@ -93,7 +102,7 @@ def tenant_update(*, tenant: Tenant, by, changes: dict) -> Tenant:
             setattr(tenant, field, value)
         tenant.save(update_fields=list(changes))
         data: dict = {"fields": sorted(changes)}
-        for field in ("slug", "name", "monthly_token_quota"):
+        for field in ("slug", "name", "monthly_token_quota", *CEILING_FIELDS):
             if field in changes:
                 data[field] = changes[field]
         OperatorAction.objects.create(tenant=tenant, user=by, action="tenant_updated", data=data)

@@ -141,7 +141,13 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
         )
         .order_by("-created_at")
     )
-    return render_page(request, access, "console/keys.html", title="Keys", section="keys", keys=rows)
+    # The tenant's ceilings, set by the service's operators: shown, never changed here.
+    ceilings = {
+        "keys_held": sum(1 for key in rows if key.status != ApiKey.Status.REVOKED),
+        "tenant_live_sessions": sum(key.live_sessions for key in rows),
+    }
+    return render_page(request, access, "console/keys.html", title="Keys", section="keys", keys=rows,
+                       **ceilings)
 
 
 @never_cache
@@ -149,14 +155,19 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
 def key_create(request: HttpRequest, access: Access) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        key, raw_key = console_services.key_create(
-            tenant=access.tenant,
-            by=request.user,
-            name=form.cleaned_data["name"],
-            allowed_origins=form.cleaned_data["allowed_origins"],
-            max_sessions=form.cleaned_data["max_sessions"],
-            expires_at=form.cleaned_data["expires_at"],
-        )
+        try:
+            key, raw_key = console_services.key_create(
+                tenant=access.tenant,
+                by=request.user,
+                name=form.cleaned_data["name"],
+                allowed_origins=form.cleaned_data["allowed_origins"],
+                max_sessions=form.cleaned_data["max_sessions"],
+                expires_at=form.cleaned_data["expires_at"],
+            )
+        except services.KeyCeilingReached as refused:
+            form.add_error(None, str(refused))
+            return render_page(request, access, "console/key_form.html", title="New key",
+                               section="keys", form=form, creating=True)
         logger.info("key created tenant=%s prefix=%s user=%s",
                     access.tenant.slug, key.prefix, request.user.pk)
         # The plaintext exists only in this response (never cached): not in

@@ -376,6 +376,10 @@ OWLLAYER_MAX_INBOUND_BYTES = env_int(
 OWLLAYER_MAX_OUTBOUND_BYTES = env_int("OWLLAYER_MAX_OUTBOUND_BYTES", 4 * 1024 * 1024, minimum=64 * 1024)
 OWLLAYER_MAX_INVALID_FRAMES = env_int("OWLLAYER_MAX_INVALID_FRAMES", 20, minimum=1)
 OWLLAYER_DEFAULT_SESSION_CAP = env_int("OWLLAYER_DEFAULT_SESSION_CAP", 10, minimum=1)
+# A new tenant's ceilings over all its keys: live sessions, and keys (not
+# revoked); 0 gives new tenants none. Operators change each tenant's in the admin.
+OWLLAYER_DEFAULT_TENANT_SESSION_CAP = env_int("OWLLAYER_DEFAULT_TENANT_SESSION_CAP", 200)
+OWLLAYER_DEFAULT_TENANT_KEY_CAP = env_int("OWLLAYER_DEFAULT_TENANT_KEY_CAP", 50)
 OWLLAYER_SERVER_VERSION = "0.4.0"
 
 # --- Rate limits (aitp/limits.py; 0 turns a limit off) ------------------------

@@ -1,7 +1,7 @@
 """Tenants and who may manage them: the ground floor every other app builds on.
 
 A tenant is the customer (its name, the model's system prompt, its monthly
-token quota); a membership says who may see it (viewer) or change it (owner).
+token quota, its ceilings on live sessions and keys); a membership says who may see it (viewer) or change it (owner).
 Nothing here imports another app of the product, so the protocol app (keys,
 sessions, usage) and the console, operator pages and approvals above it can
 all point down to these rows.
@@ -12,8 +12,19 @@ The tables are still the ones the protocol app created (``aitp_tenant``,
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
+
+
+def default_session_ceiling() -> int | None:
+    """A new tenant's ceiling on live sessions (OWLLAYER_DEFAULT_TENANT_SESSION_CAP; 0: none)."""
+    return settings.OWLLAYER_DEFAULT_TENANT_SESSION_CAP or None
+
+
+def default_key_ceiling() -> int | None:
+    """A new tenant's ceiling on API keys (OWLLAYER_DEFAULT_TENANT_KEY_CAP; 0: none)."""
+    return settings.OWLLAYER_DEFAULT_TENANT_KEY_CAP or None
 
 
 class Tenant(models.Model):
@@ -29,6 +40,26 @@ class Tenant(models.Model):
         blank=True,
         help_text="Model tokens (input + output) this tenant may use per calendar month; "
         "empty or 0 means unlimited. Once used up, new sessions and turns are refused.",
+    )
+    # The tenant's own ceilings, above its keys' caps (set by the service's
+    # operators): a tenant with many keys still holds at most this much.
+    max_sessions = models.PositiveIntegerField(
+        "live session ceiling",
+        null=True,
+        blank=True,
+        default=default_session_ceiling,
+        validators=[MinValueValidator(1)],
+        help_text="Live sessions this tenant may hold at once, over all its keys; one more is "
+        "refused (tenant_session_limit). Empty means no ceiling.",
+    )
+    max_keys = models.PositiveIntegerField(
+        "key ceiling",
+        null=True,
+        blank=True,
+        default=default_key_ceiling,
+        validators=[MinValueValidator(1)],
+        help_text="API keys this tenant may hold (active or disabled; revoked keys do not "
+        "count); one more is refused. Empty means no ceiling.",
     )
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -1,13 +1,19 @@
-"""`manage.py check --deploy` is clean in production mode with OWLLAYER_HTTPS=true."""
+"""`manage.py check --deploy` is clean in production mode with OWLLAYER_HTTPS=true,
+and with exactly the environment the README's several-process example sets."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+README = PROJECT_ROOT / "README.md"
+# The README writes "..." where a secret goes.
+PLACEHOLDER = "..."
 
 
 def check_deploy(**env: str) -> subprocess.CompletedProcess:
@@ -38,3 +44,34 @@ def test_without_https_settings_check_deploy_names_what_is_missing():
     assert result.returncode != 0
     for code in ("security.W004", "security.W008", "security.W012", "security.W016"):
         assert code in output
+
+
+def readme_several_process_environment() -> dict[str, str]:
+    """The variables the README's "Running several processes" example exports."""
+    section = README.read_text().split("## Running several processes", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+                 if "owllayer_site.serve" in b)
+    env: dict[str, str] = {}
+    for line in block.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            env.update(word.split("=", 1) for word in words[1:])
+    return env
+
+
+def test_the_readmes_several_process_example_passes_check_deploy_without_a_warning():
+    env = readme_several_process_environment()
+    assert env.get("DJANGO_SECRET_KEY") == PLACEHOLDER  # the one value the reader supplies
+    env["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("OWLLAYER_", "DJANGO_")) and k not in ("DATABASE_URL", "REDIS_URL", "ALLOWED_HOSTS")}
+
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=PROJECT_ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120,
+    )
+
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "System check identified no issues" in output
+    assert "WARNINGS" not in output

@@ -6,7 +6,8 @@
 - A key is recognised by its full secret, compared as a hash in constant
   time: the right lookup prefix with a wrong secret is refused.
 - The concurrent-session cap admits exactly ``max_sessions`` live sessions;
-  the next is refused until one closes.
+  the next is refused until one closes. The tenant's own ceiling does the
+  same over all its keys, with its own code (``tenant_session_limit``).
 - A session counts against the cap while its process refreshes it: a row
   silent for just under three heartbeats still counts, just over no longer
   does (and the sweeper ends it).
@@ -235,6 +236,39 @@ def test_a_key_admits_exactly_max_sessions_and_refuses_the_next(tenant):
         "session_limit", "Too many concurrent sessions for this API key.", "session limit reached"
     )
     assert Session.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_page_past_its_tenants_ceiling_over_two_keys_is_refused_with_its_code_and_1008(
+        connect, tenant):
+    from tests.aitp.conftest import in_db
+
+    def arrange():
+        type(tenant).objects.filter(pk=tenant.pk).update(max_sessions=2)
+        return [services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=5)[1]
+                for _ in range(2)]
+
+    first_key, second_key = await in_db(arrange)()
+    pages = []
+    for raw in (first_key, second_key):
+        page = await connect()
+        assert (await page.handshake(raw))["type"] == "HANDSHAKE_ACK"
+        pages.append(page)
+
+    refused = await connect()
+    error = await refused.handshake(first_key)
+
+    assert error["type"] == "SYSTEM_EVENT" and error["payload"]["kind"] == "error"
+    assert error["payload"]["data"] == {"code": "tenant_session_limit"}
+    assert error["payload"]["message"] == "Too many concurrent sessions for this tenant."
+    close = await refused.recv()
+    assert (close["type"], close["code"]) == ("__close__", 1008)
+    await pages[0].close()  # a slot of the tenant is free again, for either key
+    again = await connect()
+    assert (await again.handshake(second_key))["type"] == "HANDSHAKE_ACK"
+    for page in (pages[1], again):
+        await page.close()
+    assert await Session.objects.filter(tenant=tenant).acount() == 3
 
 
 def test_a_closed_session_frees_its_slot_for_the_next(tenant):

@@ -5,8 +5,9 @@ Every open and every turn of a tenant counts in the same ``DailyUsage`` row;
 a process adds the counts up and writes them every
 ``OWLLAYER_USAGE_FLUSH_INTERVAL`` seconds and when it stops (the rest of the
 suite runs with 0: every count written at once). A session open locks its
-key's row only for the cap's count: the cap still admits exactly
-``max_sessions`` of many opens racing on their own connections.
+key's and its tenant's rows only for the counts: the key's cap and the
+tenant's ceiling still admit exactly that many of many opens racing on their
+own connections.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import signal
 import threading
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from aitp import processes, services
@@ -175,6 +176,82 @@ def test_concurrent_opens_take_exactly_the_keys_cap():
         thread.join()
     assert sorted(outcomes, key=str) == ["opened"] * cap + ["session_limit"] * (racers - cap)
     assert Session.objects.filter(api_key=key).count() == cap
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_opens_over_several_keys_take_exactly_the_tenants_ceiling():
+    tenant = services.tenant_create(slug="ceiling-race", name="Ceiling race")
+    ceiling, racers = 4, 16
+    tenant.max_sessions = ceiling
+    tenant.save(update_fields=["max_sessions"])
+    # Each key alone would take every racer: only the tenant's ceiling refuses.
+    KEYS = 4
+    raws = [services.api_key_create(tenant=tenant, max_sessions=racers)[1] for _ in range(KEYS)]
+    start = threading.Barrier(racers)
+    outcomes: list = []
+
+    def open_one(raw: str) -> None:
+        try:
+            start.wait()
+            session, refusal = services.session_open(raw_key=raw, info=handshake())
+            outcomes.append("opened" if session is not None else refusal.code)
+        except BaseException as exc:  # reported by the test below
+            outcomes.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=open_one, args=(raws[n % KEYS],)) for n in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes, key=str) == ["opened"] * ceiling + ["tenant_session_limit"] * (
+        racers - ceiling)
+    assert Session.objects.filter(tenant=tenant, ended_at=None).count() == ceiling
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["one query", "several statements"])
+def test_an_open_waits_for_its_tenants_row_lock_whichever_key_it_uses(path, monkeypatch):
+    """What makes the ceiling exact across keys and processes: an open
+    counts the tenant's sessions under the tenant's row lock, held by
+    another open (of any key) until it commits."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite runs one write transaction at a time")
+    from django.db import OperationalError
+
+    from aitp import statements
+    from tenants.models import Tenant
+
+    if path == "several statements":
+        monkeypatch.setattr(statements, "one_query_transactions", lambda: False)
+    tenant = services.tenant_create(slug="locked", name="Locked")
+    _, raw = services.api_key_create(tenant=tenant)
+    held, release = threading.Event(), threading.Event()
+
+    def another_open_of_the_tenant() -> None:
+        try:
+            with transaction.atomic():
+                Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+                held.set()
+                release.wait(SOON)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=another_open_of_the_tenant)
+    holder.start()
+    try:
+        assert held.wait(SOON)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(OperationalError, match="lock timeout"):
+            services.session_open(raw_key=raw, info=handshake())
+    finally:
+        release.set()
+        holder.join()
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    assert not Session.objects.filter(tenant=tenant).exists()
 
 
 @pytest.mark.e2e

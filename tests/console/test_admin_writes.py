@@ -307,6 +307,8 @@ def new_tenant_form(**fields) -> dict:
     prefix = "memberships"
     form = {
         "slug": "delta", "name": "Delta Goods", "system_prompt": "Be kind.", "monthly_token_quota": "",
+        # The ceilings as the form shows them (the defaults for new tenants).
+        "max_sessions": "200", "max_keys": "50",
         f"{prefix}-TOTAL_FORMS": len(members), f"{prefix}-INITIAL_FORMS": 0,
         f"{prefix}-MIN_NUM_FORMS": 0, f"{prefix}-MAX_NUM_FORMS": 1000, **fields,
     }
@@ -327,8 +329,9 @@ def test_a_tenant_made_in_the_admin_is_recorded_as_made_by_its_author(django_use
     assert (tenant.name, tenant.system_prompt, tenant.monthly_token_quota) == ("Delta Goods", "Be kind.", 9000)
     action = OperatorAction.objects.get(action="tenant_created")
     assert (action.user, action.tenant, action.data) == (root, tenant, {
-        "fields": ["monthly_token_quota", "name", "slug", "system_prompt"], "slug": "delta",
-        "name": "Delta Goods", "monthly_token_quota": 9000,
+        "fields": ["max_keys", "max_sessions", "monthly_token_quota", "name", "slug", "system_prompt"],
+        "slug": "delta", "name": "Delta Goods", "monthly_token_quota": 9000, "max_sessions": 200,
+        "max_keys": 50,
     })
 
 

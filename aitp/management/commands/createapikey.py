@@ -22,9 +22,12 @@ class Command(BaseCommand):
             raise CommandError(f"no tenant {tenant!r}")
         if max_sessions is not None and max_sessions < 1:
             raise CommandError("--max-sessions must be at least 1")
-        key, raw = services.api_key_create(
-            tenant=row, name=name, allowed_origins=origins, max_sessions=max_sessions
-        )
+        try:
+            key, raw = services.api_key_create(
+                tenant=row, name=name, allowed_origins=origins, max_sessions=max_sessions
+            )
+        except services.KeyCeilingReached as refused:
+            raise CommandError(f"no key created for tenant {row.slug}: {refused}") from None
         self.stdout.write(
             f"created key {key.prefix}… for tenant {row.slug} "
             f"(origins: {', '.join(key.allowed_origins) or 'any'}; max sessions {key.max_sessions})"
