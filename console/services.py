@@ -311,8 +311,8 @@ def invitation_refusal(invitation: Invitation | None, user=None, *, now: datetim
 def _locked_invitation(token: str) -> Invitation | None:
     if not token or len(token) > 200:
         return None
-    return (Invitation.objects.select_for_update().select_related("tenant", "invited_by")
-            .filter(token_hash=_token_hash(token)).first())
+    # No join: PostgreSQL locks no row on the nullable side of an outer join.
+    return Invitation.objects.select_for_update().filter(token_hash=_token_hash(token)).first()
 
 
 def _accept(invitation: Invitation, user, now: datetime) -> tuple[TenantMembership, bool]:
