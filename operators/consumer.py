@@ -33,6 +33,7 @@ from django.conf import settings
 from aitp import live, notify, processes
 from aitp.db import DbCallConsumer, db_call
 from operators import selectors
+from operators.access import user_watch_group
 from tenants.selectors import tenant_ids_for_user
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.watching: str | None = None
         self.pending_subscription: tuple[str, dict] | None = None
         self.subscribe_timer: asyncio.Task | None = None
+        self.recheck_task: asyncio.Task | None = None
         user = self.scope.get("user")
         if not origin_allowed(self.scope):
             logger.warning("watch socket refused: foreign origin")
@@ -79,10 +81,9 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self._refuse()
             return
         tenant_ids = await db_call(tenant_ids_for_user, user)
-        if tenant_ids is None:
-            groups = [notify.ALL_WATCH_GROUP]
-        else:
-            groups = [notify.tenant_watch_group(tenant_id) for tenant_id in sorted(tenant_ids)]
+        # The user's own group first: a change of the user's access from now
+        # on reaches this socket (operators.access).
+        groups = [user_watch_group(user.pk), *_tenant_groups(tenant_ids)]
         self.watch_groups.extend(groups)
         await notify.join(self.channel_layer, groups, self.channel_name)
         live.watch_groups_joined(groups)
@@ -95,10 +96,15 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         if processes.draining():
             await self.shutdown(processes.SHUTDOWN_MESSAGE)
             return
+        self.recheck_task = asyncio.create_task(self._recheck_every(settings.OWLLAYER_HEARTBEAT_INTERVAL))
+        self.recheck_task.add_done_callback(_log_failure)
         logger.info("watch socket opened for user %s (%d groups)", user.pk, len(groups))
 
     async def disconnect(self, code: int) -> None:
         processes.connection_closed(self)
+        task, self.recheck_task = self.recheck_task, None
+        if task is not None:
+            task.cancel()
         await self._unsubscribe()
         groups, self.watch_groups = self.watch_groups, []
         if groups:
@@ -214,6 +220,45 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             return
         await self._send({"type": "session", "session": row})
 
+    async def watch_access(self, message: dict) -> None:
+        """The user's access may have changed (operators.access), or the
+        periodic re-check is due: read the user again. No longer a watcher
+        (staff flag removed, deactivated, deleted): closed 4403. Otherwise the
+        socket leaves the groups of tenants it may no longer see and joins the
+        new ones, drops a subscription it may no longer see, and, after a
+        change, sends the list again, so the page shows only what it may."""
+        if self.user_id is None:
+            return
+        user = await db_call(selectors.watcher, self.user_id)
+        if user is None:
+            logger.info("watch socket of user %s closed: no longer allowed to watch", self.user_id)
+            await self._refuse()
+            return
+        tenant_ids = await db_call(tenant_ids_for_user, user)
+        wanted = [user_watch_group(self.user_id), *_tenant_groups(tenant_ids)]
+        gone = [group for group in self.watch_groups if group not in wanted]
+        added = [group for group in wanted if group not in self.watch_groups]
+        if gone:
+            await notify.leave(self.channel_layer, gone, self.channel_name)
+        if added:
+            await notify.join(self.channel_layer, added, self.channel_name)
+            live.watch_groups_joined(added)
+        self.watch_groups = wanted
+        if self.watching is not None and await db_call(
+            selectors.watched_session_row, user_id=self.user_id, session_id=self.watching
+        ) is None:
+            await self._unsubscribe()
+            await self._error("no such session")
+        if gone or added or message.get("changed", True):
+            await self._send_list()
+
+    async def _recheck_every(self, interval: float) -> None:
+        """The re-check that catches a change no notice announced: through this
+        socket's own channel, so it runs between the socket's other handlers."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.channel_layer.send(self.channel_name, {"type": "watch.access", "changed": False})
+
     async def watch_frame(self, message: dict) -> None:
         session_id = message.get("session_id")
         if self.user_id is None or session_id != self.watching:
@@ -245,3 +290,15 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         if not self.accepted:
             await self.accept()
         await self.close(code=CLOSE_FORBIDDEN)
+
+
+def _tenant_groups(tenant_ids: set[int] | None) -> list[str]:
+    """The watch groups of the tenants a user may see (None: every tenant)."""
+    if tenant_ids is None:
+        return [notify.ALL_WATCH_GROUP]
+    return [notify.tenant_watch_group(tenant_id) for tenant_id in sorted(tenant_ids)]
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("watch socket re-check failed", exc_info=task.exception())

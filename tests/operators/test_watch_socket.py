@@ -97,6 +97,10 @@ async def test_an_operator_removed_from_a_tenant_stops_getting_its_rows(
     globex_session = await in_db(make_session)(globex, "ses_globex2")
     watcher = await watch(olivia)
     await TenantMembership.objects.filter(user=olivia, tenant=globex).adelete()
+    # At once, the list again: without the tenant's sessions.
+    listed = await watcher.recv()
+    assert listed["type"] == "sessions"
+    assert [row["id"] for row in listed["sessions"]] == ["ses_acme"]
     await live.publish_session(globex_session, "state", state="answering")
     await live.publish_session(acme_session, "state", state="answering")
     assert (await watcher.recv())["session"]["id"] == "ses_acme"
