@@ -247,6 +247,9 @@ class AuditChainHead(models.Model):
 
     last_seq = models.PositiveBigIntegerField(default=0)
     last_hash = models.CharField(max_length=64, default=GENESIS_HASH)
+    # The first event hashed with the audit key (approvals.audit): events
+    # before it are plain SHA-256 links written before keyed hashing began.
+    keyed_from = models.PositiveBigIntegerField(default=1)
 
     class Meta:
         default_permissions = ()
@@ -317,6 +320,9 @@ class AuditEvent(models.Model):
     created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    # The id of the audit key whose HMAC ``hash`` is (never the key); empty
+    # for the plain SHA-256 events before the keyed chain began.
+    key_id = models.CharField(max_length=16, blank=True, default="")
 
     objects = AppendOnlyQuerySet.as_manager()
 

@@ -435,6 +435,26 @@ if OWLLAYER_WEBHOOK_CA_FILE and not os.path.isfile(OWLLAYER_WEBHOOK_CA_FILE):
 # API keys are stored as an HMAC of the key under this secret, so a leaked
 # database does not leak usable keys. Rotating it invalidates every key.
 OWLLAYER_KEY_HASH_SECRET = os.environ.get("OWLLAYER_KEY_HASH_SECRET", "") or SECRET_KEY
+# The audit chain (approvals.audit): each event is an HMAC under this key,
+# kept out of the database, so a database alone cannot rewrite history.
+# Events name the key that hashed them by an id; after a change of key,
+# the keys before it stay listed in OWLLAYER_AUDIT_OLD_KEYS (comma-separated)
+# so the older events still verify.
+OWLLAYER_AUDIT_KEY = os.environ.get("OWLLAYER_AUDIT_KEY", "") or SECRET_KEY
+OWLLAYER_AUDIT_OLD_KEYS = tuple(env_list("OWLLAYER_AUDIT_OLD_KEYS", []))
+# Signed checkpoints of the chain (its sequence and head hash) are appended
+# to this file every OWLLAYER_AUDIT_ANCHOR_EVENTS events or
+# OWLLAYER_AUDIT_ANCHOR_SECONDS seconds, after the commit, and also POSTed
+# to OWLLAYER_AUDIT_ANCHOR_URL when set. "off" writes no file.
+OWLLAYER_AUDIT_ANCHOR_FILE = env_str("OWLLAYER_AUDIT_ANCHOR_FILE", "") or str(BASE_DIR / "audit-anchors.log")
+if OWLLAYER_AUDIT_ANCHOR_FILE == "off":
+    OWLLAYER_AUDIT_ANCHOR_FILE = ""
+OWLLAYER_AUDIT_ANCHOR_EVENTS = env_int("OWLLAYER_AUDIT_ANCHOR_EVENTS", 100, minimum=1)
+OWLLAYER_AUDIT_ANCHOR_SECONDS = env_float("OWLLAYER_AUDIT_ANCHOR_SECONDS", 60.0, minimum=0.1)
+OWLLAYER_AUDIT_ANCHOR_URL = env_str("OWLLAYER_AUDIT_ANCHOR_URL", "")
+if OWLLAYER_AUDIT_ANCHOR_URL and not OWLLAYER_AUDIT_ANCHOR_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(f"OWLLAYER_AUDIT_ANCHOR_URL must be an http(s) URL, got {OWLLAYER_AUDIT_ANCHOR_URL!r}")
+OWLLAYER_AUDIT_ANCHOR_TIMEOUT = env_float("OWLLAYER_AUDIT_ANCHOR_TIMEOUT", 5.0, minimum=0.1)
 # A live session refreshes its row at this interval; a row not refreshed for
 # three intervals belongs to a process that died and stops counting.
 OWLLAYER_HEARTBEAT_INTERVAL = env_float("OWLLAYER_HEARTBEAT_INTERVAL", 15.0, minimum=0.5)
