@@ -18,14 +18,18 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
-from aitp import calls, notify
-from aitp.calls import CallStatus
+from aitp import calls, liveness, notify
+from aitp.agent_approvals import NOT_APPROVED_MESSAGE
+from aitp.calls import CallEvent, CallStatus
+from aitp.ledger import DECLINED_MESSAGE, OPERATOR_DECLINED_MESSAGE
 from aitp.models import OperatorAction, Session, ToolCall
 from aitp.ports import ApprovalError
+from aitp.services import LOST_CALL_ERROR
 from aitp.tools import args_hash as compute_args_hash
 from approvals.audit import append_event, lock_chain
 from approvals.models import Approval, AuditEvent, Policy, ServerTool, higher_risk, policy_parties
@@ -41,6 +45,13 @@ ActorKind = AuditEvent.ActorKind
 Channel = AuditEvent.Channel
 Status = Approval.Status
 Decision = Approval.Decision
+
+# Refused: the session's process is known gone (aitp.liveness) or its row
+# stopped being refreshed, though the sweep has not closed it yet.
+SESSION_LOST = "session_lost"
+SESSION_LOST_MESSAGE = (
+    "the server process holding the page's session is gone; the call can no longer run"
+)
 
 
 # --- helpers ------------------------------------------------------------------
@@ -90,25 +101,83 @@ def _resolve(approval: Approval, now) -> None:
         approval.decided_at = now
 
 
-def _close(approval: Approval, status: str, action: str, now, *, data: dict | None = None) -> None:
+def _move_call(approval: Approval, event: CallEvent, now, *, error: str = "") -> str | None:
+    """Move the approval's tool call by ``event`` of the call table
+    (``aitp.calls``), in the caller's transaction, when its state allows
+    it: a decision and what it does to the call are recorded together, with
+    the one audit event. The status it moved to; None when it had moved on
+    (a final status written first is never undone)."""
+    sources, target = calls.TRANSITIONS[event]
+    call = approval.tool_call
+    fields: dict = {"status": target.value}
+    if target.is_final:
+        fields.update(error=error[:4000], finished_at=now,
+                      duration_ms=max(0, int((now - call.created_at).total_seconds() * 1000)))
+    moved = ToolCall.objects.filter(
+        pk=call.pk, status__in=[state.value for state in sources]
+    ).update(**fields)
+    return target.value if moved else None
+
+
+def _with_call(data: dict | None, moved: str | None) -> dict | None:
+    """The event's data, naming the status the call moved to with it."""
+    return data if moved is None else {**(data or {}), "call": moved}
+
+
+def _decision_moves_call(approval: Approval, now) -> str | None:
+    """What a resolved decision does to its call: a refusal ends it as
+    denied (with the words the model is told); an approval lets a server
+    tool run. A page's call, approved, ends with the page's own answer."""
+    if approval.status == Status.DENIED:
+        declined = (OPERATOR_DECLINED_MESSAGE if approval.operator_decision == Decision.DENIED
+                    else DECLINED_MESSAGE)
+        return _move_call(approval, CallEvent.DENIED, now, error=declined)
+    if approval.status == Status.APPROVED and approval.origin == Approval.Origin.SERVER:
+        return _move_call(approval, CallEvent.APPROVED, now)
+    return None
+
+
+def _close(approval: Approval, status: str, action: str, now, *, data: dict | None = None,
+           moved: str | None = None) -> None:
     approval.status = status
     approval.decided_at = now
     approval.save(update_fields=["status", "decided_at"])
     _audit(approval, action, actor_kind=ActorKind.SYSTEM, actor="system", channel=Channel.SYSTEM,
-           data=data)
+           data=_with_call(data, moved))
 
 
 def _is_overdue(approval: Approval, now) -> bool:
     return now > approval.deadline
 
 
-def _session_ended(approval: Approval) -> bool:
-    """The session holding the call is gone: nothing would ever run the call."""
-    return Session.objects.filter(pk=approval.session_id, ended_at__isnull=False).exists()
+def _why_call_cannot_run(approval: Approval, now) -> ApprovalError | None:
+    """Why nothing would ever run the call now, if so: its session has ended,
+    or it has not ended yet but the server process holding it is known gone
+    (``aitp.liveness``) or stopped refreshing the session's row for three
+    heartbeats. Those the sweep would close; a decision must not wait for it.
+    One query for the session (and one for its process, when it names one)."""
+    row = Session.objects.filter(pk=approval.session_id).values_list(
+        "ended_at", "process", "last_seen_at").first()
+    if row is None or row[0] is not None:
+        return ApprovalError("session_ended")
+    _, process, last_seen_at = row
+    stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
+    if last_seen_at < stale_before or (process and liveness.gone_ids({process}, now=now)):
+        return ApprovalError(SESSION_LOST, SESSION_LOST_MESSAGE)
+    return None
 
 
-def _close_for_ended_session(approval: Approval, now) -> None:
-    _close(approval, Status.DISCONNECTED, Action.DISCONNECTED, now, data={"reason": "session ended"})
+def _close_for_ended_session(approval: Approval, now, *, reason: str = "session ended") -> None:
+    """Close the approval, and end its call, as the sweep does for a session
+    whose process is gone."""
+    moved = _move_call(approval, CallEvent.DISCONNECTED, now, error=LOST_CALL_ERROR)
+    _close(approval, Status.DISCONNECTED, Action.DISCONNECTED, now, data={"reason": reason},
+           moved=moved)
+
+
+def _close_for_refusal(approval: Approval, now, refusal: ApprovalError) -> None:
+    reason = "session ended" if refusal.code == "session_ended" else "server process gone"
+    _close_for_ended_session(approval, now, reason=reason)
 
 
 def _as_javascript_sees_it(value):
@@ -272,8 +341,10 @@ def approval_record_violation(*, tool_call: ToolCall, session_id: str, risk: str
             created_at=now,
             decided_at=now,
         )
+        approval.tool_call = call
+        moved = _move_call(approval, CallEvent.DENIED, now, error=NOT_APPROVED_MESSAGE)
         _audit(approval, Action.VIOLATION, actor_kind=ActorKind.PAGE, actor=session_id,
-               channel=Channel.PAGE, data={"reason": reason, "risk": approval.risk})
+               channel=Channel.PAGE, data=_with_call({"reason": reason, "risk": approval.risk}, moved))
     logger.warning("session %s: call %s answered without approval (%s)", session_id,
                    call.call_id, reason)
     return approval
@@ -285,8 +356,9 @@ def approval_record_violation(*, tool_call: ToolCall, session_id: str, risk: str
 def approval_decide_user(*, approval_id, session_id: str, approved: bool,
                          error: str | None = None) -> Approval:
     """The page user's answer (APPROVAL_RESPONSE). Only the session holding the
-    call may answer, once, before the deadline, while its session lasts."""
-    expired = ended = False
+    call may answer, once, before the deadline, while its session lasts and
+    its process lives."""
+    expired = False
     with transaction.atomic():
         lock_chain()
         now = timezone.now()
@@ -295,9 +367,9 @@ def approval_decide_user(*, approval_id, session_id: str, approved: bool,
             raise ApprovalError("not_allowed")
         if approval.status != Status.PENDING or approval.user_decision is not None:
             raise ApprovalError("already_decided")
-        if _session_ended(approval):
-            _close_for_ended_session(approval, now)
-            ended = True
+        refusal = _why_call_cannot_run(approval, now)
+        if refusal is not None:
+            _close_for_refusal(approval, now, refusal)
         elif _is_overdue(approval, now):
             _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "user"})
             expired = True
@@ -310,9 +382,10 @@ def approval_decide_user(*, approval_id, session_id: str, approved: bool,
             if error:
                 data["error"] = error
             _audit(approval, Action.APPROVED if approved else Action.DENIED,
-                   actor_kind=ActorKind.PAGE, actor=session_id, channel=Channel.PAGE, data=data)
-    if ended:
-        raise ApprovalError("session_ended")
+                   actor_kind=ActorKind.PAGE, actor=session_id, channel=Channel.PAGE,
+                   data=_with_call(data, _decision_moves_call(approval, now)))
+    if refusal is not None:
+        raise refusal
     if expired:
         raise ApprovalError("already_decided", "approval expired")
     return approval
@@ -322,8 +395,9 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
                              channel: str = "admin") -> Approval:
     """An operator's decision, from the admin or the console. The process
     holding the session is told to re-read the approval after commit. An
-    approval whose session has ended is closed instead, never approved."""
-    expired = ended = False
+    approval whose session has ended, or whose session's process is gone,
+    is closed instead, never approved: nothing would run the call."""
+    expired = False
     with transaction.atomic():
         lock_chain()
         now = timezone.now()
@@ -335,9 +409,9 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
             raise ApprovalError("not_allowed", "this approval is for the page user")
         if approval.status != Status.PENDING or approval.operator_decision is not None:
             raise ApprovalError("already_decided")
-        if _session_ended(approval):
-            _close_for_ended_session(approval, now)
-            ended = True
+        refusal = _why_call_cannot_run(approval, now)
+        if refusal is not None:
+            _close_for_refusal(approval, now, refusal)
         elif _is_overdue(approval, now):
             _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "operator"})
             expired = True
@@ -356,7 +430,7 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
                 data["note"] = note
             _audit(approval, Action.APPROVED if approved else Action.DENIED,
                    actor_kind=ActorKind.OPERATOR, actor=user.get_username(), channel=channel,
-                   data=data)
+                   data=_with_call(data, _decision_moves_call(approval, now)))
             OperatorAction.objects.create(
                 session_id=approval.session_id, tenant_id=approval.tenant_id, user=user,
                 action="approval_approved" if approved else "approval_denied",
@@ -367,8 +441,11 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
             lambda: notify.session_command(session_id, "approval_decided", approval_id=pk),
             robust=True,
         )
-    if ended:
-        raise ApprovalError("session_ended")
+    if refusal is not None:
+        if refusal.code == SESSION_LOST:
+            logger.warning("session %s: operator decision on approval %s refused: its server "
+                           "process is gone", approval.session_id, approval.pk)
+        raise refusal
     if expired:
         raise ApprovalError("already_decided", "approval expired")
     logger.info("session %s: operator %s %s approval %s", approval.session_id,

@@ -158,6 +158,28 @@ def test_a_late_decision_is_reported_not_recorded(acme_session, olivia):
     assert approval.status == "expired"
 
 
+def test_an_approval_whose_session_process_is_gone_is_refused_with_the_reason(
+        acme_session, olivia):
+    from django.utils import timezone
+
+    from aitp.models import ServerProcess
+
+    approval = operator_approval(acme_session)
+    ServerProcess.objects.create(id="elsewhere:1", hostname="elsewhere", pid=4242,
+                                 stopped_at=timezone.now())
+    type(acme_session).objects.filter(pk=acme_session.pk).update(process="elsewhere:1")
+
+    answer = logged_in(olivia).post(url("pendingapproval_decide", approval.pk),
+                                    {"decision": "approve"}, follow=True)
+
+    page = answer.content.decode()
+    assert ("Not recorded: the server process holding the page&#x27;s session is gone; "
+            "the call can no longer run.") in page
+    assert "runs now" not in page
+    approval.refresh_from_db()
+    assert approval.status == "disconnected"
+
+
 def test_a_signed_in_user_who_is_not_staff_is_sent_to_the_login(acme, acme_session):
     customer = make_user("casey", tenant=acme, staff=False)
     approval = operator_approval(acme_session)

@@ -8,8 +8,11 @@
 - Every ending the system writes (expired, cancelled, disconnected) is
   stamped with when it happened, persisted, and audited as the system, with
   the reason it was closed.
-- A decision on an approval whose page session has ended never approves it:
-  the approval is closed as disconnected instead, and the caller is told.
+- A decision on an approval whose page session has ended, or whose
+  session's server process is gone, never approves it: the approval is
+  closed as disconnected instead (its call too), and the caller is told.
+- A decision and what it does to the call (denied, running, disconnected)
+  are written with one audit event that names the call's new status.
 - A page that answers a risky call without asking its user gets a violation
   on record, once, for that call only, and the answer does not count.
 - The sweepers close exactly what they should and say how many.
@@ -26,6 +29,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from aitp.agent_approvals import NOT_APPROVED_MESSAGE
 from aitp.models import Session, ToolCall
 from aitp.tools import Risk, args_hash
 from approvals import services
@@ -136,7 +140,9 @@ def test_an_operator_decision_without_a_note_records_none(acme_session, olivia):
     event = last_event(approval)
     assert (event.action, event.actor_kind, event.actor, event.channel) == (
         "approved", "operator", olivia.get_username(), "admin")
-    assert event.data == {"party": "operator", "status": "approved"}
+    # The server tool's call may run now: the approval moved it, with this event.
+    assert event.data == {"party": "operator", "status": "approved", "call": "running"}
+    assert ToolCall.objects.get(pk=stored.tool_call_id).status == "running"
     action = OperatorAction.objects.get(session_id=acme_session.id)
     assert (action.action, action.data) == (
         "approval_approved", {"approval_id": approval.pk, "tool": "refund", "note": ""})
@@ -168,7 +174,12 @@ def test_an_operator_denial_is_recorded_as_a_denial_by_that_operator(acme_sessio
     event = last_event(approval)
     assert (event.action, event.actor) == ("denied", olivia.get_username())
     # (The audit keeps a shortened copy of a long note.)
-    assert {**event.data, "note": None} == {"party": "operator", "status": "denied", "note": None}
+    assert {**event.data, "note": None} == {
+        "party": "operator", "status": "denied", "note": None, "call": "denied"}
+    # The refusal ended the call with the words the model is told, with this event.
+    call = ToolCall.objects.get(pk=stored.tool_call_id)
+    assert (call.status, call.error) == ("denied", "An operator declined this action.")
+    assert call.finished_at is not None
     assert event.data["note"].startswith("n" * 100)
     action = OperatorAction.objects.get(session_id=acme_session.id)
     assert (action.action, action.user, action.tenant_id) == (
@@ -292,7 +303,9 @@ def test_a_user_approval_after_the_session_ended_closes_it_as_disconnected(payme
 
     assert caught.value.code == "session_ended"
     assert caught.value.message == "the page's session has ended; the call can no longer run"
-    assert_closed_by_the_system(approval, "disconnected", {"reason": "session ended"})
+    assert_closed_by_the_system(approval, "disconnected",
+                                {"reason": "session ended", "call": "disconnected"})
+    assert ToolCall.objects.get(pk=payment_call.pk).status == "disconnected"
 
 
 def test_an_operator_approval_after_the_session_ended_closes_it_as_disconnected(
@@ -304,7 +317,8 @@ def test_an_operator_approval_after_the_session_ended_closes_it_as_disconnected(
         services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
 
     assert caught.value.code == "session_ended"
-    assert_closed_by_the_system(approval, "disconnected", {"reason": "session ended"})
+    assert_closed_by_the_system(approval, "disconnected",
+                                {"reason": "session ended", "call": "disconnected"})
 
 
 def test_a_session_that_ended_is_not_mistaken_for_another_that_ended(acme_session):
@@ -329,7 +343,8 @@ def test_the_sweeper_closes_only_pending_approvals_of_ended_sessions_and_counts_
     assert services.approvals_close_of_ended_sessions() == 2
 
     for approval in stranded:
-        assert_closed_by_the_system(approval, "disconnected", {"reason": "session ended"})
+        assert_closed_by_the_system(approval, "disconnected",
+                                    {"reason": "session ended", "call": "disconnected"})
     assert Approval.objects.get(pk=decided.pk).status == "approved"
     assert Approval.objects.get(pk=live.pk).status == "pending"
     assert services.approvals_close_of_ended_sessions() == 0
@@ -374,7 +389,10 @@ def test_an_answer_without_asking_the_user_is_recorded_as_a_violation(payment_ca
     event = last_event(approval)
     assert (event.action, event.actor_kind, event.actor, event.channel) == (
         "violation", "page", payment_call.session_id, "page")
-    assert event.data == {"reason": "tool_result without approval", "risk": "critical"}
+    assert event.data == {"reason": "tool_result without approval", "risk": "critical",
+                          "call": "denied"}
+    call = ToolCall.objects.get(pk=payment_call.pk)
+    assert (call.status, call.error) == ("denied", NOT_APPROVED_MESSAGE)
     assert event.call_id == payment_call.call_id
     assert [r.getMessage() for r in caplog.records if r.name == "approvals.services"] == [
         f"session {payment_call.session_id}: call {payment_call.call_id} answered without "

@@ -465,3 +465,106 @@ def test_every_path_leaves_a_chain_that_verifies(acme_session, olivia):
 
     assert result.ok, result.problem
     assert result.count == AuditEvent.objects.count() == 9
+
+
+# --- a session whose server process is gone -------------------------------------------
+# The sweep has not closed its rows yet: nothing would run the call, so no
+# decision may say it will. The liveness rules are aitp.liveness's.
+
+
+def held_by(session, **process_fields):
+    """Put the session on a server process of another host (so only its row's
+    facts count: stopped, or when it was last refreshed)."""
+    from aitp.models import ServerProcess
+
+    now = timezone.now()
+    process = ServerProcess.objects.create(**{
+        "id": f"elsewhere:{session.id}", "hostname": "elsewhere", "pid": 4242,
+        "started_at": now - timedelta(hours=1), "last_seen_at": now, **process_fields,
+    })
+    session.process = process.id
+    session.save(update_fields=["process"])
+    return process
+
+
+GONE = {
+    "stopped": {"stopped_at": timezone.now},
+    "silent for three heartbeats": {"last_seen_at": lambda: timezone.now() - timedelta(seconds=46)},
+}
+
+
+def gone_fields(how: str) -> dict:
+    return {name: make() for name, make in GONE[how].items()}
+
+
+def assert_closed_as_lost(approval: Approval) -> None:
+    approval.refresh_from_db()
+    assert approval.status == Approval.Status.DISCONNECTED
+    assert (approval.operator_decision, approval.user_decision) == (None, None)
+    event = AuditEvent.objects.filter(approval_id=approval.pk).last()
+    assert (event.action, event.actor_kind, event.data) == (
+        "disconnected", "system", {"reason": "server process gone", "call": "disconnected"})
+    call = approval.tool_call
+    call.refresh_from_db()
+    assert (call.status, call.error) == (
+        "disconnected", "The connection to the page ended before the tool finished.")
+    assert verify_chain().ok
+
+
+@pytest.mark.parametrize("how", sorted(GONE))
+def test_an_operator_cannot_approve_a_call_whose_session_process_is_gone(
+        acme_session, olivia, settings, how):
+    settings.OWLLAYER_HEARTBEAT_INTERVAL = 15
+    approval = server_approval(acme_session, "operator")
+    held_by(acme_session, **gone_fields(how))
+
+    with pytest.raises(ApprovalError) as refused:
+        services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    assert (refused.value.code, refused.value.message) == (
+        "session_lost",
+        "the server process holding the page's session is gone; the call can no longer run")
+    assert_closed_as_lost(approval)
+    assert not OperatorAction.objects.filter(action="approval_approved").exists()
+
+
+@pytest.mark.parametrize("how", sorted(GONE))
+def test_a_page_users_answer_for_a_session_whose_process_is_gone_is_refused(
+        payment_call, settings, how):
+    settings.OWLLAYER_HEARTBEAT_INTERVAL = 15
+    approval = request_client(payment_call)
+    held_by(payment_call.session, **gone_fields(how))
+
+    with pytest.raises(ApprovalError) as refused:
+        services.approval_decide_user(approval_id=approval.pk, session_id=payment_call.session_id,
+                                      approved=True)
+
+    assert refused.value.code == "session_lost"
+    assert_closed_as_lost(approval)
+
+
+def test_a_session_not_refreshed_for_three_heartbeats_refuses_decisions_too(
+        acme_session, olivia, settings):
+    # A session served without a registered process: only its own row's
+    # heartbeat says whether it lives.
+    settings.OWLLAYER_HEARTBEAT_INTERVAL = 15
+    approval = server_approval(acme_session, "operator")
+    type(acme_session).objects.filter(pk=acme_session.pk).update(
+        last_seen_at=timezone.now() - timedelta(seconds=46))
+
+    with pytest.raises(ApprovalError) as refused:
+        services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    assert refused.value.code == "session_lost"
+    assert_closed_as_lost(approval)
+
+
+def test_an_operator_approves_a_call_whose_session_process_lives(acme_session, olivia, settings):
+    settings.OWLLAYER_HEARTBEAT_INTERVAL = 15
+    approval = server_approval(acme_session, "operator")
+    held_by(acme_session, last_seen_at=timezone.now() - timedelta(seconds=44))
+
+    decided = services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
+
+    assert decided.status == Approval.Status.APPROVED
+    assert ToolCall.objects.get(pk=decided.tool_call_id).status == "running"
