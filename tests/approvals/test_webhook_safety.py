@@ -504,6 +504,23 @@ def test_a_tenant_owner_neither_sees_nor_sets_a_tools_networks(settings, acme, o
 
 
 @pytest.mark.django_db
+def test_the_server_tool_form_built_for_a_tenant_owner_has_no_networks_field(olivia, root):
+    from django.contrib import admin
+    from django.test import RequestFactory
+
+    tool_admin = admin.site._registry[ServerTool]
+    request = RequestFactory().get("/")
+
+    request.user = olivia
+    owners_form = tool_admin.get_form(request, fields=None)  # the form's own field list
+    request.user = root
+    superusers_form = tool_admin.get_form(request, fields=None)
+
+    assert "webhook_networks" not in owners_form.base_fields
+    assert "webhook_networks" in superusers_form.base_fields
+
+
+@pytest.mark.django_db
 def test_a_superuser_is_offered_a_tools_networks(acme, root):
     from django.test import Client
     from django.urls import reverse
