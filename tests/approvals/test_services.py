@@ -189,6 +189,49 @@ def test_a_refusal_denies_and_keeps_the_page_error(payment_call):
     assert event.action == "denied" and event.data["error"] == "Action denied by user"
 
 
+def test_a_page_users_refusal_ends_the_call_as_denied_with_the_same_event(payment_call):
+    approval = request_client(payment_call)
+
+    services.approval_decide_user(approval_id=approval.pk, session_id="ses_acme", approved=False)
+
+    call = ToolCall.objects.get(pk=payment_call.pk)
+    assert (call.status, call.error) == ("denied", "The user declined this action.")
+    event = AuditEvent.objects.filter(approval_id=approval.pk).last()
+    assert (event.action, event.data) == ("denied", {"party": "user", "status": "denied",
+                                                     "call": "denied"})
+
+
+def test_a_page_users_approval_of_a_page_call_leaves_its_end_to_the_pages_answer(payment_call):
+    approval = request_client(payment_call)
+
+    services.approval_decide_user(approval_id=approval.pk, session_id="ses_acme", approved=True)
+
+    assert ToolCall.objects.get(pk=payment_call.pk).status == "awaiting_approval"
+    event = AuditEvent.objects.filter(approval_id=approval.pk).last()
+    assert "call" not in event.data
+
+
+def test_the_page_users_approval_of_a_server_tool_lets_its_call_run(acme_session):
+    approval = server_approval(acme_session, "user")
+
+    services.approval_decide_user(approval_id=approval.pk, session_id=acme_session.id,
+                                  approved=True)
+
+    assert ToolCall.objects.get(pk=approval.tool_call_id).status == "running"
+    assert AuditEvent.objects.filter(approval_id=approval.pk).last().data["call"] == "running"
+
+
+def test_a_call_that_moved_on_first_is_not_moved_back_by_a_decision(acme_session, olivia):
+    approval = server_approval(acme_session, "operator")
+    # The turn was cancelled and wrote the call's end before the operator decided.
+    ToolCall.objects.filter(pk=approval.tool_call_id).update(status="cancelled")
+
+    services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=False)
+
+    assert ToolCall.objects.get(pk=approval.tool_call_id).status == "cancelled"
+    assert "call" not in AuditEvent.objects.filter(approval_id=approval.pk).last().data
+
+
 def test_refuses_an_answer_from_another_session(payment_call, globex_session):
     approval = request_client(payment_call)
 
