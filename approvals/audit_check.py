@@ -81,13 +81,15 @@ def audit_report(*, anchor_files: list[str] | None = None) -> AuditReport:
     keyed_events = walk.result.count - walk.plain if walk.result.ok else _keyed_count(walk)
     newest = 0
     checkpoints = 0
+    removed = False
     for path, lines in read.items():
         if isinstance(lines, OSError):
             _report_unreadable(path, lines, keyed_events, found)
             continue
-        matched, top = _report_file(path, lines, walk, found)
+        matched, top, beyond_end = _report_file(path, lines, walk, found)
         checkpoints += matched
         newest = max(newest, top)
+        removed = removed or beyond_end
     if not files:
         found.ok(
             "No anchor file is configured (OWLLAYER_AUDIT_ANCHOR_FILE is off) and none was named "
@@ -95,7 +97,8 @@ def audit_report(*, anchor_files: list[str] | None = None) -> AuditReport:
             "newest events, or rewriting it with the audit key, would not show."
         )
     unanchored = 0
-    if walk.result.ok and walk.head_seq > newest and files:
+    # (Not when a checkpoint lies past the end: the events after it are gone.)
+    if walk.result.ok and walk.head_seq > newest and files and not removed:
         unanchored = walk.head_seq - newest
         first = newest + 1
         span = f"#{first}" if first == walk.head_seq else f"#{first} to #{walk.head_seq}"
@@ -103,9 +106,11 @@ def audit_report(*, anchor_files: list[str] | None = None) -> AuditReport:
                  else "and no checkpoint covers any event yet")
         found.ok(
             f"{_events(unanchored)} ({span}) {'is' if unanchored == 1 else 'are'} not yet anchored, "
-            f"{after}. Their hashes check out, but their removal would not show until a "
-            f"checkpoint covers them (one is written every {settings.OWLLAYER_AUDIT_ANCHOR_EVENTS} "
-            f"events or {settings.OWLLAYER_AUDIT_ANCHOR_SECONDS:g} seconds, and by "
+            f"{after}. {'Its hash checks' if unanchored == 1 else 'Their hashes check'} out, but "
+            f"{'its' if unanchored == 1 else 'their'} removal would not show until a checkpoint "
+            f"covers {'it' if unanchored == 1 else 'them'} (one is written every "
+            f"{settings.OWLLAYER_AUDIT_ANCHOR_EVENTS} events or "
+            f"{settings.OWLLAYER_AUDIT_ANCHOR_SECONDS:g} seconds, and by "
             "`manage.py anchor_audit`)."
         )
     return AuditReport(tuple(found.items), walk.result.count, checkpoints, unanchored)
@@ -165,9 +170,10 @@ def _stored_hashes(seqs: set[int]) -> dict[int, str]:
 
 
 def _report_file(path: str, lines: list[AnchorLine], walk: ChainWalk,
-                 found: _Findings) -> tuple[int, int]:
+                 found: _Findings) -> tuple[int, int, bool]:
     """Compare one file's checkpoints with the database; (how many matched,
-    the newest event a matching checkpoint covers)."""
+    the newest event a matching checkpoint covers, whether one lies past the
+    chain's end)."""
     checkpoints = [line for line in lines if line.checkpoint is not None]
     stored = _stored_hashes({line.checkpoint.seq for line in checkpoints if line.checkpoint})
     chain_end = max(stored, default=0)
@@ -226,7 +232,7 @@ def _report_file(path: str, lines: list[AnchorLine], walk: ChainWalk,
             "was altered." + _later(len(moved_boundary) - 1, "disagrees the same way", "disagree the same way")
         )
     _report_bad_lines(path, lines, found)
-    return matched, newest
+    return matched, newest, bool(truncated)
 
 
 def _report_bad_lines(path: str, lines: list[AnchorLine], found: _Findings) -> None:
