@@ -79,11 +79,7 @@ class InviteForm(forms.Form):
     """Whom to invite: an e-mail address, never an account. Nothing here
     looks an account up, so the answer is the same whatever accounts exist."""
 
-    email = forms.EmailField(
-        label="E-mail address", max_length=254,
-        help_text="They get a link that works once; they accept signed in as the account with "
-        "this address, or make one.",
-    )
+    email = forms.EmailField(label="E-mail address", max_length=254)
     role = forms.ChoiceField(choices=TenantMembership.Role.choices, initial=TenantMembership.Role.VIEWER)
 
 

@@ -132,3 +132,59 @@ async def test_the_members_and_usage_pages_read_at_a_glance(browser, console, re
     assert len(ticks) == 5 and ticks[-1] == f"{today:%b} {today.day}"
     await shot("02-usage")
     assert not errors, f"page script errors: {errors}"
+
+
+async def test_an_invitation_is_sent_accepted_by_a_new_person_and_shown_to_the_owner(
+    browser, console, request
+):
+    """The owner invites an address; the link, read from the e-mail the
+    server prints in debug mode, lets a new person make an account and join."""
+    server, tenant, owner = console
+    tab, errors, shot = await owner_tab(browser, server, owner, request)
+
+    await tab.goto(server.http_url + reverse("console:members", args=["acme"]))
+    await tab.fill("input[name=email]", "nina@shop.example")
+    await tab.select_option("select[name=role]", "viewer")
+    await tab.click("button[type=submit] >> text=Send invitation")
+    await tab.wait_for_selector(".messages >> text=Invitation sent to nina@shop.example.")
+    pending = tab.locator("[data-table=invitations] tr", has_text="nina@shop.example")
+    assert await pending.locator("button", has_text="Withdraw").count() == 1
+    await shot("01-invitation-sent")
+
+    link = await _link_in_the_printed_email(server, "nina@shop.example")
+    invitee = await (await browser.new_context()).new_page()
+    invitee.set_default_timeout(SOON_MS)
+    invitee.on("pageerror", lambda exc: errors.append(str(exc)))
+    await invitee.goto(link)
+    assert "token" not in invitee.url  # moved into the session at once
+    await invitee.wait_for_selector("text=olivia invites")
+    await invitee.fill("input[name=username]", "nina")
+    await invitee.fill("input[name=password1]", "a long pass phrase")
+    await invitee.fill("input[name=password2]", "a long pass phrase")
+    folder = ARTIFACTS / "screenshots" / re.sub(r"[^\w.-]+", "_", request.node.name)
+    await invitee.screenshot(path=str(folder / "02-invitee-makes-an-account.png"), full_page=True)
+    await invitee.click("button[type=submit] >> text=Make my account and accept")
+    await invitee.wait_for_selector(".messages >> text=You joined Acme Store as viewer.")
+    await invitee.screenshot(path=str(folder / "03-invitee-joined.png"), full_page=True)
+    assert await TenantMembership.objects.filter(tenant=tenant, user__username="nina",
+                                                 role="viewer").aexists()
+
+    await tab.reload()
+    assert await tab.locator("tr[data-member]", has_text="nina").count() == 1
+    assert await tab.locator("[data-table=invitations]").count() == 0
+    await shot("04-owner-sees-the-new-member")
+    assert not errors, f"page script errors: {errors}"
+
+
+async def _link_in_the_printed_email(server, address: str) -> str:
+    """The invitation link of the e-mail to ``address`` the server printed
+    (Django's console e-mail backend, the default in debug mode)."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + SOON_MS / 1000
+    pattern = re.compile(r"To: " + re.escape(address) + r".*?(http://\S+/console/invitation/\?token=[\w-]+)",
+                         re.DOTALL)
+    while (found := pattern.search(server.logs())) is None:
+        assert asyncio.get_running_loop().time() < deadline, server.logs()[-3000:]
+        await asyncio.sleep(0.05)
+    return found.group(1)
