@@ -170,10 +170,15 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
-# django-axes: after OWLLAYER_LOGIN_FAILURE_LIMIT failed logins, the admin and
-# console logins refuse that username (or address), even with the right
-# password, for OWLLAYER_LOGIN_COOLOFF_MINUTES. Attempts live in the database,
-# shared by every process.
+# django-axes: OWLLAYER_LOGIN_FAILURE_LIMIT failed logins for one username
+# from one address lock that pair out (that account from that address, even
+# with the right password); OWLLAYER_LOGIN_ADDRESS_FAILURE_LIMIT failures
+# from one address over any usernames lock the address (password spraying).
+# Someone else's mistakes, from another address or on another account, never
+# lock an account out. Each lock lasts OWLLAYER_LOGIN_COOLOFF_MINUTES (1 in
+# debug mode, so a local mistake costs a minute). Attempts live in the
+# database, shared by every process; owllayer_site/login_throttling.py counts
+# the address and draws the lockout page.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
@@ -181,12 +186,20 @@ AUTHENTICATION_BACKENDS = [
 from datetime import timedelta  # noqa: E402
 
 AXES_FAILURE_LIMIT = env_int("OWLLAYER_LOGIN_FAILURE_LIMIT", 5, minimum=1)
-AXES_COOLOFF_TIME = timedelta(minutes=env_float("OWLLAYER_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1))
-# Either one locks: a username after too many failures from anywhere, an
-# address after too many failures over any usernames (behind a proxy, run
-# daphne with --proxy-headers so the address is the client's).
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+OWLLAYER_LOGIN_ADDRESS_FAILURE_LIMIT = env_int(
+    "OWLLAYER_LOGIN_ADDRESS_FAILURE_LIMIT", 10 * AXES_FAILURE_LIMIT, minimum=AXES_FAILURE_LIMIT
+)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=env_float("OWLLAYER_LOGIN_COOLOFF_MINUTES", 1.0 if DEBUG else 15.0, minimum=0.1)
+)
+# Behind a proxy, run daphne with --proxy-headers so the address is the client's.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_HANDLER = "owllayer_site.login_throttling.LoginThrottlingHandler"
+AXES_LOCKOUT_CALLABLE = "owllayer_site.login_throttling.lockout_response"
 AXES_RESET_ON_SUCCESS = True
+# A try while locked out is refused without being counted, so a lock ends
+# when its page says it does.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_ENABLED = env_bool("OWLLAYER_LOGIN_THROTTLING", True)
 
 ROOT_URLCONF = "owllayer_site.urls"
