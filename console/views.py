@@ -27,6 +27,7 @@ from django.views.decorators.http import require_POST
 
 from aitp import selectors, services
 from aitp.limits import tenant_quota_status
+from aitp.management.commands.ensure_demo import is_the_demo_pages_key
 from aitp.models import ApiKey, OperatorAction, Session, ToolCall
 from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
@@ -272,7 +273,8 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
         return redirect("console:keys", slug=access.tenant.slug)
     live = Session.objects.filter(_live_q(), api_key=key).count()
     return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
-                       section="keys", key=key, live_sessions=live)
+                       section="keys", key=key, live_sessions=live,
+                       demo_key=key.status != ApiKey.Status.REVOKED and is_the_demo_pages_key(key))
 
 
 # --- members ---------------------------------------------------------------------

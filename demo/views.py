@@ -24,8 +24,8 @@ from demo.catalog import Cart, CartError
 
 logger = logging.getLogger(__name__)
 
-# Written by `manage.py ensure_demo` (run by `make run`).
-DEMO_KEY_FILE = Path(settings.BASE_DIR) / ".demo-key"
+# Written by `manage.py ensure_demo` (run by `make run`): .demo-key.
+DEMO_KEY_FILE = settings.OWLLAYER_DEMO_KEY_FILE
 # A key given in a page's URL is remembered for the visitor's later pages.
 SESSION_KEY = "owl_demo_api_key"
 SESSION_CART = "owl_demo_cart"
@@ -66,9 +66,13 @@ def product_url(slug: str) -> str:
 
 
 def store_config(request: HttpRequest) -> dict:
-    """What every page's script needs: how to connect, and where things are."""
+    """What every page's script needs: how to connect, and where things are.
+    ``demoKey``: the key is the demo's own (.demo-key), which `make run`
+    replaces when it is refused, so the page can say so."""
+    api_key = page_api_key(request)
     return {
-        "apiKey": page_api_key(request),
+        "apiKey": api_key,
+        "demoKey": bool(api_key) and api_key == read_demo_key(DEMO_KEY_FILE),
         "wsPath": settings.OWLLAYER_WS_PATH,
         "agent": settings.OWLLAYER_LLM,
         "urls": {

@@ -372,6 +372,11 @@ LOGGING = {
         "OWLLAYER_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
 }
 
+# The demo store's key, in plain text: written by `manage.py ensure_demo`
+# (`make run`), read by the demo pages and by the console, which warns
+# before revoking it.
+OWLLAYER_DEMO_KEY_FILE = Path(env_str("OWLLAYER_DEMO_KEY_FILE", "") or BASE_DIR / ".demo-key")
+
 # --- The AITP protocol ----------------------------------------------------
 OWLLAYER_WS_PATH = env_str("OWLLAYER_WS_PATH", "/owllayer")
 if not OWLLAYER_WS_PATH.startswith("/"):

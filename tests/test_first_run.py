@@ -20,7 +20,7 @@ import httpx
 import pytest
 import websockets
 
-from aitp_client.client import AitpClient
+from aitp_client.client import AitpClient, AitpRefused
 from tests.support.daphne import PROJECT_ROOT, free_port, start_daphne
 
 pytestmark = pytest.mark.e2e
@@ -39,6 +39,8 @@ def fresh(tmp_path: Path) -> dict[str, str]:
     env.update(
         DJANGO_DEBUG="true",
         DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        # The demo pages and the console read the key `make run` saved here.
+        OWLLAYER_DEMO_KEY_FILE=str(tmp_path / ".demo-key"),
         OWLLAYER_LLM="offline",
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -140,6 +142,59 @@ def test_a_second_server_on_another_port_leaves_the_first_ones_page_working(fres
                 return sessions
 
             assert all(asyncio.run(both_pages_open()))
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+
+
+async def revoke_in_console(port: int, username: str, password: str) -> str:
+    """Sign in to the console as the demo's owner, open the demo key's revoke
+    page and revoke it, as a person does; the revoke page's text."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=EVENT_TIMEOUT) as http:
+        await http.get("/console/login/")
+        signed_in = await http.post("/console/login/", data={
+            "username": username, "password": password, "csrfmiddlewaretoken": http.cookies["csrftoken"]})
+        assert signed_in.status_code == 302
+        keys = await http.get("/console/t/demo/keys/")
+        [revoke_path] = re.findall(r'href="(/console/t/demo/keys/\d+/revoke/)"', keys.text)
+        page = await http.get(revoke_path)
+        revoked = await http.post(revoke_path, data={"csrfmiddlewaretoken": http.cookies["csrftoken"]})
+        assert revoked.status_code == 302
+        return page.text
+
+
+async def refusal(port: int, raw_key: str) -> str | None:
+    """The refusal code of a page on `port` opening with `raw_key`; None if it opened."""
+    try:
+        page = await handshake(port, raw_key)
+    except AitpRefused as refused:
+        return refused.code
+    await page.close()
+    return None
+
+
+def test_after_the_demo_key_is_revoked_and_its_file_deleted_a_run_on_a_second_port_serves_both_stores(
+    fresh, tmp_path
+):
+    first_port, second_port = free_port(), free_port()
+    passwords = the_sign_ins(make_run_steps(fresh, tmp_path, first_port))
+    first = start_daphne(fresh, tmp_path, port=first_port)
+    try:
+        old_key = (tmp_path / ".demo-key").read_text().strip()
+        revoke_page = asyncio.run(revoke_in_console(first_port, "demo-owner", passwords["demo-owner"]))
+        assert "This is the demo store's key." in revoke_page
+        assert asyncio.run(refusal(first_port, old_key)) == "api_key_revoked"
+        # What the README says: delete .demo-key, make run (here on a second port).
+        (tmp_path / ".demo-key").unlink()
+        make_run_steps(fresh, tmp_path, second_port)
+        second = start_daphne(fresh, tmp_path, port=second_port)
+        try:
+            new_key = (tmp_path / ".demo-key").read_text().strip()
+
+            assert new_key != old_key
+            assert asyncio.run(refusal(first_port, new_key)) is None
+            assert asyncio.run(refusal(second_port, new_key)) is None
         finally:
             second.stop()
     finally:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import io
 import stat
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from aitp import services
 from aitp.models import ApiKey
@@ -172,3 +174,73 @@ def test_the_demo_store_gets_its_server_tools_and_says_which_agent_answers(tmp_p
     names = set(ServerTool.objects.filter(tenant__slug="demo").values_list("name", flat=True))
     assert names == {"order_status", "cancel_order"}
     assert "agent:        offline" in output
+
+
+def the_saved_key(key_file) -> ApiKey:
+    return services.api_key_lookup(key_file.read_text().strip())
+
+
+def test_a_demo_key_revoked_in_the_console_then_deleted_is_replaced_by_one_allowing_both_ports(tmp_path):
+    key_file = tmp_path / ".demo-key"
+    run(key_file, "--port", "8000")
+    services.api_key_revoke(key=the_saved_key(key_file))
+    key_file.unlink()
+
+    run(key_file, "--port", "9001")
+
+    assert set(the_saved_key(key_file).allowed_origins) == {
+        "http://localhost:8000", "http://127.0.0.1:8000", "http://localhost:9001", "http://127.0.0.1:9001"}
+
+
+@pytest.mark.parametrize("stop", ["revoked", "disabled", "expired"])
+def test_a_demo_key_that_stopped_working_is_replaced_by_one_allowing_its_ports_and_the_new_one(
+    tmp_path, stop
+):
+    key_file = tmp_path / ".demo-key"
+    run(key_file, "--port", "8000")
+    old_key = the_saved_key(key_file)
+    if stop == "expired":
+        services.api_key_update(key=old_key, expires_at=timezone.now() - timedelta(minutes=1))
+    else:
+        services.api_key_set_status(key=old_key, status=stop)
+
+    run(key_file, "--port", "9001")
+
+    new_key = the_saved_key(key_file)
+    assert new_key.pk != old_key.pk and new_key.status == ApiKey.Status.ACTIVE
+    assert {"http://127.0.0.1:8000", "http://127.0.0.1:9001"} <= set(new_key.allowed_origins)
+
+
+def test_a_new_demo_key_allows_every_port_of_every_earlier_demo_key(tmp_path):
+    key_file = tmp_path / ".demo-key"
+    for port in ("8000", "9001", "9002"):
+        if key_file.exists():
+            services.api_key_revoke(key=the_saved_key(key_file))
+            key_file.unlink()
+        run(key_file, "--port", port)
+
+    assert [origin for origin in the_saved_key(key_file).allowed_origins if "127.0.0.1" in origin] == [
+        "http://127.0.0.1:8000", "http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    assert active_demo_keys().count() == 1
+
+
+def test_another_tenants_key_named_demo_gives_the_demo_key_none_of_its_origins(tmp_path):
+    other = services.tenant_create(slug="acme", name="Acme")
+    services.api_key_create(tenant=other, name="demo", allowed_origins=["https://acme.example"])
+
+    run(tmp_path / ".demo-key", "--port", "8000")
+
+    assert "https://acme.example" not in the_saved_key(tmp_path / ".demo-key").allowed_origins
+
+
+def test_the_key_in_the_demo_key_file_is_known_as_the_demo_pages_key(tmp_path):
+    from aitp.management.commands.ensure_demo import is_the_demo_pages_key
+
+    key_file = tmp_path / ".demo-key"
+    run(key_file)
+    demo_key = the_saved_key(key_file)
+    other, _ = services.api_key_create(tenant=demo_key.tenant, name="demo")
+
+    assert is_the_demo_pages_key(demo_key, key_file)
+    assert not is_the_demo_pages_key(other, key_file)
+    assert not is_the_demo_pages_key(demo_key, tmp_path / "missing")

@@ -541,3 +541,89 @@ async def test_on_a_phone_the_panel_opens_over_the_page_and_can_be_used(store, p
     assert answer.startswith("open_product succeeded.")
     await expect(page.locator("#owl-input")).to_be_in_viewport()
     await shot("phone-open")
+
+
+# --- the demo's own key (.demo-key) refused ---------------------------------------------
+
+NEW_DEMO_KEY = (", so the assistant is off. To get a new key, stop the server (Ctrl-C where make run is "
+                "running) and run make run again, then reload this page.")
+
+
+@pytest.fixture
+def demo_key_store(daphne_factory, tmp_path):
+    """The store whose key is the demo's own: saved in the key file the server
+    reads (OWLLAYER_DEMO_KEY_FILE), as `make run` leaves it; pages open /demo/."""
+    from tests.browser.conftest import print_logs, start_store
+
+    key_file = tmp_path / ".demo-key"
+    started = start_store(daphne_factory, {"OWLLAYER_LLM": "offline",
+                                           "OWLLAYER_DEMO_KEY_FILE": str(key_file)})
+    key_file.write_text(started.raw_key + "\n")
+    yield started
+    print_logs(started)
+
+
+def stop_the_key(key, how: str) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    if how == "expired":
+        services.api_key_update(key=key, expires_at=timezone.now() - timedelta(minutes=1))
+    else:
+        services.api_key_set_status(key=key, status=how)
+
+
+@pytest.mark.parametrize("how, said", [
+    ("revoked", "This demo's key was revoked"),
+    ("disabled", "This demo's key is disabled"),
+    ("expired", "This demo's key has expired"),
+])
+async def test_a_demo_key_that_no_longer_works_is_explained_with_how_to_get_a_new_one(
+        demo_key_store, page, shot, how, said):
+    await sync_to_async(stop_the_key)(demo_key_store.key, how)
+
+    await page.goto(f"{demo_key_store.server.http_url}/demo/")
+
+    await expect(status(page)).to_have_text("error")
+    await expect(page.locator(".owl-msg-error")).to_have_text(said + NEW_DEMO_KEY)
+    await shot(f"demo-key-{how}")
+
+
+async def test_a_key_of_ones_own_that_was_revoked_is_not_told_to_run_make_run(store, page):
+    await sync_to_async(services.api_key_revoke)(key=store.key)
+
+    await page.goto(store.url)
+
+    await expect(page.locator(".owl-msg-error")).to_have_text(
+        "This store's assistant key was revoked, so the assistant is off.")
+
+
+async def test_revoking_the_demo_key_in_the_console_warns_first_and_the_open_store_says_how_to_recover(
+        demo_key_store, page, shot, browser):
+    from tests.support.people import make_user
+
+    def owner() -> None:
+        user = make_user("olga", tenant=demo_key_store.key.tenant, staff=False)
+        user.set_password("pw-olga-123")
+        user.save()
+
+    await sync_to_async(owner)()
+    await page.goto(f"{demo_key_store.server.http_url}/demo/")
+    await expect(status(page)).to_have_text("connected")
+
+    console = await (await browser.new_context()).new_page()
+    await console.goto(f"{demo_key_store.server.http_url}/console/login/")
+    await console.fill("input[name=username]", "olga")
+    await console.fill("input[name=password]", "pw-olga-123")
+    await console.click("button[type=submit]")
+    await console.goto(f"{demo_key_store.server.http_url}/console/t/owl-store/keys/"
+                       f"{demo_key_store.key.pk}/revoke/")
+    await expect(console.locator("[data-demo-key]")).to_contain_text("This is the demo store's key.")
+    await console.screenshot(path=str((await shot("store-before")).with_name("console-warning.png")),
+                             full_page=True)
+    await console.get_by_role("button", name="Revoke this key").click()
+
+    await expect(page.locator(".owl-msg-error")).to_have_text("This demo's key was revoked" + NEW_DEMO_KEY)
+    await expect(page.locator("#owl-input")).to_be_disabled()
+    await shot("store-after-the-revoke")

@@ -67,6 +67,17 @@ def test_without_a_url_key_the_page_uses_the_demo_key_file(client, no_demo_key_f
     assert b"<title>Your cart - Owl Store</title>" in response.content
 
 
+def test_the_page_knows_when_its_key_is_the_demo_key_make_run_can_replace(client, no_demo_key_file):
+    no_demo_key_file.write_text("pk_live_from_file\n")
+    assert page_config(client.get("/demo/"))["demoKey"] is True
+    assert page_config(client.get("/demo/?apiKey=pk_live_from_url"))["demoKey"] is False
+    assert page_config(Client().get("/demo/?apiKey=pk_live_from_file"))["demoKey"] is True
+
+
+def test_without_any_key_the_page_is_not_told_it_has_the_demo_key(client, no_demo_key_file):
+    assert page_config(client.get("/demo/"))["demoKey"] is False
+
+
 def test_without_any_key_the_page_says_how_to_run_the_server(client, no_demo_key_file):
     response = client.get("/demo/")
     assert response.status_code == 200

@@ -6,7 +6,9 @@ while it still matches an active demo key; otherwise a new key replaces it.
 
 Several local servers on several ports share the database and so the key:
 each run adds its port's origins to the key and never removes one, so a
-second server never locks the first one's page out.
+second server never locks the first one's page out. A new key (the old one
+revoked, disabled or expired, or its file deleted) allows every origin any
+earlier demo key of the tenant allowed, revoked or not, plus this port's.
 
 It also makes the two local sign-ins a newcomer needs: ``admin`` (a
 superuser, for the admin and its live sessions) and ``demo-owner`` (owner of
@@ -61,11 +63,15 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
         raw_key = _read_key(key_file)
         key = services.api_key_lookup(raw_key) if raw_key else None
         created = not _is_usable_demo_key(key, tenant)
-        stale = tenant.api_keys.filter(name=DEMO_KEY_NAME, status=ApiKey.Status.ACTIVE)
+        demo_keys = tenant.api_keys.filter(name=DEMO_KEY_NAME)
+        stale = demo_keys.filter(status=ApiKey.Status.ACTIVE)
         if created:
-            # The ports the old keys served stay allowed: their servers may
-            # still be running, and read the new key from the same file.
-            served = [origin for old_key in stale for origin in old_key.allowed_origins]
+            # Every port an earlier demo key served stays allowed, whether
+            # that key is still active or was revoked (from the console, or
+            # by a run that lost the key file): those servers may still be
+            # running, and their pages read the new key from the same file.
+            served = [origin for old_key in demo_keys.order_by("pk")
+                      for origin in old_key.allowed_origins]
             key, raw_key = services.api_key_create(
                 tenant=tenant, name=DEMO_KEY_NAME, allowed_origins=_merged(served, origins)
             )
@@ -131,6 +137,16 @@ def _read_logins(logins_file: Path) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in lines if " " in line)
 
 
+def is_the_demo_pages_key(key: ApiKey, key_file: Path | None = None) -> bool:
+    """Whether ``key`` is the one saved in the demo key file
+    (``OWLLAYER_DEMO_KEY_FILE``, .demo-key), which the demo store's pages use."""
+    raw_key = _read_key(key_file or settings.OWLLAYER_DEMO_KEY_FILE)
+    if not raw_key.startswith(key.prefix):
+        return False
+    found = services.api_key_lookup(raw_key)
+    return found is not None and found.pk == key.pk
+
+
 def _is_usable_demo_key(key: ApiKey | None, tenant: Tenant) -> bool:
     return (
         key is not None
@@ -166,8 +182,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument(
             "--key-file",
-            default=str(Path(settings.BASE_DIR) / ".demo-key"),
-            help="where the demo key's plaintext is kept (default: .demo-key)",
+            default=str(settings.OWLLAYER_DEMO_KEY_FILE),
+            help="where the demo key's plaintext is kept (default: $OWLLAYER_DEMO_KEY_FILE or .demo-key)",
         )
         parser.add_argument(
             "--logins-file",

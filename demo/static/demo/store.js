@@ -281,8 +281,22 @@ const PLAIN_ERRORS = {
   speech_unavailable: "Voice isn't working on my side right now. Please type instead.",
 };
 
+// The demo's own key (.demo-key, from make run) refused: `make run` makes a
+// new one when the saved one no longer works, allowing the same ports.
+const DEMO_KEY_REFUSALS = {
+  invalid_api_key: "This demo's key is not in this server's database",
+  api_key_revoked: "This demo's key was revoked",
+  api_key_disabled: "This demo's key is disabled",
+  api_key_expired: "This demo's key has expired",
+};
+const NEW_DEMO_KEY = ", so the assistant is off. To get a new key, stop the server (Ctrl-C where " +
+  "make run is running) and run make run again, then reload this page.";
+
 function plainError(event) {
   const code = event.data && event.data.code;
+  if (config.demoKey && Object.hasOwn(DEMO_KEY_REFUSALS, code)) {
+    return DEMO_KEY_REFUSALS[code] + NEW_DEMO_KEY;
+  }
   return (code && PLAIN_ERRORS[code]) || event.message || "Something went wrong.";
 }
 
