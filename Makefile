@@ -10,7 +10,12 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# What is installed in the virtualenv, one stamp per requirements file:
+# `make run` needs only requirements.txt; `make test`, `make lint`,
+# `make bench` and `make mutate` need requirements-dev.txt (which includes
+# it). A virtualenv made by `make run` gets the rest at the first `make test`.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+DEV_STAMP := $(VENV)/.installed
 
 # The second test pass; both must answer, or it is skipped (a failure in CI).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
@@ -41,11 +46,12 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
 	'aitp.llm.anthropic_backend.x_get_client__*'
 
-.PHONY: help setup chromium espeak nodejs nginx run test bench mutate lint lint-only clean distclean
+.PHONY: help setup runtime chromium espeak nodejs nginx run test bench mutate lint lint-only clean distclean
 
 help:
 	@echo "make setup   create .venv, install requirements-dev.txt, Chromium, eSpeak NG and Node.js"
-	@echo "make run     migrate, ensure the demo key and sign-ins, serve on 127.0.0.1:\$${PORT:-8000}"
+	@echo "make run     install requirements.txt and eSpeak NG only, migrate, ensure the demo key and"
+	@echo "             sign-ins, serve on 127.0.0.1:\$${PORT:-8000}"
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
 	@echo "make mutate  mutation testing of the promise-carrying code (tens of minutes)"
@@ -53,15 +59,24 @@ help:
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3, .demo-key and .demo-logins"
 
-setup: $(STAMP) chromium espeak nodejs
+# Everything the tests, the linters and the benchmarks use.
+setup: $(DEV_STAMP) chromium espeak nodejs
+
+# Only what serving needs: the runtime requirements and the offline voice.
+runtime: $(RUNTIME_STAMP) espeak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when a requirements file is newer than the last install.
-$(STAMP): requirements.txt requirements-dev.txt | $(PY)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+$(RUNTIME_STAMP): requirements.txt | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	touch $@
+
+# requirements-dev.txt includes requirements.txt: both are installed then.
+$(DEV_STAMP): requirements.txt requirements-dev.txt | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	touch $@ $(RUNTIME_STAMP)
 
 # Browser tests drive Debian's Chromium (no browser downloads here).
 chromium:
@@ -110,7 +125,7 @@ nodejs:
 # A port in use stops the run before anything is migrated or changed, so a
 # second `make run` never disturbs the first; ensure_demo ends by printing
 # the store, admin and console addresses and their sign-ins.
-run: setup
+run: runtime
 	@set -euo pipefail; \
 	if [ -z "$${DJANGO_SECRET_KEY:-}" ]; then export DJANGO_DEBUG="$${DJANGO_DEBUG:-true}"; fi; \
 	port="$${PORT:-8000}"; \
@@ -130,7 +145,7 @@ run: setup
 test: setup
 	@set -uo pipefail; status=0; \
 	echo "=== lint"; \
-	if ! $(MAKE) --no-print-directory lint-only; then echo "=== lint: FAILED"; status=1; fi; \
+	if ! { $(LINT); }; then echo "=== lint: FAILED"; status=1; fi; \
 	run_pass() { \
 		local name="$$1"; shift; \
 		echo "=== $$name"; \
@@ -189,11 +204,14 @@ mutate: setup
 	exit $$status
 
 # ruff.toml chooses the rules; mypy.ini names the modules type-checked.
-lint: setup lint-only
+# (`make test` runs the same line itself rather than a sub-make, so that
+# `make -n test` only prints what it would do.)
+LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/mypy
+
+lint: $(DEV_STAMP) lint-only
 
 lint-only:
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	$(LINT)
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
