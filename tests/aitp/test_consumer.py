@@ -15,33 +15,16 @@ from django.utils import timezone
 
 from aitp import row_writer, services
 from aitp.models import ApiKey, Session, ToolCall
-from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, ORIGIN, Page, in_db, open_page
+from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, ORIGIN, in_db, open_page
+from tests.support.pages import patient
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-class PatientPage(Page):
-    """Waits for each frame it expects (the handshake's answer, an error, a
-    close) for as long as a loaded machine may take to send it, not 5 s: the
-    frame arriving is the event, the bound only stops a hang. A short wait
-    fails a test whose answer is on its way, and its timeout cancels the
-    consumer too."""
-
-    async def recv(self, timeout: float = CONSUMER_PATIENCE) -> dict:
-        return await super().recv(timeout)
-
-    async def recv_until(self, type_: str, timeout: float = CONSUMER_PATIENCE, **payload_match) -> dict:
-        return await super().recv_until(type_, timeout, **payload_match)
-
-
 @pytest.fixture
 def connect(connect):
-    """The package's ``connect``, handing out patient pages."""
-
-    async def _connect(query: str = "", origin: str | None = ORIGIN) -> PatientPage:
-        return PatientPage((await connect(query, origin)).ws)
-
-    return _connect
+    """The package's ``connect``, handing out patient pages (tests.support.pages)."""
+    return patient(connect)
 
 
 async def test_a_valid_handshake_gets_an_ack_with_a_session_and_integer_tool_limit(connect, api_key,

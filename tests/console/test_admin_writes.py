@@ -16,6 +16,7 @@ from aitp.models import ApiKey, OperatorAction, Session
 from tenants.models import Tenant, TenantMembership
 from tests.aitp.conftest import ORIGIN, connect, open_page  # noqa: F401 (connect is a fixture)
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
+from tests.support.pages import patient
 
 OTHER_ORIGIN = "https://other.example"
 
@@ -94,7 +95,7 @@ async def _remove_origin_in_admin(client, key):
 async def test_a_page_from_an_origin_removed_is_closed_at_once(connect, django_user_model,
                                                                 remove_origin):
     key, owner = await sync_to_async(_two_origin_key)(django_user_model)
-    page = await open_page(connect, key)
+    page = await open_page(patient(connect), key)
     client = AsyncClient()
     await client.aforce_login(owner)
 

@@ -15,6 +15,7 @@ from aitp import services
 from aitp.models import ApiKey, Session
 from tenants.models import TenantMembership
 from tests.aitp.conftest import ORIGIN, connect, open_page  # noqa: F401 (connect is a fixture)
+from tests.support.pages import patient
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -30,7 +31,7 @@ def _setup(django_user_model):
 
 async def test_revoking_a_key_in_the_console_closes_its_live_page(connect, django_user_model):
     key, owner = await sync_to_async(_setup)(django_user_model)
-    page = await open_page(connect, key)
+    page = await open_page(patient(connect), key)
     client = AsyncClient()
     await client.aforce_login(owner)
 
