@@ -34,6 +34,7 @@ from aitp.agent_voice import Listening, Speaker, audio_usage, voice_record
 from aitp.ledger import CANCELLED, ERROR, INVALID_ARGS, UNAVAILABLE, Ledger, Outcome, PendingCall, new_call_id
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.ports import ServerTool
+from aitp.quota import QuotaExceeded, TokenQuota
 from aitp.tools import Risk, ToolSurface
 from aitp.turn_state import TurnState
 
@@ -83,6 +84,7 @@ class Agent:
         store: AgentStore,
         server_tools: dict[str, ServerTool] | None = None,
         limits: ApprovalLimits | None = None,
+        quota: TokenQuota | None = None,
     ) -> None:
         self.session_id = session_id
         self.tenant_id = tenant_id
@@ -91,6 +93,8 @@ class Agent:
         self.config = config
         self.io = io
         self.store = store
+        # Each model request is reserved against the tenant's token quota.
+        self.quota = quota
         self.ledger = Ledger()
         parts = TurnParts(session_id=session_id, tenant_id=tenant_id, config=config, io=io,
                           store=store, ledger=self.ledger, limits=limits)
@@ -147,8 +151,7 @@ class Agent:
             while True:
                 force_answer = rounds >= self.config.max_tool_rounds
                 request = self._build_request(force_answer=force_answer)
-                completion = await self._stream(request, streamer, full_text, speaker)
-                _add_usage(usage, completion.usage)
+                completion = await self._request(request, usage, streamer, full_text, speaker)
                 tool_uses = [b for b in completion.content if b.get("type") == "tool_use"]
                 if not tool_uses:
                     if speaker is not None:
@@ -183,7 +186,7 @@ class Agent:
                 said = speaker.spoken_text(said) if speaker is not None else said[:streamer.sent_chars]
                 await self._store_said(said, round_start)
             raise
-        except LlmError as exc:
+        except (LlmError, QuotaExceeded) as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
             await streamer.discard()
             await self.io.send_message(p.error_event(exc.code, exc.message))
@@ -207,7 +210,8 @@ class Agent:
                     await speaker.aclose()
                 await streamer.discard()
                 # Bookkeeping runs even while the task is being cancelled.
-                await self._checkpoint(usage=usage, audio=audio_usage(voice, speaker))
+                counted = await self.quota.take_counted() if self.quota is not None else None
+                await self._checkpoint(usage=usage, audio=audio_usage(voice, speaker), counted=counted)
                 await self.io.set_state(TurnState.IDLE)
             finally:
                 # Last of all, whatever the bookkeeping raised: the page may
@@ -273,6 +277,28 @@ class Agent:
             tool_choice=tool_choice,
         )
 
+    async def _request(
+        self, request: LlmRequest, usage: Usage, streamer: TextStreamer, full_text: list[str],
+        speaker: Speaker | None = None,
+    ) -> MessageComplete:
+        """One model request, reserved against the tenant's token quota first
+        (no room: ``QuotaExceeded`` ends the turn), its usage added to the
+        turn's, then settled: the reservation released, the real tokens
+        counted. A request that fails or is cancelled releases it."""
+        if self.quota is None:
+            completion = await self._stream(request, streamer, full_text, speaker)
+            _add_usage(usage, completion.usage)
+            return completion
+        reservation = await self.quota.reserve(request)
+        try:
+            completion = await self._stream(request, streamer, full_text, speaker)
+        except BaseException:
+            await self.quota.release(reservation)
+            raise
+        _add_usage(usage, completion.usage)
+        await self.quota.settle(reservation, completion.usage)
+        return completion
+
     async def _stream(
         self, request: LlmRequest, streamer: TextStreamer, full_text: list[str],
         speaker: Speaker | None = None,
@@ -311,14 +337,14 @@ class Agent:
         self._unsaved.append({"seq": self._seq, "role": role, "content": content})
 
     async def _checkpoint(self, *, calls: list[PendingCall] = (), usage: Usage | None = None,
-                          audio: dict[str, int] | None = None) -> None:
+                          audio: dict[str, int] | None = None, counted: Usage | None = None) -> None:
         """Write what the turn produced since the last checkpoint. Messages stay
         buffered until the write returns, so a checkpoint cut short by a
         cancellation is simply written again (it is idempotent)."""
         messages = list(self._unsaved)
         await self.store.checkpoint(
             turn=self.turn, messages=messages, calls=calls, usage=usage, turns=1 if usage else 0,
-            audio=audio,
+            audio=audio, counted=counted,
         )
         del self._unsaved[: len(messages)]
 

@@ -47,12 +47,14 @@ class AgentStore:
 
     async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
                          usage: Usage | None = None, turns: int = 0,
-                         audio: dict[str, int] | None = None) -> None:
+                         audio: dict[str, int] | None = None,
+                         counted: Usage | None = None) -> None:
         """One database write for what the turn produced since the last one,
         outcomes of finished calls included (with the checkpoints of other
         turns that meet it in time). ``audio`` (a voice turn's
         milliseconds heard and spoken, ``agent_voice.audio_usage``) is
-        counted with ``usage``."""
+        counted with ``usage``; ``counted``: the part of ``usage`` already in
+        the tenant's day (settled against its quota, ``aitp.quota``)."""
         await self._marks_written()
         finished = list(self._finished)
         if not (messages or calls or usage is not None or finished):
@@ -82,6 +84,9 @@ class AgentStore:
                 "cache_read_tokens": usage.cache_read_tokens,
                 "cache_write_tokens": usage.cache_write_tokens,
                 **(audio or {}),
+            },
+            counted=None if counted is None else {
+                "input_tokens": counted.input_tokens, "output_tokens": counted.output_tokens,
             },
         )
         self._forget(finished)

@@ -318,6 +318,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
             server_tools={tool.spec.name: tool for tool in server_tools},
             limits=self.rate_limits,
+            quota=self.rate_limits.token_quota(session_id=session.id, tenant_id=session.tenant_id),
         )
         self.machine.capabilities = await capabilities()
         if self.machine.audio:

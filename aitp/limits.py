@@ -24,6 +24,9 @@ decides the close code, where there is one):
 - a tenant's used-up token quota: the spec's own ``"API key usage limit
   exceeded."`` with ``usage_limit_exceeded``, then 1008 at the handshake
   (protocol.md §10: permanent for the client), or ending the turn on a USER_INPUT.
+  The turn's start check also tells the session whether its tenant has a
+  quota at all; each model request of a turn that has one is reserved
+  against it (``aitp.quota``).
 """
 from __future__ import annotations
 
@@ -288,6 +291,7 @@ class ConnectionLimits:
         # This connection's own counters: a small store it alone uses.
         self._local = ConnectionWindows()
         self._frames, self._drops, self._inputs, self._approvals = _windows(config)
+        self._token_quota = None
 
     async def allow_frame(self, machine: SessionMachine) -> bool:
         """Every inbound frame, before it is parsed."""
@@ -325,12 +329,25 @@ class ConnectionLimits:
                 "Please wait a moment.",
                 limit="user_inputs_per_minute", retryAfterMs=_retry_after_ms(stats.reset_time),
             )
-        elif await _quota_checked_used_up(tenant_id, machine.session_id):
-            refusal = p.error_event(USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE)
+        else:
+            verdict = await _quota_checked(tenant_id, machine.session_id)
+            if verdict is not None and self._token_quota is not None:
+                # The turn about to start reserves its requests against this quota (0: none).
+                self._token_quota.limit = verdict.quota
+            if verdict is not None and verdict.used_up:
+                refusal = p.error_event(USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE)
         if refusal is None:
             return True
         machine.send(refusal)
         return False
+
+    def token_quota(self, *, session_id: str, tenant_id: int):
+        """The session's side of its tenant's token quota (``aitp.quota.TokenQuota``),
+        for its agent: each turn's start check here tells it the quota."""
+        from aitp.quota import TokenQuota
+
+        self._token_quota = TokenQuota(session_id=session_id, tenant_id=tenant_id)
+        return self._token_quota
 
     async def check_approval_request(self, call_id: str) -> p.Message | None:
         """An APPROVAL_REQUEST for a call this session holds: None while the
@@ -422,17 +439,24 @@ def token_quota_used_up(tenant, *, now: datetime | None = None) -> bool:
     return tenant_quota_status(tenant, now=now).used_up
 
 
-async def _quota_checked_used_up(tenant_id: int, session_id: str | None) -> bool:
-    """The quota check of a new turn. A database that cannot answer lets the
-    turn start: its own first write fails it properly (error, then done),
-    where a failure here would leave the page's message unanswered."""
+@dataclass(frozen=True)
+class QuotaVerdict:
+    quota: int  # 0: none
+    used_up: bool
+
+
+async def _quota_checked(tenant_id: int, session_id: str | None) -> QuotaVerdict | None:
+    """The quota check of a new turn (None: not checked). A database that
+    cannot answer lets the turn start: its own first write fails it properly
+    (error, then done), where a failure here would leave the page's message
+    unanswered."""
     from django.db import DatabaseError
 
     try:
-        return await _quota_used_up(tenant_id)
+        return await _quota_verdict(tenant_id)
     except DatabaseError as exc:
         logger.warning("session %s: token quota not checked (%s)", session_id, type(exc).__name__)
-        return False
+        return None
 
 
 def _usage_flush_interval() -> float:
@@ -441,19 +465,22 @@ def _usage_flush_interval() -> float:
     return settings.OWLLAYER_USAGE_FLUSH_INTERVAL
 
 
-# tenant id -> used up?: the verdict of the last read, reused for
-# OWLLAYER_USAGE_FLUSH_INTERVAL seconds. The counts it reads are written that
-# late anyway; a tenant with many sessions reads it once per interval instead
-# of once per USER_INPUT.
-_quota_verdicts: RecentAnswers[bool] = RecentAnswers(_usage_flush_interval)
+# tenant id -> its quota and whether it is used up: the verdict of the last
+# read, reused for OWLLAYER_USAGE_FLUSH_INTERVAL seconds. The counts it reads
+# are written that late anyway (each model request is held to the quota
+# exactly, by its reservation); a tenant with many sessions reads it once per
+# interval instead of once per USER_INPUT.
+_quota_verdicts: RecentAnswers[QuotaVerdict] = RecentAnswers(_usage_flush_interval)
 
 
-async def _quota_used_up(tenant_id: int) -> bool:
+async def _quota_verdict(tenant_id: int) -> QuotaVerdict:
     from aitp.db import db_call
     from tenants.models import Tenant
 
-    def check() -> bool:
+    def check() -> QuotaVerdict:
         tenant = Tenant.objects.filter(pk=tenant_id).only("monthly_token_quota").first()
-        return tenant is not None and token_quota_used_up(tenant)
+        if tenant is None or not tenant.monthly_token_quota:
+            return QuotaVerdict(0, False)
+        return QuotaVerdict(tenant.monthly_token_quota, token_quota_used_up(tenant))
 
     return await _quota_verdicts.get(tenant_id, lambda: db_call(check))

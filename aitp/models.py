@@ -1,5 +1,6 @@
 """The protocol's records: publishable keys, sessions, the conversation, the
-tool-call ledger, daily usage, server processes, and the operator actions
+tool-call ledger, daily usage, the tokens reserved against a tenant's quota
+while a model request runs, server processes, and the operator actions
 taken on keys and sessions.
 
 Tenants and their members live one floor down, in ``tenants.models``.
@@ -109,6 +110,8 @@ class Session(AudioSeconds, models.Model):
         indexes = [
             models.Index(fields=["api_key", "ended_at"], name="session_key_live_idx"),
             models.Index(fields=["tenant", "started_at"], name="session_tenant_started_idx"),
+            # The tenant's live sessions, counted against its ceiling at every open.
+            models.Index(fields=["tenant", "ended_at"], name="session_tenant_live_idx"),
         ]
 
     def __str__(self) -> str:
@@ -215,6 +218,30 @@ class DailyUsage(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "date"], name="uniq_usage_tenant_date")
         ]
+
+
+class TokenReservation(models.Model):
+    """Model tokens set aside against a tenant's monthly quota while one
+    model request runs (``aitp.quota``): an estimate of what the request may
+    use, counted with the month's usage until the request ends and its real
+    tokens are counted instead. A reservation counts until ``expires_at``,
+    or until the sweep finds its process gone."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="token_reservations")
+    tokens = models.PositiveBigIntegerField()
+    session_id = models.CharField(max_length=40, blank=True, default="")
+    # The server process that made it (ServerProcess.id; "" when none is registered).
+    process = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["tenant", "expires_at"], name="reservation_tenant_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.tokens} tokens for tenant {self.tenant_id}"
 
 
 class OperatorAction(models.Model):

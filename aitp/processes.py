@@ -17,7 +17,8 @@ The sweep (at start-up, before serving, and periodically in every process)
 closes the rows of gone processes whatever their age, so a key's session
 cap is free as soon as the process that held the sessions is known to be
 gone; their tool calls get a final status and their approvals are closed
-with an audit event.
+with an audit event. The tokens they had reserved against their tenants'
+quotas (``aitp.quota``) stop counting, as do reservations past their time.
 
 On SIGTERM the process drains (``drain``): every open page is told
 ``SYSTEM_EVENT disconnect`` and closed with 1001, which the client answers
@@ -56,7 +57,7 @@ from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
 
-from aitp import liveness, ports, services
+from aitp import liveness, ports, quota, services
 from aitp.db import db_call
 from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module offered them)
     START_TIME_TOLERANCE,
@@ -132,6 +133,7 @@ class SweepResult:
     sessions: int  # session rows closed
     approvals: int  # approvals closed because their session ended
     expired: int  # approvals past their deadline
+    reservations: int = 0  # token reservations of gone processes, or past their time
 
 
 def sweep(*, now: datetime | None = None) -> SweepResult:
@@ -150,10 +152,11 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
         )
         logger.warning("server processes gone: %s (%d session rows closed)", ", ".join(gone), closed)
     closed += services.sessions_close_stale(now=now)
+    reservations = quota.reservations_sweep(gone_processes=gone, now=now)
     ServerProcess.objects.filter(stopped_at__lt=now - KEEP_STOPPED).delete()
     closed_approvals = ports.approvals().close_of_ended_sessions()
     expired = ports.approvals().expire_overdue()
-    return SweepResult(len(gone), closed, closed_approvals, expired)
+    return SweepResult(len(gone), closed, closed_approvals, expired, reservations)
 
 
 # --- live connections and the drain -------------------------------------------------
@@ -297,7 +300,7 @@ async def _usage_flush() -> None:
 
 async def _sweep() -> None:
     result = await db_call(sweep)
-    if result.sessions or result.approvals or result.expired:
+    if result.sessions or result.approvals or result.expired or result.reservations:
         logger.info("sweep: %s", result)
 
 

@@ -737,6 +737,14 @@ def usage_pending() -> dict[tuple[int, date], dict[str, int]]:
     return _usage.pending()
 
 
+def usage_write_now(tenant_id: int, now: datetime, **amounts: int) -> None:
+    """Count these amounts in the tenant's day at once, not behind (inside
+    the caller's transaction): a model request's tokens settled against the
+    tenant's quota (``aitp.quota``), which must never be counted later than
+    its reservation stops counting."""
+    _usage_write(tenant_id, timezone.localdate(now), amounts)
+
+
 def _usage_write(tenant_id: int, day: date, amounts: dict[str, int]) -> None:
     changes = {k: F(k) + v for k, v in amounts.items() if v}
     if not changes:
@@ -760,6 +768,7 @@ def conversation_append(*, session_id: str, seq: int, turn: int, role: str, cont
 def turn_checkpoint(
     *, session_id: str, tenant_id: int, turn: int, messages: list[dict],
     calls: list[dict] = (), usage: dict | None = None, finished: list[dict] = (),
+    counted: dict | None = None,
 ) -> None:
     """What a turn has produced since its last checkpoint, in one transaction
     (``statements.together``: one round trip on PostgreSQL):
@@ -769,13 +778,15 @@ def turn_checkpoint(
     voice turn, ``audio_heard_ms`` and ``audio_spoken_ms``). Outcomes, messages
     and calls are idempotent (a checkpoint interrupted half way may be
     written again); usage is added once, and counted in the tenant's day
-    (written behind, see UsageBuffer) only once the transaction committed."""
+    (written behind, see UsageBuffer) only once the transaction committed,
+    but for ``counted``: what of it is in the tenant's day already (tokens
+    settled against the quota, ``aitp.quota``)."""
     now = timezone.now()
     with statements.together():
         _checkpoint_statements(session_id=session_id, turn=turn, messages=messages, calls=calls,
                                usage=usage, finished=finished, now=now)
     if usage is not None:
-        usage_count(tenant_id, now, **usage)
+        usage_count(tenant_id, now, **_not_counted(usage, counted))
 
 
 def turn_checkpoints(checkpoints: list[dict]) -> list[Exception | None]:
@@ -785,15 +796,24 @@ def turn_checkpoints(checkpoints: list[dict]) -> list[Exception | None]:
     now = timezone.now()
 
     def statements_of(checkpoint: dict) -> None:
-        _checkpoint_statements(**{k: v for k, v in checkpoint.items() if k != "tenant_id"}, now=now)
+        _checkpoint_statements(**{k: v for k, v in checkpoint.items()
+                                  if k not in ("tenant_id", "counted")}, now=now)
 
     def count_usage(checkpoint: dict) -> None:
         if checkpoint.get("usage") is not None:
-            usage_count(checkpoint["tenant_id"], now, **checkpoint["usage"])
+            usage_count(checkpoint["tenant_id"], now,
+                        **_not_counted(checkpoint["usage"], checkpoint.get("counted")))
 
     return _together_or_alone(checkpoints, statements_of,
                               alone=lambda checkpoint: turn_checkpoint(**checkpoint),
                               committed=count_usage)
+
+
+def _not_counted(usage: dict, counted: dict | None) -> dict:
+    """The usage a turn's day still lacks: ``usage`` less what was ``counted`` already."""
+    if not counted:
+        return usage
+    return {name: amount - counted.get(name, 0) for name, amount in usage.items()}
 
 
 def _checkpoint_statements(*, session_id: str, turn: int, messages: list[dict],

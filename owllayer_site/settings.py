@@ -486,6 +486,11 @@ OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0
 # at most this many seconds later (and when it stops); 0 writes every count
 # at once. A process killed outright loses at most this long of counts.
 OWLLAYER_USAGE_FLUSH_INTERVAL = env_float("OWLLAYER_USAGE_FLUSH_INTERVAL", 1.0, minimum=0.0)
+# A model request's tokens reserved against its tenant's monthly quota count
+# at most this long (aitp.quota): a reservation of a process that died stops
+# counting then, or when the sweep finds the process gone, whichever is first.
+OWLLAYER_TOKEN_RESERVATION_SECONDS = env_float("OWLLAYER_TOKEN_RESERVATION_SECONDS", 300.0,
+                                               minimum=1.0)
 
 # --- Voice (README "Voice (engines)") -------------------------------------
 # Whether sessions are offered voice at all (they are only when both engines

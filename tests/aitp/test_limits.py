@@ -281,7 +281,7 @@ async def test_a_quota_the_database_cannot_check_lets_the_turn_start(monkeypatch
     async def database_down(tenant_id: int) -> bool:
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(limits, "_quota_used_up", database_down)
+    monkeypatch.setattr(limits, "_quota_verdict", database_down)
     limiter, m = ConnectionLimits(quiet()), machine()
 
     assert await limiter.allow_user_input(m, tenant_id=1) is True
@@ -583,9 +583,10 @@ async def test_a_tenants_quota_verdict_is_read_once_per_usage_flush_interval(set
                         lambda t, **kw: (reads.append(t.pk), real(t, **kw))[1])
     monkeypatch.setattr(limits, "_quota_verdicts",
                         limits.RecentAnswers(limits._usage_flush_interval))
-    assert await limits._quota_used_up(tenant.pk) is False
-    assert await limits._quota_used_up(tenant.pk) is False
+    unused = limits.QuotaVerdict(quota=1000, used_up=False)
+    assert await limits._quota_verdict(tenant.pk) == unused
+    assert await limits._quota_verdict(tenant.pk) == unused
     assert reads == [tenant.pk]
     settings.OWLLAYER_USAGE_FLUSH_INTERVAL = 0
-    assert await limits._quota_used_up(tenant.pk) is False
+    assert await limits._quota_verdict(tenant.pk) == unused
     assert reads == [tenant.pk, tenant.pk]
