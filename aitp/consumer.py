@@ -366,6 +366,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         if not self.audio_budget.take(len(pcm), asyncio.get_running_loop().time()):
             self.machine.error("audio_too_fast",
                                "Audio is arriving faster than this server accepts; the chunk was dropped.")
+            self.rate_limits.audio_refused(self.machine)
             return
         if self.listening is None or self.listening.over:
             self.listening = Listening(VoiceLimits.from_settings())
@@ -523,6 +524,9 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             if isinstance(timer, asyncio.Task):
                 with _teardown_step(self, "timer"), contextlib.suppress(asyncio.CancelledError):
                     await timer
+        # The refusals counted and not logged yet are, once.
+        with _teardown_step(self, "flood log"):
+            self.rate_limits.close()
         # The last snapshot and state the row is owed go with its close.
         owed = await self.row_writer.finish()
         await self._end_row_and_groups(code, reason, owed)

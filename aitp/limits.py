@@ -9,6 +9,9 @@ when REDIS_URL is set (this process's memory otherwise). Redis being away
 lets the open through with a log line: a rate limit never refuses or closes a
 session because its counter store is down.
 
+Refusals that come in floods are logged once per window with their count
+(``aitp.flood_log``), never a line per frame or per open.
+
 Every refusal is an error event with ``data.code`` (protocol.md §10
 decides the close code, where there is one):
 
@@ -47,6 +50,7 @@ from limits.util import WindowStats
 
 from aitp import protocol as p
 from aitp.conf import from_settings
+from aitp.flood_log import FloodLog
 from aitp.group_write import Gathered
 from aitp.recent import RecentAnswers
 from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
@@ -63,6 +67,9 @@ USAGE_LIMIT_REASON = "usage limit exceeded"
 # At most one rate_limited answer a second, however many frames are dropped:
 # answering each would double the flood on the way out.
 _NOTICE = RateLimitItemPerSecond(1)
+# The characters of a key its log lines show: "pk_live_" and the 8 of its
+# lookup prefix (aitp.services.LOOKUP_PREFIX_LENGTH).
+KEY_SHOWN = 16
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class LimitSettings:
     redis_url: str = ""
     prefix: str = "owllayer-limits"
     redis_timeout: float = 3.0
+    flood_log_interval: float = 60.0
 
     @classmethod
     def from_django(cls) -> LimitSettings:
@@ -91,6 +99,7 @@ class LimitSettings:
             redis_url=settings.REDIS_URL,
             prefix=settings.OWLLAYER_LIMITS_PREFIX,
             redis_timeout=getattr(settings, "OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0),
+            flood_log_interval=settings.OWLLAYER_FLOOD_LOG_INTERVAL,
         )
 
 
@@ -179,6 +188,8 @@ class SharedLimits:
             self.local = LocalMovingWindow(config.session_opens_per_key_per_minute, 60.0)
         # The opens asked for while the store is counting others go together.
         self._counted = Gathered(self._count_opens)
+        # Opens refused, per key, logged once per window.
+        self.refusals = FloodLog(logger, config.flood_log_interval)
 
     async def session_open_retry_after(self, raw_key: str) -> float | None:
         """None when this key may open one more session now; else the
@@ -292,11 +303,23 @@ class ConnectionLimits:
         self._local = ConnectionWindows()
         self._frames, self._drops, self._inputs, self._approvals = _windows(config)
         self._token_quota = None
+        # Its refusals, logged once per window with their count (the machine
+        # is the one its frames go to, for the session id and invalid frames).
+        self._floods = FloodLog(logger, config.flood_log_interval)
+        self._machine: SessionMachine | None = None
+        self._invalid_seen = 0
 
     async def allow_frame(self, machine: SessionMachine) -> bool:
         """Every inbound frame, before it is parsed."""
+        self._machine = machine
+        self._count_invalid(machine)
+        if machine.close is not None:
+            return False  # closing: nothing more is read, answered or logged
         if self._frames is None or self._local.hit(self._frames, "frames"):
             return True
+        self._floods.count("frames", subject=_whose(machine), what="frames dropped",
+                           detail=f"over {self.config.frames_per_second} a second",
+                           level=logging.WARNING)
         if self._drops is not None and not self._local.hit(self._drops, "dropped"):
             logger.warning("session %s: closed for flooding (over %d frames a second)",
                            machine.session_id, self.config.frames_per_second)
@@ -322,6 +345,8 @@ class ConnectionLimits:
         done (protocol.md §5)."""
         refusal = None
         if self._inputs is not None and not self._local.hit(self._inputs, "inputs"):
+            self._floods.count("inputs", subject=_whose(machine), what="user inputs refused",
+                               detail=f"over {self.config.user_inputs_per_minute} a minute")
             stats = self._local.get_window_stats(self._inputs, "inputs")
             refusal = p.error_event(
                 RATE_LIMITED,
@@ -354,6 +379,8 @@ class ConnectionLimits:
         call is under its limit, else the error to answer with."""
         if self._approvals is None or self._local.hit(self._approvals, "approvals", call_id):
             return None
+        self._floods.count("approvals", subject=_whose(self._machine), what="approval requests refused",
+                           detail=f"over {self.config.approval_requests_per_call} for one tool call")
         return p.error_event(
             RATE_LIMITED,
             f"Too many approval requests for this call: at most "
@@ -369,8 +396,12 @@ class ConnectionLimits:
         retry_after = await self.shared.session_open_retry_after(raw_key)
         if retry_after is None:
             return True
-        logger.info("handshake refused: over %d session opens per key a minute",
-                    self.config.session_opens_per_key_per_minute)
+        # Logged by its lookup prefix (what the console shows), never whole.
+        prefix = raw_key[:KEY_SHOWN]
+        self.shared.refusals.count(
+            prefix, subject=f"key {prefix!r}", what="session opens refused",
+            detail=f"over {self.config.session_opens_per_key_per_minute} a minute",
+            level=logging.WARNING)
         machine.send(p.error_event(
             RATE_LIMITED,
             "Too many new sessions for this API key; try again in a minute.",
@@ -378,6 +409,31 @@ class ConnectionLimits:
         ))
         machine.close_now(CLOSE_TRY_AGAIN_LATER, "too many sessions opened, retry later")
         return False
+
+    def audio_refused(self, machine: SessionMachine) -> None:
+        """A microphone chunk refused as too fast (``audio_too_fast``)."""
+        self._floods.count("audio", subject=_whose(machine), what="audio chunks dropped",
+                           detail="microphone audio faster than allowed")
+
+    def close(self) -> None:
+        """The connection is ending: its refusals not logged yet are, now."""
+        if self._machine is not None:
+            self._count_invalid(self._machine)
+        self._floods.close()
+
+    def _count_invalid(self, machine: SessionMachine) -> None:
+        # The machine counts the invalid frames it refused (each answered
+        # with its own error); they are logged here, with the others.
+        new = machine.invalid_frames - self._invalid_seen
+        if new > 0:
+            self._invalid_seen = machine.invalid_frames
+            self._floods.count("invalid", subject=_whose(machine), what="invalid frames refused",
+                               times=new)
+
+
+def _whose(machine: SessionMachine | None) -> str:
+    session_id = machine.session_id if machine is not None else None
+    return f"session {session_id or '(before its handshake)'}"
 
 
 def connection_limits() -> ConnectionLimits:

@@ -167,6 +167,8 @@ class SessionMachine:
     handshake_pending: bool = False
     turn_active: bool = False
     invalid_in_a_row: int = 0
+    # Every invalid frame of the connection (its flood log counts them).
+    invalid_frames: int = 0
     close: Close | None = None
     url: str = ""
     title: str = ""
@@ -453,6 +455,7 @@ class SessionMachine:
         """The peer sent something we cannot use: tell it, keep the
         connection, but not forever."""
         self.invalid_in_a_row += 1
+        self.invalid_frames += 1
         if self.invalid_in_a_row >= self.limits.max_invalid_frames:
             self.refuse(
                 "too_many_invalid_frames",

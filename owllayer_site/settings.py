@@ -415,6 +415,10 @@ OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE = env_int("OWLLAYER_SESSION_OPENS_PER_
 OWLLAYER_LIMITS_PREFIX = env_str(
     "OWLLAYER_LIMITS_PREFIX", env_str("OWLLAYER_CHANNEL_PREFIX", "owllayer") + "-limits"
 )
+# Refusals that come in floods (frames dropped, invalid frames, inputs and
+# approval requests over their limits, audio too fast, opens over a key's
+# limit) are logged once per this many seconds, with their count.
+OWLLAYER_FLOOD_LOG_INTERVAL = env_float("OWLLAYER_FLOOD_LOG_INTERVAL", 60.0, minimum=1.0)
 
 # --- The agent turn -------------------------------------------------------
 ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
