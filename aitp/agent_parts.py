@@ -28,6 +28,8 @@ class AgentConfig:
     max_tool_rounds: int = 8
     history_messages: int = 40
     stream_interval: float = 0.04
+    # A server tool's answer may nest as deep as a page's result in its frame.
+    max_json_depth: int = p.DEFAULT_MAX_DEPTH
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ when the tool's risk needs one.
 an operator, or both), tells the page, waits for the decision
 (``await_decision``: notifications, plus a periodic re-read of the row so a
 lost notification delays the turn instead of expiring it), then runs the
-tool. A tool's own failure becomes the model's error result.
+tool. A tool's own failure becomes the model's error result, and so does
+an answer the ledger or the conversation could not hold (``checked_answer``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from aitp import protocol as p
 from aitp.agent_approvals import Approvals, declined_message
 from aitp.agent_parts import TurnParts
 from aitp.calls import CallEvent, CallStatus, Party
-from aitp.ledger import DENIED, ERROR, EXPIRED, SUCCESS, UNAVAILABLE, Outcome, PendingCall
+from aitp.ledger import (
+    DENIED,
+    ERROR,
+    EXPIRED,
+    UNAVAILABLE,
+    Outcome,
+    PendingCall,
+    checked_answer,
+    checked_error,
+)
 from aitp.ports import ServerTool
 from aitp.tools import canonical_json
 from aitp.turn_state import TurnState
@@ -89,13 +99,25 @@ class ServerTools:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a tool's own failure becomes the model's error result
-            logger.info("session %s: server tool %s failed: %s", parts.session_id, call.name, exc)
-            if call.approval_id is not None:
-                await parts.store.approval_executed(call.approval_id, ok=False, error=str(exc))
-            return Outcome(ERROR, error=str(exc) or "The tool failed.")
+            error = checked_error(str(exc)) or "The tool failed."
+            logger.info("session %s: server tool %s failed: %s", parts.session_id, call.name, error)
+            outcome, refused = Outcome(ERROR, error=error), None
+        else:
+            # What a webhook or a Python handler answered gets the check a
+            # page's answer gets in its frame: a value no later layer could
+            # hold (the ledger's row, the conversation, the next model
+            # request) ends the call as an error the model is told about.
+            outcome, refused = checked_answer(result, max_depth=parts.config.max_json_depth)
+            if refused is not None:
+                logger.warning("session %s: server tool %s answered a value that cannot be used (%s)",
+                               parts.session_id, call.name, refused)
+        # The tool ran: its outcome is the call's now, and its audit is
+        # written, whatever happens to the turn this very moment.
+        call.resolve(outcome)
         if call.approval_id is not None:
-            await parts.store.approval_executed(call.approval_id, ok=True)
-        return Outcome(SUCCESS, result=result)
+            await asyncio.shield(parts.store.approval_executed(
+                call.approval_id, ok=not outcome.is_error, error=outcome.error))
+        return outcome
 
     async def await_decision(self, call: PendingCall) -> str | None:
         """The human decision on a server tool, or None past the deadline.

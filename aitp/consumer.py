@@ -108,6 +108,7 @@ def agent_config_from_settings() -> AgentConfig:
         max_tool_rounds=settings.OWLLAYER_MAX_TOOL_ROUNDS,
         history_messages=settings.OWLLAYER_HISTORY_MESSAGES,
         stream_interval=settings.OWLLAYER_STREAM_INTERVAL,
+        max_json_depth=settings.OWLLAYER_MAX_JSON_DEPTH,
     )
 
 

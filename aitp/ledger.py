@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aitp import calls, ids
+from aitp import protocol as p
 from aitp.calls import CallEvent, CallStatus, Party
 from aitp.tools import Risk, ToolSpec
 
@@ -36,6 +37,38 @@ CANCELLED = CallStatus.CANCELLED.value
 # the page's user, or an operator.
 DECLINED_MESSAGE = "The user declined this action."
 OPERATOR_DECLINED_MESSAGE = "An operator declined this action."
+
+
+# What the model is told when a tool's answer cannot enter the ledger or the
+# conversation (``checked_answer``), by the code the check refused it with.
+UNUSABLE_ANSWER = "The tool ran, but its answer could not be used: {why}."
+_UNUSABLE_WHY = {
+    "invalid_text": "it contains text that is not valid Unicode (a NUL character or a lone surrogate)",
+    "invalid_number": "it contains a number that is not finite or is too large",
+    "too_deep": "it is nested too deeply",
+    "invalid_value": "it contains a value that is not JSON data",
+}
+UNUSABLE_ERROR = "The tool failed, and its error message could not be used."
+
+
+def unusable_answer(code: str) -> str:
+    return UNUSABLE_ANSWER.format(why=_UNUSABLE_WHY.get(code, "it is not JSON data"))
+
+
+def checked_answer(result: Any, *, max_depth: int | None) -> tuple[Outcome, str | None]:
+    """The successful answer of a tool that is not the page's (whose frames
+    were checked as they arrived) as it may enter the ledger and the model's
+    history: a success, or an error saying why it could not be used. The
+    second item is the refusal's code (None when it was used)."""
+    problem = p.find_unstorable_result(result, max_depth=max_depth)
+    if problem is None:
+        return Outcome(SUCCESS, result=result), None
+    return Outcome(ERROR, error=unusable_answer(problem[0])), problem[0]
+
+
+def checked_error(text: str) -> str:
+    """A tool's own error message as the model (and the audit) may be told it."""
+    return UNUSABLE_ERROR if p.text_problem(text) is not None else text
 
 
 def new_call_id() -> str:
@@ -89,6 +122,8 @@ class PendingCall:
     state: CallStatus = CallStatus.PENDING
     # Who refused the call, when a person did: "user" or "operator".
     declined_by: str = ""
+    # Whether the deadline was moved once already (``extend``).
+    extended: bool = False
 
     @property
     def risk(self) -> Risk:
@@ -122,9 +157,15 @@ class PendingCall:
         self.decision.set_result(decision)
         return True
 
-    def extend(self, until: float) -> None:
-        # Deadlines only ever move later; the waiter re-checks when it wakes.
-        self.deadline = max(self.deadline, until)
+    def extend(self, until: float) -> bool:
+        """Move the deadline later, to ``until``, once in the call's life
+        (the page asked its user; asking again gains no more time). True
+        when it moved; the waiter re-checks when it wakes."""
+        if self.extended or until <= self.deadline:
+            return False
+        self.deadline = until
+        self.extended = True
+        return True
 
 
 async def wait_until_deadline(call: PendingCall, future: asyncio.Future):

@@ -486,6 +486,11 @@ def find_unstorable(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
     "contains a NUL character (U+0000)") -- or None when every value can be
     stored. Iterative, so any depth is walked without recursion; the path is
     only spelled out for the value refused.
+
+    The tree may come from anywhere (a frame, a server tool's answer, a
+    Python tool's return value): anything JSON has no value for (a set,
+    bytes, an object, a name that is not text) is ``invalid_value``. A
+    frame's parse never makes one.
     """
     # Nearly every frame holds nothing to refuse: a walk that only answers
     # whether it does comes first, and the one that names the path runs
@@ -493,6 +498,21 @@ def find_unstorable(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
     if not _any_unstorable(value, max_depth):
         return None
     return _first_unstorable(value, max_depth)
+
+
+# A tool's result is the third level of its TOOL_RESULT frame (the envelope,
+# its payload, the result itself).
+RESULT_LEVEL = 3
+
+
+def find_unstorable_result(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
+                           ) -> tuple[str, str, str] | None:
+    """``find_unstorable`` of a tool's answer, whatever it came from (a
+    server tool's webhook or Python handler): the check a page's TOOL_RESULT
+    result gets inside its frame of at most ``max_depth`` levels, at the
+    same depth."""
+    depth = None if max_depth is None else max(1, max_depth - (RESULT_LEVEL - 1))
+    return find_unstorable(value, max_depth=depth)
 
 
 def _first_unstorable(value: Any, max_depth: int | None) -> tuple[str, str, str] | None:
@@ -518,12 +538,17 @@ def _first_unstorable(value: Any, max_depth: int | None) -> tuple[str, str, str]
                 return "too_deep", _path_of(node), f"is nested more than {max_depth} levels deep"
             if isinstance(item, dict):
                 for key, child in item.items():
-                    if isinstance(key, str) and text_problem(key) is not None:
+                    if not isinstance(key, str):
+                        return ("invalid_value", _path_of(node),
+                                "has a name that is not text (JSON names are strings)")
+                    if text_problem(key) is not None:
                         return ("invalid_text", _path_of((None, node, key, depth + 1)),
                                 f"has a name that {text_problem(key)}")
                     stack.append((child, node, key, depth + 1))
             else:
                 stack.extend((child, node, index, depth + 1) for index, child in enumerate(item))
+        elif item is not None and not isinstance(item, bool):
+            return "invalid_value", _path_of(node), "is not a JSON value"
     return None
 
 
@@ -554,13 +579,15 @@ def _any_unstorable(value: Any, max_depth: int | None) -> bool:
             continue
         elif isinstance(item, (dict, list)):
             children = item.values() if isinstance(item, dict) else item
-        else:
+        elif item is None or isinstance(item, bool):
             continue
+        else:
+            return True  # not a JSON value at all
         if max_depth is not None and depth > max_depth:
             return True
         if isinstance(item, dict):
             for key in item:
-                if isinstance(key, str) and search(key) is not None:
+                if not isinstance(key, str) or search(key) is not None:
                     return True
         depth += 1
         for child in children:

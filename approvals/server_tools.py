@@ -83,10 +83,15 @@ def _webhook_runner(row: ServerTool) -> Runner:
     max_bytes = settings.OWLLAYER_WEBHOOK_MAX_BYTES
 
     async def run(args: dict, *, session_id: str, tenant_id: int, call_id: str) -> Any:
-        return await call_webhook(
-            url=url, secret=secret, tool=name, arguments=args, session_id=session_id,
-            call_id=call_id, timeout=timeout, max_bytes=max_bytes,
-        )
+        try:
+            return await call_webhook(
+                url=url, secret=secret, tool=name, arguments=args, session_id=session_id,
+                call_id=call_id, timeout=timeout, max_bytes=max_bytes,
+            )
+        except RecursionError:
+            # JSON nested past what json.loads can walk (a few hundred KiB of
+            # "[" is enough): a plain fact for the model, not Python's words.
+            raise ToolRunError("webhook returned JSON nested too deeply") from None
 
     return run
 

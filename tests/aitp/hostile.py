@@ -127,12 +127,20 @@ def encode(frame, *, ascii_only: bool = True) -> str:
 # --- a seeded generator for the fuzz run over real sockets --------------------
 
 
-def random_hostile_frames(seed: int, count: int) -> list[str]:
+def random_hostile_frames(seed: int, count: int, *, tool_commands: tuple[str, ...] = (),
+                          tool_share: float = 0.05) -> list[str]:
     """count hostile frame texts, reproducible from seed, without hypothesis
-    (the fuzz run sends thousands; shrinking is for the property tests)."""
+    (the fuzz run sends thousands; shrinking is for the property tests).
+    With ``tool_commands``, about ``tool_share`` of them are USER_INPUTs
+    asking the offline agent for one of those ("/tool <name> {json}")."""
     rng = random.Random(seed)
     frames = []
     for index in range(count):
+        if tool_commands and rng.random() < tool_share:
+            frames.append(json.dumps({"id": f"msg_{index}", "type": "USER_INPUT", "timestamp": 1,
+                                      "payload": {"modality": "text",
+                                                  "content": rng.choice(tool_commands)}}))
+            continue
         type_ = rng.choice(CLIENT_TYPES + OTHER_TYPES[:2])
         payload = json.loads(json.dumps(VALID_PAYLOADS.get(type_, {"x": 1})))
         frame = {"id": f"msg_{index}", "type": type_, "timestamp": 1, "payload": payload}
@@ -175,3 +183,73 @@ def _random_value(rng: random.Random, depth: int):
     if choice < 0.9 and depth < 3:
         return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     return rng.choice([None, True, False, 0, "", {}, []])
+
+
+# --- what a server tool may answer ---------------------------------------------------
+
+# A webhook's body as it comes off the wire: JSON that Python's json.loads
+# takes (NaN, Infinity, integers of any size, escaped surrogates and NULs,
+# deep nesting) and no later layer holds.
+HOSTILE_WEBHOOK_BODIES = {
+    "nan": b'{"total": NaN}',
+    "infinity": b'{"total": Infinity}',
+    "-infinity": b'{"total": -Infinity}',
+    "nul": b'{"note": "paid\\u0000"}',
+    "surrogate_in_a_value": b'{"note": "\\ud83d"}',
+    "surrogate_in_a_key": b'{"\\udfff": 1}',
+    "nested_200_levels": b"[" * 200 + b"]" * 200,
+    "integer_2_80": b'{"total": 1208925819614629174706176}',
+}
+# More a fuzz run sends: nesting json.loads itself cannot walk, an integer
+# too long to convert, bytes that are not UTF-8, and answers that are fine.
+MORE_WEBHOOK_BODIES = {
+    "nested_100000_levels": b"[" * 100_000,
+    "digits_5000": b"1" * 5000,
+    "not_utf8": b'{"note": "\xff\xfe"}',
+    "good": b'{"ok": true, "total": 12.5}',
+    "empty": b"",
+}
+
+
+class NotJson:
+    """A Python object a handler might return by mistake: its repr must
+    never reach the model."""
+
+    def __repr__(self) -> str:
+        return "<NotJson internals=secret>"
+
+
+# A Python tool's return value: the same hostile values, and values JSON has
+# no word for.
+HOSTILE_RETURNS = {
+    "nan": {"total": float("nan")},
+    "infinity": {"total": float("inf")},
+    "-infinity": {"total": float("-inf")},
+    "nul": {"note": "paid\x00"},
+    "surrogate_in_a_value": {"note": "\ud83d"},
+    "surrogate_in_a_key": {"\udfff": 1},
+    "nested_200_levels": deep(200),
+    "integer_2_80": {"total": 2**80},
+    "python_object": {"order": NotJson()},
+}
+MORE_RETURNS = {
+    "a_set": {"ids": {1, 2}},
+    "bytes": b"\x00raw",
+    "an_integer_key": {1: "one"},
+    "a_tuple": (1, 2),
+    "good": {"ok": True, "total": 12.5},
+    "none": None,
+}
+
+
+def hostile_answer() -> st.SearchStrategy:
+    """Anything a Python tool could return: JSON-shaped hostile values, and
+    values that are not JSON at all, alone or inside JSON."""
+    not_json = st.sampled_from([NotJson(), {1, 2}, b"bytes", (1, 2), 1j, frozenset(), object()])
+    return st.one_of(
+        hostile_value(),
+        not_json,
+        st.dictionaries(hostile_text(8), st.one_of(hostile_value(max_leaves=4), not_json), max_size=3),
+        st.dictionaries(st.one_of(st.integers(), st.booleans(), st.none()), st.just(1), min_size=1,
+                        max_size=2),
+    )

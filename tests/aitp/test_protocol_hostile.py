@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aitp import protocol as p
+from aitp.ledger import ERROR, SUCCESS, UNUSABLE_ERROR, checked_answer, checked_error, unusable_answer
 from aitp.session import (
     ContextChanged,
     HandshakeRequested,
@@ -23,7 +24,16 @@ from aitp.session import (
     State,
     UserTextReceived,
 )
-from tests.aitp.hostile import deep, encode, hostile_frame, hostile_value
+from tests.aitp.hostile import (
+    HOSTILE_RETURNS,
+    MORE_RETURNS,
+    deep,
+    encode,
+    hostile_answer,
+    hostile_frame,
+    hostile_text,
+    hostile_value,
+)
 from tests.wire import assert_client_accepts
 
 KEY = "pk_live_abcdefgh12345678"
@@ -128,6 +138,80 @@ def test_find_unstorable_never_raises_and_agrees_with_the_encoders(value):
         assert_storable(value)
     else:
         assert problem[0] in {"invalid_text", "invalid_number", "too_deep"}
+
+
+@HYPOTHESIS
+@given(hostile_answer())
+def test_find_unstorable_refuses_whatever_json_cannot_write(value):
+    problem = p.find_unstorable(value)
+    if problem is None:
+        assert_storable(value)
+    else:
+        assert problem[0] in {"invalid_text", "invalid_number", "too_deep", "invalid_value"}
+
+
+# --- what a server tool answers -------------------------------------------------------
+
+
+@HYPOTHESIS
+@given(hostile_answer())
+def test_any_tool_answer_is_used_as_it_is_only_when_every_later_layer_holds_it(value):
+    outcome, refused = checked_answer(value, max_depth=p.DEFAULT_MAX_DEPTH)
+    if refused is None:
+        assert outcome.status == SUCCESS and outcome.result is value
+        assert_storable(value, max_depth=p.DEFAULT_MAX_DEPTH - 2)
+        outcome.content_for_model().encode("utf-8")
+    else:
+        assert refused in {"invalid_text", "invalid_number", "too_deep", "invalid_value"}
+        assert (outcome.status, outcome.result) == (ERROR, None)
+        assert outcome.error == unusable_answer(refused)
+    # Whatever it was, what the model is told can be stored and sent.
+    assert_storable(outcome.tool_result_block("toolu_1"))
+
+
+@HYPOTHESIS
+@given(hostile_answer(), st.sampled_from([None, 1, 2, 3, p.DEFAULT_MAX_DEPTH]))
+def test_the_quick_check_and_the_walk_agree_on_values_that_are_not_json(value, max_depth):
+    named = p._first_unstorable(value, max_depth)
+    assert p._any_unstorable(value, max_depth) is (named is not None)
+
+
+@HYPOTHESIS
+@given(hostile_text())
+def test_a_tool_error_message_reaches_the_model_only_when_it_can_be_stored(text):
+    told = checked_error(text)
+    assert told == (text if p.text_problem(text) is None else UNUSABLE_ERROR)
+    assert_storable(told)
+
+
+@pytest.mark.parametrize("kind", sorted({**HOSTILE_RETURNS, **MORE_RETURNS}))
+def test_each_hostile_return_value_is_refused_or_used_whole(kind):
+    value = {**HOSTILE_RETURNS, **MORE_RETURNS}[kind]
+    outcome, refused = checked_answer(value, max_depth=p.DEFAULT_MAX_DEPTH)
+    if kind in ("good", "none"):
+        assert (outcome.status, outcome.result, refused) == (SUCCESS, value, None)
+    else:
+        assert outcome.status == ERROR and refused is not None
+        assert "internals" not in outcome.error
+
+
+def test_an_answer_may_nest_as_deep_as_a_pages_result_in_its_frame_and_no_deeper():
+    # A page's result is the third level of its frame.
+    fits = deep(p.DEFAULT_MAX_DEPTH - 2, as_dict=True)
+    assert checked_answer(fits, max_depth=p.DEFAULT_MAX_DEPTH)[1] is None
+    page = frame("TOOL_RESULT", {"callId": "c", "status": "success", "result": fits})
+    assert p.parse_client_frame(page, max_bytes=MAX).payload.result == fits
+    over = deep(p.DEFAULT_MAX_DEPTH - 1, as_dict=True)
+    assert checked_answer(over, max_depth=p.DEFAULT_MAX_DEPTH)[1] == "too_deep"
+    assert refusal(frame("TOOL_RESULT", {"callId": "c", "status": "success",
+                                         "result": over})).code == "too_deep"
+
+
+@pytest.mark.parametrize("value", [{1: "a"}, {None: 1}, {(1, 2): 1}, [set()], {"a": [b"x"]}, 1j])
+def test_a_value_json_has_no_word_for_is_invalid_value_naming_where(value):
+    code, path, fact = p.find_unstorable(value)
+    assert code == "invalid_value"
+    assert "JSON" in fact
 
 
 # --- each decision, spelled out ------------------------------------------------------------
