@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 
 from aitp import protocol as p
 from aitp.agent_approvals import Approvals
@@ -386,23 +387,44 @@ class Agent:
         except BaseException as exc:
             # Cancelled (disconnect, barge-in) or a bug: the calls not yet
             # answered still each get their one result, so the conversation
-            # stays valid for the next turn.
+            # stays valid for the next turn -- written to the end even when
+            # a second cancel comes meanwhile (a barge-in, then the page
+            # leaving).
             if isinstance(exc, asyncio.CancelledError):
                 status, error = self.cancel_status, _cancel_message(self.cancel_status)
             else:
                 status, error = ERROR, "The server failed while running this tool."
-            # Idempotent: the checkpoint may or may not have landed.
-            await self._checkpoint(calls=calls)
-            for index, call in enumerate(calls):
-                if outcomes[index] is None:
-                    outcomes[index] = Outcome(status, error=error)
-                    call.resolve(outcomes[index])
-                    await self.store.finish_call(call, outcomes[index])
-                    if call.approval_id is not None:
-                        await self.store.approval_close(call.approval_id, status)
-            await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
+            cut_again = await _to_the_end(
+                self._settle_cut_calls(calls, tool_uses, outcomes, status, error))
+            if cut_again and not isinstance(exc, asyncio.CancelledError):
+                raise asyncio.CancelledError() from exc
             raise
         await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
+
+    async def _settle_cut_calls(self, calls: list[PendingCall], tool_uses: list[dict],
+                                outcomes: list[Outcome | None], status: str, error: str) -> None:
+        """The end of a tool round cut short: each call keeps the outcome it
+        had (finished, or answered as the cut landed), the others end with
+        ``status``; rows, results and the conversation are written now."""
+        # Idempotent: the checkpoint may or may not have landed.
+        await self._checkpoint(calls=calls)
+        for index, call in enumerate(calls):
+            if outcomes[index] is not None:
+                continue  # finished before the cut: its real outcome stands
+            if call.future.done():
+                # Answered (the page's result, the server tool's run) when the
+                # cut landed, before the turn read it: the answer stands, in
+                # the row and for the model.
+                outcomes[index] = call.future.result()
+                await self.store.finish_call(call, outcomes[index])
+                continue
+            outcomes[index] = Outcome(status, error=error)
+            call.resolve(outcomes[index])
+            await self.store.finish_call(call, outcomes[index])
+            if call.approval_id is not None:
+                await self.store.approval_close(call.approval_id, status)
+        await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
+        await self._checkpoint()
 
     async def _run_one(self, call: PendingCall) -> Outcome:
         # Re-read the surface now: an earlier tool may have navigated the page.
@@ -439,6 +461,21 @@ def _has_tool_blocks(messages: list[dict]) -> bool:
         for message in messages
         for block in message["content"]
     )
+
+
+async def _to_the_end(work: Awaitable[None]) -> bool:
+    """Await ``work`` to its end even if this task is cancelled meanwhile
+    (the cancel does not stop it); True when a cancel came."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            return cancelled
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
 
 
 def _cancel_message(status: str) -> str:

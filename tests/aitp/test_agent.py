@@ -1000,3 +1000,230 @@ async def test_an_approval_nobody_decides_in_time_expires(llm, connect, api_key,
     (row,) = await stored_calls(page.session_id)
     assert row.status == "expired"
     await close(page)
+
+
+# --- a turn cancelled after some of its calls finished ----------------------------------------
+
+# The first call is answered by the page, the second refused by the server
+# (its arguments do not fit: it never reaches the page), the third is cut.
+THREE_ADDS = [("toolu_1", "add_to_cart", {"quantity": 1}), ("toolu_2", "add_to_cart", {"quantity": "two"}),
+              ("toolu_3", "add_to_cart", {"quantity": 3})]
+SECOND_REFUSED = "Invalid arguments: quantity: expected number"
+
+
+async def three_calls_cut_at_the_third(llm, connect, api_key) -> Page:
+    """A turn of three calls: the first answered with a result, the second
+    refused for its arguments, the third sent and waiting when the test
+    cuts the turn."""
+    llm.enqueue(tool_use_response(THREE_ADDS))
+    page = await open_shop(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "add one, two, three"})
+    first = await page.recv_until("TOOL_CALL")
+    await answer_with({"added": 1})(page, first)
+    third = await page.recv_until("TOOL_CALL")
+    assert third["payload"]["args"] == {"quantity": 3}
+    return page
+
+
+def results_told(message_content: list[dict]) -> list[tuple[str, bool, str]]:
+    return [(b["tool_use_id"], b.get("is_error", False), b["content"])
+            for b in message_content if b["type"] == "tool_result"]
+
+
+async def test_a_barge_in_during_the_third_call_keeps_the_first_two_outcomes_for_the_model(
+    llm, connect, api_key
+):
+    page = await three_calls_cut_at_the_third(llm, connect, api_key)
+    await page.send("VOICE_INTERRUPT", {"reason": "barge_in"})
+    await page.recv_until("VOICE_STATE_EVENT", event="interrupted")
+    llm.enqueue(text_response("One is in the cart."))
+
+    frames = await turn(page, "what happened?")
+
+    assert errors(frames) == []
+    told = [results_told(blocks(m)) for m in llm.requests[-1]["messages"]
+            if results_told(blocks(m))]
+    assert told == [[
+        ("toolu_1", False, '{"added":1}'),
+        ("toolu_2", True, SECOND_REFUSED),
+        ("toolu_3", True, "The turn was cancelled before the tool answered."),
+    ]]
+    assert_well_formed(llm.requests[-1])
+    rows = await stored_calls(page.session_id)
+    assert [(r.tool_use_id, r.status, r.result, r.error) for r in rows] == [
+        ("toolu_1", "success", {"added": 1}, ""),
+        ("toolu_2", "invalid_args", None, SECOND_REFUSED),
+        ("toolu_3", "cancelled", None, "The turn was cancelled before the tool answered."),
+    ]
+    messages = await stored_messages(page.session_id)
+    assert_stored_conversation_valid(messages)
+    assert [results_told(m.content) for m in messages if results_told(m.content)] == told
+    await close(page)
+
+
+async def test_a_disconnect_during_the_third_call_keeps_the_first_two_outcomes_in_the_record(
+    llm, connect, api_key
+):
+    page = await three_calls_cut_at_the_third(llm, connect, api_key)
+
+    await close(page)
+
+    assert leftover_tasks() == []
+    rows = await stored_calls(page.session_id)
+    assert [(r.tool_use_id, r.status, r.result, r.error) for r in rows] == [
+        ("toolu_1", "success", {"added": 1}, ""),
+        ("toolu_2", "invalid_args", None, SECOND_REFUSED),
+        ("toolu_3", "disconnected", None, "The user left the page before the tool answered."),
+    ]
+    messages = await stored_messages(page.session_id)
+    assert_stored_conversation_valid(messages)
+    assert [results_told(m.content) for m in messages if results_told(m.content)] == [[
+        ("toolu_1", False, '{"added":1}'),
+        ("toolu_2", True, SECOND_REFUSED),
+        ("toolu_3", True, "The user left the page before the tool answered."),
+    ]]
+    assert len(llm.requests) == 1, "nobody is left to answer: the model is not asked again"
+
+
+class CuttingPage:
+    """The connection's side of a turn run here, without a consumer: it
+    answers each TOOL_CALL through the agent as the consumer would, and cuts
+    the turn (as a barge-in does) the moment the answer it names is in --
+    before the turn has read it -- or, for a call it has no answer for, as
+    soon as the call is out."""
+
+    def __init__(self, surface, answers: dict[int, dict], cut_after: int | None = None) -> None:
+        self._surface = surface
+        self.answers = answers
+        self.cut_after = cut_after
+        self.agent = None
+        self.task: asyncio.Task | None = None
+        self.cut = False
+        self.frames: list = []
+        self.tasks: list[asyncio.Task] = []
+
+    def cut_the_turn(self, *_) -> None:
+        self.cut = True
+        self.task.cancel()
+
+    async def send_message(self, message) -> None:
+        from aitp import protocol as p
+
+        self.frames.append(message)
+        if message.type is not p.MessageType.TOOL_CALL:
+            return
+        quantity = message.payload.args["quantity"]
+        if quantity not in self.answers:
+            asyncio.get_running_loop().call_soon(self.cut_the_turn)
+            return
+        answer = asyncio.ensure_future(self.agent.on_tool_result(p.ToolResult(
+            callId=message.payload.callId, **self.answers[quantity])))
+        self.tasks.append(answer)
+        if quantity == self.cut_after:
+            answer.add_done_callback(self.cut_the_turn)
+
+    async def end_turn(self, done) -> None:
+        pass
+
+    def surface(self):
+        return self._surface
+
+    def page(self):
+        from aitp.agent import PageSnapshot
+
+        return PageSnapshot(url="/products/headphones", title="Pro Headphones", context={})
+
+    async def set_state(self, state) -> None:
+        pass
+
+
+ANSWERED_ONE_AND_TWO = {1: {"status": "success", "result": {"added": 1}},
+                        2: {"status": "error", "error": "out of stock"}}
+ALL_ANSWERED_ADDS = [("toolu_1", "add_to_cart", {"quantity": 1}),
+                     ("toolu_2", "add_to_cart", {"quantity": 2}),
+                     ("toolu_3", "add_to_cart", {"quantity": 3})]
+
+
+async def agent_on(page: CuttingPage):
+    """A real Agent (real SDK and store) whose connection is ``page``; (agent, session)."""
+    from asgiref.sync import sync_to_async
+
+    from aitp.agent import Agent, AgentConfig
+    from aitp.llm import get_backend
+    from tests.aitp.conftest import open_session_row
+
+    session = await sync_to_async(open_session_row)()
+    agent = page.agent = Agent(
+        session_id=session.id, tenant_id=session.tenant_id, system_prompt="", backend=get_backend(),
+        config=AgentConfig(model="claude-test-model", stream_interval=0.001), io=page,
+        store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
+    )
+    return agent, session
+
+
+def add_to_cart_surface():
+    from aitp.tools import ToolSurface, parse_client_tools
+
+    return ToolSurface.build([], parse_client_tools([ADD_TO_CART]))
+
+
+async def test_an_answer_that_arrived_as_the_turn_was_cancelled_keeps_its_real_outcome(llm):
+    page = CuttingPage(add_to_cart_surface(), cut_after=3, answers={
+        **ANSWERED_ONE_AND_TWO, 3: {"status": "success", "result": {"added": 3}}})
+    agent, session = await agent_on(page)
+    llm.enqueue(tool_use_response(ALL_ANSWERED_ADDS))
+    page.task = asyncio.ensure_future(agent.run_turn("add one, two, three"))
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(page.task), 30)
+    await asyncio.gather(*page.tasks)
+
+    told = [results_told(m["content"]) for m in agent.history if results_told(m["content"])]
+    assert told == [[("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
+                     ("toolu_3", False, '{"added":3}')]]
+    rows = await stored_calls(session.id)
+    assert [(r.tool_use_id, r.status, r.result) for r in rows] == [
+        ("toolu_1", "success", {"added": 1}), ("toolu_2", "error", None),
+        ("toolu_3", "success", {"added": 3})]
+    messages = await stored_messages(session.id)
+    assert [results_told(m.content) for m in messages if results_told(m.content)] == told
+
+
+@pytest.mark.parametrize("second_cut", ["while_the_calls_are_settled", "at_the_turns_last_write"])
+async def test_a_turn_cut_twice_during_a_call_still_ends_every_call_and_answers_every_tool_use(
+    llm, monkeypatch, second_cut
+):
+    """A barge-in cuts the turn during its third call, and the page leaves
+    while that cut is being written down (or as the turn makes its last
+    write): the second cancel loses none of the calls' results."""
+    page = CuttingPage(add_to_cart_surface(), answers=ANSWERED_ONE_AND_TWO)
+    agent, session = await agent_on(page)
+    original = AgentStore.checkpoint
+    cut_again: list[bool] = []
+
+    async def checkpoint_while_the_page_leaves(self, **kwargs):
+        last_write = kwargs.get("usage") is not None
+        due = last_write if second_cut == "at_the_turns_last_write" else not last_write
+        if page.cut and due and not cut_again:
+            cut_again.append(True)
+            page.task.cancel()
+        await original(self, **kwargs)
+
+    monkeypatch.setattr(AgentStore, "checkpoint", checkpoint_while_the_page_leaves)
+    llm.enqueue(tool_use_response(ALL_ANSWERED_ADDS))
+    page.task = asyncio.ensure_future(agent.run_turn("add one, two, three"))
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(page.task), 30)
+    await asyncio.gather(*page.tasks)
+
+    assert cut_again == [True]
+    told = [("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
+            ("toolu_3", True, "The turn was cancelled before the tool answered.")]
+    assert [results_told(m["content"]) for m in agent.history if results_told(m["content"])] == [told]
+    rows = await stored_calls(session.id)
+    assert [(r.tool_use_id, r.status) for r in rows] == [
+        ("toolu_1", "success"), ("toolu_2", "error"), ("toolu_3", "cancelled")]
+    messages = await stored_messages(session.id)
+    assert_stored_conversation_valid(messages)
+    assert [results_told(m.content) for m in messages if results_told(m.content)] == [told]

@@ -27,10 +27,17 @@ from hypothesis import strategies as st
 
 from aitp import consumer as consumer_module
 from aitp import notify, services
-from aitp.models import Session
+from aitp.models import Session, ToolCall
 from aitp.session import SessionMachine
-from tests.aitp.conftest import ADD_TO_CART, ORIGIN
-from tests.aitp.hostile import encode, hostile_frame, random_hostile_frames
+from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db
+from tests.aitp.hostile import encode, hostile_answer, hostile_frame, random_hostile_frames
+from tests.approvals.hostile_tools import (
+    BODIES,
+    PYTHON_TOOL,
+    QUEUED,
+    HostileReceiver,
+    offer_hostile_tools,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -238,25 +245,71 @@ class ErrorLog(logging.Handler):
         self.records.append(record)
 
 
+WEBHOOK_TOOL = "hostile_webhook_answer"
+FINAL_STATUSES = sorted(str(status) for status in ToolCall.FINAL_STATUSES)
+
+
+@pytest.fixture
+def hostile_server_tools(api_key, settings):
+    """The key's tenant offers two server tools that answer whatever a test
+    asks: a Python tool (any value, ``QUEUED``) and a webhook on 127.0.0.1
+    (any body of ``BODIES``)."""
+    import ipaddress
+
+    settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS = (ipaddress.ip_network("127.0.0.1/32"),)
+    with HostileReceiver() as receiver:
+        offer_hostile_tools(api_key.tenant, receiver.url, webhook_name=WEBHOOK_TOOL)
+        yield
+    QUEUED.clear()
+
+
+def tool_answer() -> st.SearchStrategy:
+    """One server tool call: the Python tool returning any value, or the
+    webhook answering any of the hostile bodies."""
+    return st.one_of(st.tuples(st.just(PYTHON_TOOL), hostile_answer()),
+                     st.tuples(st.just(WEBHOOK_TOOL), st.sampled_from(sorted(BODIES))))
+
+
 @hypothesis_settings(max_examples=25, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture,
                                             HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.lists(hostile_frame().map(encode), min_size=1, max_size=8))
+@given(st.lists(hostile_frame().map(encode), min_size=1, max_size=8),
+       st.lists(tool_answer(), max_size=3))
 def test_any_frames_leave_no_traceback_no_1011_no_stuck_turn_no_open_row_and_no_other_session_changed(
-        connect, api_key, texts):
+        connect, api_key, hostile_server_tools, texts, answers):
+    """... and whatever the session's server tools answer, every call ends
+    final and the session goes on."""
     errors = ErrorLog()
     logging.getLogger().addHandler(errors)
     try:
-        async_to_sync(_play_hostile_frames)(connect, api_key, texts)
+        async_to_sync(_play_hostile_frames)(connect, api_key, texts, answers)
     finally:
         logging.getLogger().removeHandler(errors)
     assert [r.getMessage() for r in errors.records] == []
 
 
-async def _play_hostile_frames(connect, api_key, texts) -> None:
+async def _call_server_tools(page, answers) -> None:
+    """One turn per answer: the offline agent calls the tool it is told to."""
+    for tool, answer in answers:
+        if tool == PYTHON_TOOL:
+            QUEUED.append(answer)
+            kind = "next"
+        else:
+            kind = answer
+        await page.send("USER_INPUT", {"modality": "text",
+                                       "content": f'/tool {tool} {json.dumps({"kind": kind})}'})
+        while True:
+            received = await page.recv(timeout=30)
+            assert received["type"] != "__close__", received
+            if received["type"] == "AGENT_RESPONSE" and received["payload"]["done"]:
+                break
+
+
+async def _play_hostile_frames(connect, api_key, texts, answers=()) -> None:
     bystander, bystander_id = await open_session(connect, api_key, url="/bystander",
                                                  context={"mine": 1})
     page, page_id = await open_session(connect, api_key, tools=[ADD_TO_CART])
+    await _call_server_tools(page, answers)
     for text in texts:
         await page.ws.send_to(text_data=text)
     # Still alive and answering: a good update is applied...
@@ -272,6 +325,13 @@ async def _play_hostile_frames(connect, api_key, texts) -> None:
     await finish_a_turn(page)
     await page.close()
     assert (await ended(page_id)).ended_at is not None
+    # Every call the server tools answered has its one final status.
+    called = [(c.name, c.status) async for c in ToolCall.objects.filter(
+        session_id=page_id, name__in=[PYTHON_TOOL, WEBHOOK_TOOL]).order_by("created_at", "id")]
+    assert [name for name, _ in called] == [tool for tool, _ in answers]
+    assert all(status in FINAL_STATUSES for _, status in called), called
+    assert not await ToolCall.objects.filter(session_id=page_id).exclude(
+        status__in=FINAL_STATUSES).aexists()
     # The other session saw none of it: still open, its page unchanged.
     effective = await bystander.context(url="/bystander", context={"mine": 1})
     assert effective["payload"]["kind"] == "tools_effective"
@@ -409,9 +469,14 @@ FUZZ_SOCKETS = 4
 FUZZ_FRAMES_PER_SOCKET = 750
 
 
+# What the fuzz run's webhook tool is asked to answer: every body of the table.
+FUZZ_TOOL_COMMANDS = tuple(f'/tool {WEBHOOK_TOOL} {json.dumps({"kind": kind})}'
+                           for kind in sorted(BODIES))
+
+
 async def _fuzz_one(server, raw: str, seed: int, close_codes: list[int]) -> int:
     """Send this socket's hostile frames, reading everything; reconnect after a close."""
-    frames = random_hostile_frames(seed, FUZZ_FRAMES_PER_SOCKET)
+    frames = random_hostile_frames(seed, FUZZ_FRAMES_PER_SOCKET, tool_commands=FUZZ_TOOL_COMMANDS)
     handshake = frame("HANDSHAKE_INIT", {"protocolVersion": "1.0.0", "apiKey": raw})
     sent = 0
     while sent < len(frames):
@@ -452,12 +517,16 @@ class SuppressClosed:
 
 async def test_a_fuzz_run_of_thousands_of_hostile_frames_leaves_no_traceback_and_no_1011(
         daphne_factory, open_key):
-    _, raw = open_key
-    server = daphne_factory(**NO_RATE_LIMITS_ENV)
-    close_codes: list[int] = []
-    sent = await asyncio.gather(*[
-        _fuzz_one(server, raw, seed, close_codes) for seed in range(FUZZ_SOCKETS)
-    ])
+    """... with a server tool answering hostile bodies: every call is final."""
+    key, raw = open_key
+    with HostileReceiver() as receiver:
+        await in_db(offer_hostile_tools)(key.tenant, receiver.url, webhook_name=WEBHOOK_TOOL)
+        server = daphne_factory(OWLLAYER_WEBHOOK_ALLOWED_NETWORKS="127.0.0.1/32",
+                                **NO_RATE_LIMITS_ENV)
+        close_codes: list[int] = []
+        sent = await asyncio.gather(*[
+            _fuzz_one(server, raw, seed, close_codes) for seed in range(FUZZ_SOCKETS)
+        ])
     assert sum(sent) == FUZZ_SOCKETS * FUZZ_FRAMES_PER_SOCKET
     # The server still serves a whole turn afterwards.
     async with websockets.connect(server.ws_url(api_key=raw), origin=ORIGIN) as ws:
@@ -477,6 +546,12 @@ async def test_a_fuzz_run_of_thousands_of_hostile_frames_leaves_no_traceback_and
     assert "Traceback" not in logs
     assert 1011 not in close_codes
     assert all(code in (1000, 1008) for code in close_codes), close_codes
+    # The webhook was called, its hostile answers refused, and no call was left open.
+    calls = [(c.status, c.error) async for c in ToolCall.objects.filter(name=WEBHOOK_TOOL)]
+    assert any(error.startswith("The tool ran, but its answer could not be used") for _, error in calls)
+    open_calls = [(c.name, c.status, c.error, c.session_id) async for c in
+                  ToolCall.objects.exclude(status__in=FINAL_STATUSES)]
+    assert open_calls == []
 
 
 # --- pages that show what a page sent ------------------------------------------------

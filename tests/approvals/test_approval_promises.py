@@ -673,3 +673,49 @@ def test_an_event_of_an_unknown_kind_is_refused_by_name(acme, field, value, name
 def test_appending_outside_a_transaction_says_why(acme):
     with pytest.raises(RuntimeError, match=r"^the audit chain can only be locked inside a transaction$"):
         append_event(tenant_id=acme.pk, action="requested", actor_kind="system", channel="system")
+
+
+# --- a turn cut as the tool returns ------------------------------------------------
+
+
+class RunsThenCut(Runs):
+    """The handler returns while the turn is being cut (the user barged in,
+    the page left): the cancel lands on the turn's next await."""
+
+    turn: Turn | None = None
+
+    async def __call__(self, args: dict, **context):
+        result = await super().__call__(args, **context)
+        self.turn.task.cancel()
+        return result
+
+
+async def audit_actions_become(approval_id: int, wanted: list[str]) -> list[str]:
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + PATIENCE
+    while True:
+        actions = [a async for a in AuditEvent.objects.filter(approval_id=approval_id)
+                   .order_by("seq").values_list("action", flat=True)]
+        if actions == wanted or loop.time() > give_up:
+            return actions
+        await asyncio.sleep(0.05)
+
+
+async def test_a_server_tool_that_ran_as_the_turn_was_cut_keeps_its_outcome_and_its_audit(session):
+    runs = RunsThenCut()
+    turn = Turn(session, policy="user", runs=runs)
+    runs.turn = turn
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(turn.task, PATIENCE)
+
+    assert runs.calls == [{"number": "A1003"}]
+    assert turn.tool_result() == {"type": "tool_result", "tool_use_id": approval.tool_call.tool_use_id,
+                                  "content": '{"cancelled":"A1003"}'}
+    call = await ToolCall.objects.aget(name="cancel_order")
+    assert (call.status, call.result) == ("success", {"cancelled": "A1003"})
+    assert await audit_actions_become(approval.pk, ["requested", "approved", "executed"]) == [
+        "requested", "approved", "executed"]
