@@ -19,6 +19,10 @@ from aitp.ledger import DECLINED_MESSAGE, DENIED, ERROR, OPERATOR_DECLINED_MESSA
 from aitp.ports import ApprovalError
 from aitp.turn_state import TurnState
 
+MISMATCH_MESSAGE = (
+    "The action was not approved: the page asked its user about different arguments than this "
+    "call's, so the call was refused."
+)
 NOT_APPROVED_MESSAGE = (
     "The action was not approved: the page answered without asking the user's approval, "
     "so the result was refused."
@@ -38,20 +42,29 @@ class Approvals:
         call = self.parts.ledger.get(payload.callId)
         if call is None or call.origin == "server":
             return unknown_call(payload.callId)
+        return await self.asked(call, payload.toolName, payload.args, payload.message)
+
+    async def asked(
+        self, call: PendingCall, tool_name: str, args: dict, message: str
+    ) -> p.Message | None:
+        """The page asks its user about a call it holds: an APPROVAL_REQUEST,
+        or a TOOL_RESULT with status pending_approval (the spec's two ways of
+        asking). Both count against the call's one limit of asks; a repeat of
+        what was asked already changes nothing -- no audit row, no later
+        deadline -- and only an ask for something else goes on (to be
+        refused as a mismatch)."""
         if self.parts.limits is not None:
             refused = await self.parts.limits.check_approval_request(call.call_id)
             if refused is not None:
                 return refused
-        if call.approval_id is not None and (payload.toolName, payload.args) == (call.name, call.args):
-            # Asked already: a repeat changes nothing, and writes no audit row.
+        if call.approval_id is not None and (tool_name, args) == (call.name, call.args):
             return None
-        return await self.opened(call, payload.toolName, payload.args, payload.message)
+        return await self.opened(call, tool_name, args, message)
 
     async def opened(
         self, call: PendingCall, tool_name: str, args: dict, message: str
     ) -> p.Message | None:
-        """The page asks its user about a call it holds (APPROVAL_REQUEST, or
-        a TOOL_RESULT with status pending_approval)."""
+        """Open the call's approval row (its first ask, through ``asked``)."""
         parts = self.parts
         try:
             approval = await parts.store.approval_request_client(
@@ -61,10 +74,12 @@ class Approvals:
         except ApprovalError as exc:
             if exc.code == "approval_mismatch":
                 # The page wants approval for something other than what the
-                # model asked: refuse, and tell the model the call did not happen.
-                call.resolve(Outcome(
-                    ERROR, error="The page asked approval for different arguments; the call was refused."
-                ))
+                # model asked: refuse, and tell the model the call did not
+                # happen. An approval asked before for the call's own
+                # arguments ends with it.
+                call.resolve(Outcome(DENIED, error=MISMATCH_MESSAGE))
+                if call.approval_id is not None:
+                    await parts.store.approval_close(call.approval_id, "cancelled")
             return p.error_event(exc.code, exc.message, callId=call.call_id)
         call.approval_id = approval.id
         call.step(CallEvent.APPROVAL_REQUESTED, by=Party.PAGE)

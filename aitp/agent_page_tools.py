@@ -65,7 +65,8 @@ class PageTools:
         if call is None or call.origin == "server":
             return unknown_call(payload.callId)
         if payload.status == "pending_approval":
-            return await self.approvals.opened(call, call.name, call.args, message="")
+            # The same ask as an APPROVAL_REQUEST for the call's own arguments.
+            return await self.approvals.asked(call, call.name, call.args, message="")
         if call.approval_id is not None:
             return p.error_event(
                 "approval_pending",

@@ -21,7 +21,8 @@ decides the close code, where there is one):
   retrying code would bring the same script straight back);
 - user inputs over the per-minute limit: ``rate_limited``, and the turn the
   page started ends at once (``AGENT_RESPONSE {chunk:"", done:true}``);
-- a call's APPROVAL_REQUESTs past the limit: ``rate_limited`` with the callId;
+- a call's approval requests past the limit (APPROVAL_REQUESTs and TOOL_RESULTs
+  pending_approval, counted together): ``rate_limited`` with the callId;
 - session opens over the per-key limit: ``rate_limited``, then 1013, which
   the client retries later, when the window has moved on;
 - a tenant's used-up token quota: the spec's own ``"API key usage limit
@@ -375,8 +376,9 @@ class ConnectionLimits:
         return self._token_quota
 
     async def check_approval_request(self, call_id: str) -> p.Message | None:
-        """An APPROVAL_REQUEST for a call this session holds: None while the
-        call is under its limit, else the error to answer with."""
+        """An approval request (APPROVAL_REQUEST, or TOOL_RESULT
+        pending_approval: one count) for a call this session holds: None
+        while the call is under its limit, else the error to answer with."""
         if self._approvals is None or self._local.hit(self._approvals, "approvals", call_id):
             return None
         self._floods.count("approvals", subject=_whose(self._machine), what="approval requests refused",

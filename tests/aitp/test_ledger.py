@@ -99,9 +99,16 @@ async def test_a_decision_is_taken_once():
 
 async def test_a_deadline_only_moves_later():
     call = make_call(deadline=100.0)
-    call.extend(50.0)
+    assert call.extend(50.0) is False
     assert call.deadline == 100.0
-    call.extend(150.0)
+    assert call.extend(150.0) is True
+    assert call.deadline == 150.0
+
+
+async def test_a_deadline_is_extended_once_in_a_calls_life():
+    call = make_call(deadline=100.0)
+    assert call.extend(150.0) is True
+    assert call.extend(200.0) is False
     assert call.deadline == 150.0
 
 

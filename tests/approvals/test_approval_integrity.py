@@ -14,21 +14,29 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
+from aitp.agent_approvals import MISMATCH_MESSAGE
+from aitp_client import AitpClient, system_event
 from approvals.audit import verify_chain
 from approvals.models import Approval, AuditEvent
 from approvals.selectors import review_queue
-from tests.aitp.conftest import api_key, connect, tenant  # noqa: F401 (fixtures)
+from tests.aitp.conftest import ADD_TO_CART, ORIGIN, api_key, connect, tenant  # noqa: F401 (fixtures)
 from tests.aitp.test_agent import (  # noqa: F401 (fixtures)
+    API_KEY,
+    CHECKOUT,
+    PAY,
+    TOOL_TIMEOUT,
     approval_request,
     close,
     errors,
     fake,
     llm,
+    open_shop,
     start_payment,
     stored_calls,
     tool_results,
     until_done,
 )
+from tests.support.fake_anthropic import text_response, tool_use_response
 from tests.support.people import make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -127,3 +135,106 @@ async def test_a_direct_answer_after_an_approval_request_is_still_refused_as_pen
     (row,) = await stored_calls(page.session_id)
     assert row.status == "denied"
     await close(page)
+
+
+# --- high is refused as critical is ----------------------------------------------------
+
+BARE_RESULTS = {
+    "success": {"status": "success", "result": {"done": True}},
+    "error": {"status": "error", "result": None, "error": "the handler threw"},
+}
+
+
+async def start_risky_call(llm, connect, api_key, settings, tool: dict, args: dict):
+    """A turn waiting on the page's call of ``tool`` (high or critical)."""
+    settings.OWLLAYER_TOOL_TIMEOUT = TOOL_TIMEOUT
+    settings.OWLLAYER_APPROVAL_TIMEOUT = 10.0
+    llm.enqueue(tool_use_response([("toolu_risky", tool["name"], args)]),
+                text_response("Handled."))
+    page = await open_shop(connect, api_key, tools=(ADD_TO_CART, CHECKOUT, PAY))
+    await page.send("USER_INPUT", {"modality": "text", "content": "go ahead"})
+    call = await page.recv_until("TOOL_CALL")
+    assert call["payload"]["name"] == tool["name"]
+    return page, call
+
+
+async def assert_a_bare_tool_result_is_refused(llm, connect, api_key, settings, tool, args,
+                                               status) -> None:
+    page, call = await start_risky_call(llm, connect, api_key, settings, tool, args)
+    call_id = call["payload"]["callId"]
+
+    await page.send("TOOL_RESULT", {"callId": call_id, **BARE_RESULTS[status]})
+    frames = await until_done(page)
+
+    assert [(e["data"]["code"], e["data"]["callId"]) for e in errors(frames)] == [
+        ("approval_required", call_id)]
+    (row,) = await stored_calls(page.session_id)
+    assert (row.status, row.result) == ("denied", None)
+    (result,) = tool_results(llm.requests[1]["messages"][-1])
+    assert result["is_error"] is True
+    assert "not approved" in result["content"]
+    assert "done" not in result["content"] and "threw" not in result["content"]
+    approval = await Approval.objects.aget(tool_call__call_id=call_id)
+    assert (approval.status, approval.risk) == (Approval.Status.VIOLATION, tool["risk"])
+    events = [(e.action, e.data["reason"]) async for e in
+              AuditEvent.objects.filter(approval_id=approval.pk)]
+    assert events == [(AuditEvent.Action.VIOLATION, "tool_result")]
+    await close(page)
+
+
+@pytest.mark.parametrize("status", sorted(BARE_RESULTS))
+async def test_a_high_risk_call_answered_by_a_bare_tool_result_is_refused_like_a_critical_one(
+    llm, connect, api_key, settings, status
+):
+    await assert_a_bare_tool_result_is_refused(llm, connect, api_key, settings, CHECKOUT, {},
+                                               status)
+
+
+@pytest.mark.parametrize("status", sorted(BARE_RESULTS))
+async def test_a_critical_call_answered_by_a_bare_tool_result_is_refused(
+    llm, connect, api_key, settings, status
+):
+    await assert_a_bare_tool_result_is_refused(llm, connect, api_key, settings, PAY,
+                                               {"amount": 42}, status)
+
+
+# --- approval for other arguments, in a real turn over a socket --------------------------
+
+
+async def test_an_approval_request_for_other_arguments_is_refused_in_a_real_turn_over_a_socket(
+    daphne_factory, fake, api_key
+):
+    server = daphne_factory(
+        OWLLAYER_LLM="anthropic", ANTHROPIC_API_KEY=API_KEY, ANTHROPIC_BASE_URL=fake.base_url,
+        OWLLAYER_MODEL="claude-test-model", OWLLAYER_LLM_MAX_RETRIES=0, OWLLAYER_LLM_TIMEOUT=10,
+    )
+    fake.enqueue(tool_use_response([("toolu_pay", "pay", {"amount": 42})]),
+                 text_response("The payment did not go through."))
+    client = AitpClient(server.ws_url(), api_key=api_key.raw, origin=ORIGIN)
+    await client.connect()
+    try:
+        await client.context_update("/checkout", "Checkout", tools=[PAY])
+        await client.recv_until(system_event("tools_effective"))
+        await client.user_input("pay for it")
+        call = await client.recv_until("TOOL_CALL")
+        call_id = call["payload"]["callId"]
+        assert call["payload"]["args"] == {"amount": 42}
+
+        await client.send("APPROVAL_REQUEST", {
+            "callId": call_id, "toolName": "pay", "risk": "critical", "args": {"amount": 4200},
+            "message": "Pay 4200 USD with the saved card?"})
+        refused = await client.recv_until(system_event("error"))
+        done = await client.recv_until(lambda f: f["type"] == "AGENT_RESPONSE" and f["payload"]["done"])
+    finally:
+        await client.close()
+
+    assert (refused["payload"]["data"]["code"], refused["payload"]["data"]["callId"]) == (
+        "approval_mismatch", call_id)
+    assert done["payload"]["chunk"] == "The payment did not go through."
+    (result,) = tool_results(fake.requests[1]["messages"][-1])
+    assert result == {"type": "tool_result", "tool_use_id": "toolu_pay", "is_error": True,
+                      "content": MISMATCH_MESSAGE}
+    (row,) = await stored_calls(client.session_id)
+    assert (row.status, row.result, row.error) == ("denied", None, MISMATCH_MESSAGE)
+    trail = [e.action async for e in AuditEvent.objects.filter(call_id=call_id).order_by("seq")]
+    assert trail == [AuditEvent.Action.MISMATCH]
