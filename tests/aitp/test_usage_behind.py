@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from aitp import processes, services
 from aitp.models import DailyUsage, Session
-from aitp_client import AitpClient
+from aitp_client import AitpClient, AitpRefused
 
 ORIGIN = "http://page.example"
 # Longer than any test: nothing is written behind unless the test flushes.
@@ -252,6 +252,34 @@ def test_an_open_waits_for_its_tenants_row_lock_whichever_key_it_uses(path, monk
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = 0")
     assert not Session.objects.filter(tenant=tenant).exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+async def test_two_processes_admit_exactly_the_tenants_ceiling_over_two_keys(daphne_factory):
+    def arrange():
+        tenant = services.tenant_create(slug="ceiling-two", name="Two", max_sessions=3)
+        return [services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=10)[1]
+                for _ in range(2)]
+
+    raws = await asyncio.to_thread(arrange)
+    servers = [daphne_factory(), daphne_factory()]
+    pages = [AitpClient(servers[n % 2].ws_url(), api_key=raws[n // 2 % 2], origin=ORIGIN)
+             for n in range(8)]
+
+    async def open_one(page: AitpClient) -> str:
+        try:
+            await page.connect()
+        except AitpRefused as refused:
+            return f"{refused.code} {refused.close_code}"
+        return "opened"
+
+    try:
+        outcomes = await asyncio.gather(*(open_one(page) for page in pages))
+    finally:
+        for page in pages:
+            await page.close()
+    assert sorted(outcomes) == ["opened"] * 3 + ["tenant_session_limit 1008"] * 5
 
 
 @pytest.mark.e2e
