@@ -146,7 +146,7 @@ class Agent:
                     await self.io.send_message(p.voice_state("turn_complete"))
                     done = p.agent_response("", True)
                     return
-                speaker = self._speaker = Speaker(self.io.send_message)
+                speaker = self._speaker = Speaker(self.io.send_message, owner=voice.owner)
             await self._append("user", [{"type": "text", "text": text}, *self._page_blocks()])
             rounds = 0
             while True:

@@ -5,15 +5,16 @@ A voice turn is the ordinary turn (``aitp.agent``) with two ends added:
   in an ``UtteranceBuffer`` until VOICE_INPUT_END, the server's VAD, the
   longest utterance or a stalled stream (the idle deadline) ends it -- or a
   whole USER_INPUT audio message, already complete. ``hear()`` transcribes it
-  in the speech pool and tells the page what was heard (SYSTEM_EVENT
-  transcript, role "user").
+  (offline engines: in the process's speech workers, counted against the
+  page's API key, its ``owner``) and tells the page what was heard
+  (SYSTEM_EVENT transcript, role "user").
 - ``Speaker`` takes the model's text as it streams, has each sentence
   synthesized as soon as it is complete (``SpeechPipeline``), and sends its
   audio as AUDIO_STREAM frames in order, each sentence announced by its
   transcript fragment (role "agent"). ``SpokenProgress`` follows what was
   sent, so a barge-in (``stop()``) knows where the user stopped hearing.
-A SpeechError becomes the page's error event with its code; the turn goes on
-(or ends) as text.
+A SpeechError becomes the page's error event with its code (and its data:
+the bound that refused); the turn goes on (or ends) as text.
 
 What a voice turn leaves in the record: ``audio_usage`` (milliseconds of
 the utterance heard and of the agent's audio actually sent, counted with the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 
 from aitp import protocol as p
 from aitp.voice import SpeechError, get_stt, get_tts
@@ -50,8 +51,11 @@ def _now() -> float:
 class Listening:
     """One user utterance: live chunks until it ends, or a whole audio message."""
 
-    def __init__(self, limits: VoiceLimits | None = None, *, audio: Audio | None = None) -> None:
+    def __init__(self, limits: VoiceLimits | None = None, *, audio: Audio | None = None,
+                 owner: Hashable | None = None) -> None:
         self._audio = audio
+        # Whose speech allowance the turn's speech jobs count against (the API key).
+        self.owner = owner
         self.buffer = None if audio is not None else UtteranceBuffer(limits or VoiceLimits.from_settings(), _now())
         self._changed = asyncio.Event()
         # Set once a turn has taken this utterance (the consumer's bookkeeping).
@@ -103,10 +107,10 @@ class Listening:
             await send(p.error_event("empty_audio", "No audio was received."))
             return "", None
         try:
-            heard = await get_stt().transcribe(utterance.audio)
+            heard = await get_stt().transcribe(utterance.audio, owner=self.owner)
         except SpeechError as exc:
             logger.warning("transcription failed: %s", exc)
-            await send(p.error_event(exc.code, exc.message))
+            await send(p.error_event(exc.code, exc.message, **exc.data))
             return "", None
         text = heard.text.strip()
         if not text:
@@ -119,9 +123,9 @@ class Listening:
 class Speaker:
     """The agent's answer spoken while the model writes it."""
 
-    def __init__(self, send: Send, *, ahead: float | None = None) -> None:
+    def __init__(self, send: Send, *, ahead: float | None = None, owner: Hashable | None = None) -> None:
         self._send = send
-        self.pipeline = SpeechPipeline(get_tts())
+        self.pipeline = SpeechPipeline(get_tts(), owner=owner)
         self.progress = SpokenProgress()
         self.stopped = False
         self.failed: SpeechError | None = None
@@ -194,7 +198,7 @@ class Speaker:
         except SpeechError as exc:
             logger.warning("speech synthesis failed: %s", exc)
             self.failed = exc
-            await self._send(p.error_event(exc.code, exc.message))
+            await self._send(p.error_event(exc.code, exc.message, **exc.data))
 
     async def _keep_pace(self) -> None:
         """Wait until the page has at most ``ahead`` seconds of what was sent

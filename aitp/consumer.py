@@ -79,7 +79,7 @@ VOICE_CAPABILITIES = ("text", "audio", "tools")
 
 async def capabilities() -> tuple[str, ...]:
     """What HANDSHAKE_ACK offers: "audio" only when voice is on and both
-    speech engines work (checked once per process, in the speech pool)."""
+    speech engines work (checked once per process, in a speech worker)."""
     if settings.OWLLAYER_VOICE and await voice.audio_available_async():
         return VOICE_CAPABILITIES
     return CAPABILITIES
@@ -240,7 +240,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             elif isinstance(event, UserTextReceived):
                 self._start_turn(event.text)
             else:
-                self._start_voice_turn(Listening(audio=event.audio))
+                self._start_voice_turn(Listening(audio=event.audio, owner=self.session_row.api_key_id))
         elif isinstance(event, AudioChunkReceived):
             self._audio_chunk(event.pcm)
         elif isinstance(event, VoiceInputEnded):
@@ -370,7 +370,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             self.rate_limits.audio_refused(self.machine)
             return
         if self.listening is None or self.listening.over:
-            self.listening = Listening(VoiceLimits.from_settings())
+            self.listening = Listening(VoiceLimits.from_settings(), owner=self.session_row.api_key_id)
         self.listening.add(pcm)
         self._next_voice_turn()
 

@@ -23,8 +23,9 @@ quotas (``aitp.quota``) stop counting, as do reservations past their time.
 On SIGTERM the process drains (``drain``): every open page is told
 ``SYSTEM_EVENT disconnect`` and closed with 1001, which the client answers
 by reconnecting (to another process behind the proxy); running turns are
-cancelled with every tool call given its final status; then the rows left
-are closed and the process is marked stopped.
+cancelled with every tool call given its final status; the speech worker
+processes are stopped; then the rows left are closed and the process is
+marked stopped.
 
 The tenants' usage counts this process added up (``services.UsageBuffer``)
 are written every ``OWLLAYER_USAGE_FLUSH_INTERVAL`` by a timer and at the
@@ -330,6 +331,10 @@ async def drain(timeout: float | None = None) -> None:
             logger.warning("%d connections still closing after the drain time", len(pending))
             for task in pending:
                 task.cancel()
+    # The speech workers, once the turns that used them are over.
+    from aitp.voice import jobs
+
+    await asyncio.to_thread(jobs.shutdown)
     try:
         await db_call(mark_stopped)
     except DatabaseError:

@@ -37,6 +37,12 @@ RAISED_LIMITS = {
     "OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE": "100000000",
     # The voice line sends each utterance at once, turn after turn.
     "OWLLAYER_VOICE_BYTES_PER_SECOND": "100000000",
+    # Its sessions share one key, and their speech jobs wait for the
+    # process's workers however many there are: the line measures how the
+    # wait grows, not where the queue refuses (speech_busy).
+    "OWLLAYER_VOICE_JOBS_PER_KEY": "0",
+    "OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE": "0",
+    "OWLLAYER_VOICE_QUEUE": "100000",
 }
 
 

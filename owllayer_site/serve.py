@@ -113,9 +113,9 @@ def _raise_open_files_limit() -> None:
 
 def _load_engines_early() -> None:
     """Load the model's backend (the anthropic SDK takes a second of CPU to
-    import) before serving, and check the speech engines while daphne starts,
-    on a thread of their own: the first pages would otherwise wait for both,
-    and every other page's frames with them."""
+    import) before serving, and check the speech engines while daphne starts
+    (in a speech worker process, waited for on a thread of their own): the
+    first pages would otherwise wait for both."""
     from django.conf import settings
 
     from aitp import llm
@@ -207,6 +207,9 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     finally:
         # The drain did this already unless daphne stopped some other way;
         # done again it changes nothing.
+        from aitp.voice import jobs
+
+        jobs.shutdown()
         try:
             connections.close_all()
             processes.mark_stopped()

@@ -517,9 +517,18 @@ if OWLLAYER_STT_GRAMMAR and not os.path.isfile(OWLLAYER_STT_GRAMMAR):
     raise ImproperlyConfigured(f"OWLLAYER_STT_GRAMMAR is not a file: {OWLLAYER_STT_GRAMMAR!r}")
 OWLLAYER_ESPEAK_VOICE = env_str("OWLLAYER_ESPEAK_VOICE", "en-us")
 OWLLAYER_ESPEAK_WPM = env_int("OWLLAYER_ESPEAK_WPM", 175, minimum=80)
-# Speech jobs (transcriptions, syntheses) running at once in one process,
-# off the event loop; more wait their turn.
+# Speech worker processes per serving process (offline transcriptions and
+# syntheses run there, never on the serving interpreter), and how many jobs
+# may wait for one; past both, a job is refused at once with speech_busy.
 OWLLAYER_VOICE_JOBS = env_int("OWLLAYER_VOICE_JOBS", 2, minimum=1)
+OWLLAYER_VOICE_QUEUE = env_int("OWLLAYER_VOICE_QUEUE", 4, minimum=0)
+# One API key's share of them (speech_rate_limited past it; 0: no bound):
+# jobs waiting or running at once (a voice answer has up to two sentences
+# synthesized at once), and seconds of speech transcribed per minute.
+OWLLAYER_VOICE_JOBS_PER_KEY = env_int(
+    "OWLLAYER_VOICE_JOBS_PER_KEY", max(2, (OWLLAYER_VOICE_JOBS + OWLLAYER_VOICE_QUEUE) // 2), minimum=0)
+OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE = env_float(
+    "OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE", 120.0, minimum=0.0)
 OWLLAYER_VOICE_TIMEOUT = env_float("OWLLAYER_VOICE_TIMEOUT", 30.0, minimum=0.1)
 # Limits of a voice session: the longest utterance (longer audio is cut and
 # the utterance ends as "timeout"), microphone bytes per second per

@@ -7,13 +7,16 @@
   response_format:"pcm"}; the answer is raw 24 kHz 16-bit little-endian mono
   PCM, the rate the agent's voice has on the wire.
 Errors come back as {"error": {"message", "type", "code"}} with an HTTP
-status, mapped here to SpeechError codes. Configured by OWLLAYER_VOICE_API_KEY
+status, mapped here to SpeechError codes. Requests are awaited on the event
+loop (no speech worker is involved, so a call's `owner` is not counted: the
+service applies its own limits, a 429 being speech_busy). Configured by OWLLAYER_VOICE_API_KEY
 and OWLLAYER_VOICE_BASE_URL (tests point it at tests/support/fake_speech.py).
 """
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import httpx
@@ -102,7 +105,7 @@ class HostedStt:
     def __init__(self, config: HostedConfig | None = None) -> None:
         self.config = config or HostedConfig.from_settings()
 
-    async def transcribe(self, audio: Audio) -> Transcription:
+    async def transcribe(self, audio: Audio, *, owner: Hashable | None = None) -> Transcription:
         body = await _post(
             self.config, "/audio/transcriptions", max_bytes=MAX_TRANSCRIPT_BYTES,
             files={"file": ("speech.wav", encode_wav(audio), "audio/wav")},
@@ -123,7 +126,7 @@ class HostedTts:
     def __init__(self, config: HostedConfig | None = None) -> None:
         self.config = config or HostedConfig.from_settings()
 
-    async def synthesize(self, text: str) -> Audio:
+    async def synthesize(self, text: str, *, owner: Hashable | None = None) -> Audio:
         pcm = await _post(
             self.config, "/audio/speech", max_bytes=MAX_SPEECH_BYTES,
             json={"model": self.config.tts_model, "input": text,

@@ -5,8 +5,11 @@
   grammar only, which is far more accurate for a known set of commands.
 - eSpeak NG (Debian `espeak-ng`, installed by `make setup`) speaks; its
   22,050 Hz output is resampled to the wire's 24 kHz.
-Both run in the bounded speech pool (jobs.py). offline_problems() is the
-availability check behind the `audio` capability of HANDSHAKE_ACK.
+They are for trying voice out; real traffic wants the hosted engines
+(hosted.py). The blocking work is in module-level functions that the speech
+worker processes run (jobs.py): the engine classes only send it there.
+offline_problems() is the availability check behind the `audio` capability
+of HANDSHAKE_ACK, run in a worker as well.
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass
 
-from . import jobs
 from .audio import AGENT_RATE, CLIENT_RATE, AudioRefused, decode_wav, resample
 from .base import Audio, SpeechError, Transcription
 
@@ -42,43 +45,67 @@ class PocketSphinxStt:
 
     def __init__(self, config: PocketSphinxConfig | None = None) -> None:
         self.config = config or PocketSphinxConfig.from_settings()
-        # A decoder is not thread-safe and takes most of a second to load:
-        # one per pool thread, kept.
-        self._local = threading.local()
 
-    async def transcribe(self, audio: Audio) -> Transcription:
-        return await jobs.run(self.transcribe_now, audio)
+    async def transcribe(self, audio: Audio, *, owner: Hashable | None = None) -> Transcription:
+        from . import jobs
+
+        return await jobs.run(transcribe_blocking, self.config, audio, owner=owner, seconds=audio.seconds)
 
     def transcribe_now(self, audio: Audio) -> Transcription:
-        """The blocking transcription (pool threads and the availability check call it)."""
-        pcm = resample(audio, CLIENT_RATE).pcm
-        decoder = self._decoder()
+        """The transcription, here and now (blocking: never on the serving loop)."""
+        return transcribe_blocking(self.config, audio)
+
+
+# A decoder is not thread-safe and takes most of a second to load: one per
+# configuration and thread, kept (a worker process has one thread, and keeps
+# its decoders across jobs).
+_decoders = threading.local()
+
+
+def _loaded() -> dict:
+    loaded = getattr(_decoders, "by_config", None)
+    if loaded is None:
+        loaded = _decoders.by_config = {}
+    return loaded
+
+
+def load_decoder(config: PocketSphinxConfig):
+    """The decoder for `config`, loaded once per thread: a worker's warm-up."""
+    loaded = _loaded()
+    decoder = loaded.get(config)
+    if decoder is None:
+        from pocketsphinx import Decoder
+
         try:
-            decoder.start_utt()
-            decoder.process_raw(pcm, full_utt=True)
-            decoder.end_utt()
-        except RuntimeError as exc:
-            # The decoder may be left mid-utterance: build a fresh one next time.
-            self._local.decoder = None
-            raise SpeechError("speech_failed", detail=f"pocketsphinx: {exc}") from None
-        hypothesis = decoder.hyp()
-        text = hypothesis.hypstr.strip() if hypothesis is not None else ""
-        return Transcription(text, audio.seconds)
+            decoder = Decoder(samprate=CLIENT_RATE, loglevel="FATAL")
+            if config.grammar:
+                decoder.add_jsgf_file("grammar", config.grammar)
+                decoder.activate_search("grammar")
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise SpeechError("speech_unavailable", detail=f"pocketsphinx: {exc}") from None
+        loaded[config] = decoder
+    return decoder
 
-    def _decoder(self):
-        decoder = getattr(self._local, "decoder", None)
-        if decoder is None:
-            from pocketsphinx import Decoder
 
-            try:
-                decoder = Decoder(samprate=CLIENT_RATE, loglevel="FATAL")
-                if self.config.grammar:
-                    decoder.add_jsgf_file("grammar", self.config.grammar)
-                    decoder.activate_search("grammar")
-            except (RuntimeError, OSError, ValueError) as exc:
-                raise SpeechError("speech_unavailable", detail=f"pocketsphinx: {exc}") from None
-            self._local.decoder = decoder
-        return decoder
+def _decode(decoder, pcm: bytes, key: object) -> None:
+    try:
+        decoder.start_utt()
+        decoder.process_raw(pcm, full_utt=True)
+        decoder.end_utt()
+    except RuntimeError as exc:
+        # The decoder may be left mid-utterance: build a fresh one next time.
+        _loaded().pop(key, None)
+        raise SpeechError("speech_failed", detail=f"pocketsphinx: {exc}") from None
+
+
+def transcribe_blocking(config: PocketSphinxConfig, audio: Audio) -> Transcription:
+    """The words PocketSphinx hears in one utterance (a speech worker's job)."""
+    pcm = resample(audio, CLIENT_RATE).pcm
+    decoder = load_decoder(config)
+    _decode(decoder, pcm, config)
+    hypothesis = decoder.hyp()
+    text = hypothesis.hypstr.strip() if hypothesis is not None else ""
+    return Transcription(text, audio.seconds)
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,9 @@ class EspeakConfig:
     voice: str = "en-us"
     words_per_minute: int = 175
     timeout: float = 30.0
+    # The program: found on the serving process's PATH when the settings are
+    # read ("" when it is not there), so that every worker runs the same one.
+    program: str = ESPEAK
 
     @classmethod
     def from_settings(cls) -> EspeakConfig:
@@ -93,7 +123,8 @@ class EspeakConfig:
 
         return cls(voice=settings.OWLLAYER_ESPEAK_VOICE,
                    words_per_minute=settings.OWLLAYER_ESPEAK_WPM,
-                   timeout=settings.OWLLAYER_VOICE_TIMEOUT)
+                   timeout=settings.OWLLAYER_VOICE_TIMEOUT,
+                   program=shutil.which(ESPEAK) or "")
 
 
 class EspeakTts:
@@ -102,49 +133,58 @@ class EspeakTts:
     def __init__(self, config: EspeakConfig | None = None) -> None:
         self.config = config or EspeakConfig.from_settings()
 
-    async def synthesize(self, text: str) -> Audio:
-        return await jobs.run(self.synthesize_now, text)
+    async def synthesize(self, text: str, *, owner: Hashable | None = None) -> Audio:
+        from . import jobs
+
+        return await jobs.run(synthesize_blocking, self.config, text, owner=owner)
 
     def synthesize_now(self, text: str) -> Audio:
-        """The blocking synthesis (pool threads and the availability check call it)."""
-        binary = shutil.which(ESPEAK)
-        if binary is None:
-            raise SpeechError("speech_unavailable", detail="espeak-ng is not installed")
-        # The text goes in on stdin, never as an argument: a sentence starting
-        # with "-" is not an option.
-        command = [binary, "--stdout", "-v", self.config.voice, "-s", str(self.config.words_per_minute)]
-        try:
-            done = subprocess.run(command, input=text.encode("utf-8"), capture_output=True,
-                                  timeout=self.config.timeout, check=False,
-                                  env={**os.environ, "LC_ALL": "C.UTF-8"})
-        except subprocess.TimeoutExpired:
-            raise SpeechError("speech_timeout", detail="espeak-ng took too long") from None
-        except OSError as exc:
-            raise SpeechError("speech_unavailable", detail=f"espeak-ng: {exc}") from None
-        if done.returncode != 0:
-            raise SpeechError("speech_failed", detail=f"espeak-ng exited {done.returncode}: "
-                              f"{done.stderr[:200].decode('utf-8', 'replace').strip()}")
-        try:
-            audio = decode_wav(done.stdout)
-        except AudioRefused as exc:
-            raise SpeechError("speech_failed", detail=f"espeak-ng output: {exc.message}") from None
-        return resample(audio, AGENT_RATE)
+        """The synthesis, here and now (blocking: never on the serving loop)."""
+        return synthesize_blocking(self.config, text)
 
 
-def offline_problems(stt: PocketSphinxStt | None, tts: EspeakTts | None) -> list[str]:
-    """What keeps the given offline engines from working ([] when both work); blocking."""
+def synthesize_blocking(config: EspeakConfig, text: str) -> Audio:
+    """`text` spoken by eSpeak NG, as 24 kHz PCM (a speech worker's job)."""
+    binary = shutil.which(config.program) if config.program else None
+    if binary is None:
+        raise SpeechError("speech_unavailable", detail="espeak-ng is not installed")
+    # The text goes in on stdin, never as an argument: a sentence starting
+    # with "-" is not an option.
+    command = [binary, "--stdout", "-v", config.voice, "-s", str(config.words_per_minute)]
+    try:
+        done = subprocess.run(command, input=text.encode("utf-8"), capture_output=True,
+                              timeout=config.timeout, check=False,
+                              env={**os.environ, "LC_ALL": "C.UTF-8"})
+    except subprocess.TimeoutExpired:
+        raise SpeechError("speech_timeout", detail="espeak-ng took too long") from None
+    except OSError as exc:
+        raise SpeechError("speech_unavailable", detail=f"espeak-ng: {exc}") from None
+    if done.returncode != 0:
+        raise SpeechError("speech_failed", detail=f"espeak-ng exited {done.returncode}: "
+                          f"{done.stderr[:200].decode('utf-8', 'replace').strip()}")
+    try:
+        audio = decode_wav(done.stdout)
+    except AudioRefused as exc:
+        raise SpeechError("speech_failed", detail=f"espeak-ng output: {exc.message}") from None
+    return resample(audio, AGENT_RATE)
+
+
+def offline_problems(stt: PocketSphinxConfig | None, tts: EspeakConfig | None) -> list[str]:
+    """What keeps the offline engines of these configurations from working
+    ([] when both work): a word spoken, then heard. Blocking: a speech
+    worker runs it (so it also loads that worker's decoder)."""
     problems = []
     spoken = None
     if tts is not None:
         try:
-            spoken = tts.synthesize_now("ready")
+            spoken = synthesize_blocking(tts, "ready")
             if not spoken.pcm:
                 problems.append("espeak-ng produced no audio")
         except SpeechError as exc:
             problems.append(exc.detail or exc.message)
     if stt is not None:
         try:
-            stt.transcribe_now(spoken or Audio(b"\0\0" * (CLIENT_RATE // 10), CLIENT_RATE))
+            transcribe_blocking(stt, spoken or Audio(b"\0\0" * (CLIENT_RATE // 10), CLIENT_RATE))
         except SpeechError as exc:
             problems.append(exc.detail or exc.message)
         except ImportError as exc:

@@ -6,14 +6,14 @@ A sentence is synthesized as soon as it is complete, with at most `prefetch`
 sentences synthesized ahead of the one being sent, so the first audio leaves
 while the model writes the rest and a barge-in wastes little work. cancel()
 (barge-in, turn cancelled) drops every synthesis not yet sent; a job already
-running in the pool finishes in its thread and its result is dropped.
+running in a speech worker finishes there and its result is dropped.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 
 from .base import Audio, TextToSpeech
 from .speaking import Sentence, SentenceSplitter
@@ -22,8 +22,9 @@ logger = logging.getLogger(__name__)
 
 
 class SpeechPipeline:
-    def __init__(self, tts: TextToSpeech, *, prefetch: int = 2) -> None:
+    def __init__(self, tts: TextToSpeech, *, prefetch: int = 2, owner: Hashable | None = None) -> None:
         self.tts = tts
+        self.owner = owner  # whose speech allowance the syntheses count against
         self.splitter = SentenceSplitter()
         self._prefetch = max(1, prefetch)
         self._waiting: deque[Sentence] = deque()  # complete, not yet being synthesized
@@ -98,7 +99,7 @@ class SpeechPipeline:
     def _start_more(self) -> None:
         while self._waiting and len(self._started) < self._prefetch:
             sentence = self._waiting.popleft()
-            task = asyncio.ensure_future(self.tts.synthesize(sentence.text))
+            task = asyncio.ensure_future(self.tts.synthesize(sentence.text, owner=self.owner))
             task.add_done_callback(_log_failure)
             self._started.append((sentence, task))
         self._changed.set()

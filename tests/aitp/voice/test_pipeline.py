@@ -25,7 +25,7 @@ class ScriptedTts:
         self.release: dict[str, asyncio.Event] = {}
         self.fail: set[str] = set()
 
-    async def synthesize(self, text: str) -> Audio:
+    async def synthesize(self, text: str, *, owner=None) -> Audio:
         self.asked.append(text)
         gate = self.release.setdefault(text, asyncio.Event())
         try:
