@@ -114,6 +114,8 @@ class Listening:
             return "", None
         text = heard.text.strip()
         if not text:
+            if heard.noise:
+                logger.info("utterance heard as noise only: no words kept")
             await send(p.error_event("no_speech", NO_SPEECH))
             return "", heard
         await send(p.system_event("transcript", data={"role": "user", "text": text}))

@@ -515,6 +515,9 @@ OWLLAYER_TTS_VOICE = env_str("OWLLAYER_TTS_VOICE", "alloy")
 OWLLAYER_STT_GRAMMAR = env_str("OWLLAYER_STT_GRAMMAR", "")
 if OWLLAYER_STT_GRAMMAR and not os.path.isfile(OWLLAYER_STT_GRAMMAR):
     raise ImproperlyConfigured(f"OWLLAYER_STT_GRAMMAR is not a file: {OWLLAYER_STT_GRAMMAR!r}")
+# Words PocketSphinx hears in an utterance holding fewer seconds of vowels
+# than this (its phone-by-phone pass) are noise: no_speech. 0: no such pass.
+OWLLAYER_STT_MIN_VOICED_SECONDS = env_float("OWLLAYER_STT_MIN_VOICED_SECONDS", 0.08, minimum=0.0)
 OWLLAYER_ESPEAK_VOICE = env_str("OWLLAYER_ESPEAK_VOICE", "en-us")
 OWLLAYER_ESPEAK_WPM = env_int("OWLLAYER_ESPEAK_WPM", 175, minimum=80)
 # Speech worker processes per serving process (offline transcriptions and

@@ -36,6 +36,8 @@ class Transcription:
     text: str
     # Length of the audio that was transcribed (what usage counts).
     seconds: float
+    # Words were heard, but in what the engine takes for noise: none are kept.
+    noise: bool = False
 
 
 # Sentences a page user may see; the detail of what went wrong goes to the log.
@@ -78,7 +80,7 @@ class SpeechToText(Protocol):
     name: str
 
     async def transcribe(self, audio: Audio, *, owner: Hashable | None = None) -> Transcription:
-        """The words of one utterance ("" when nothing was understood).
+        """The words of one utterance ("" when nothing was understood, or only noise).
 
         Raises SpeechError for every engine failure. Cancellable: a cancelled
         call returns no result (an offline job already running finishes in its

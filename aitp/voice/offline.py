@@ -3,6 +3,7 @@
 - PocketSphinx (PyPI `pocketsphinx`) transcribes with the US English model its
   wheel ships. With OWLLAYER_STT_GRAMMAR (a JSGF file) it listens for that
   grammar only, which is far more accurate for a known set of commands.
+  What it hears in mere noise is dropped (``heard_as_speech``).
 - eSpeak NG (Debian `espeak-ng`, installed by `make setup`) speaks; its
   22,050 Hz output is resampled to the wire's 24 kHz.
 They are for trying voice out; real traffic wants the hosted engines
@@ -32,12 +33,16 @@ ESPEAK = "espeak-ng"
 @dataclass(frozen=True)
 class PocketSphinxConfig:
     grammar: str = ""  # path of a JSGF grammar file, or "" for the full language model
+    # Seconds of vowels the phone-by-phone pass must hear for the words to
+    # count (0: no such pass, whatever is heard counts).
+    min_voiced_seconds: float = 0.0
 
     @classmethod
     def from_settings(cls) -> PocketSphinxConfig:
         from django.conf import settings
 
-        return cls(grammar=settings.OWLLAYER_STT_GRAMMAR)
+        return cls(grammar=settings.OWLLAYER_STT_GRAMMAR,
+                   min_voiced_seconds=settings.OWLLAYER_STT_MIN_VOICED_SECONDS)
 
 
 class PocketSphinxStt:
@@ -60,6 +65,11 @@ class PocketSphinxStt:
 # configuration and thread, kept (a worker process has one thread, and keeps
 # its decoders across jobs).
 _decoders = threading.local()
+# The phone-by-phone pass: the phones of the US English model, free of any
+# word, the phone language model weighted lightly, so that speech shows its
+# vowels even when spoken fast; noise, whatever its colour, is silence to it.
+PHONE_WEIGHT = 2.0
+VOWELS = frozenset({"AA", "AE", "AH", "AO", "AW", "AY", "EH", "ER", "EY", "IH", "IY", "OW", "OY", "UH", "UW"})
 
 
 def _loaded() -> dict:
@@ -70,7 +80,8 @@ def _loaded() -> dict:
 
 
 def load_decoder(config: PocketSphinxConfig):
-    """The decoder for `config`, loaded once per thread: a worker's warm-up."""
+    """The word decoder for `config` (and the phone decoder it needs),
+    loaded once per thread: a worker's warm-up."""
     loaded = _loaded()
     decoder = loaded.get(config)
     if decoder is None:
@@ -84,6 +95,24 @@ def load_decoder(config: PocketSphinxConfig):
         except (RuntimeError, OSError, ValueError) as exc:
             raise SpeechError("speech_unavailable", detail=f"pocketsphinx: {exc}") from None
         loaded[config] = decoder
+    if config.min_voiced_seconds > 0:
+        _phone_decoder()
+    return decoder
+
+
+def _phone_decoder():
+    loaded = _loaded()
+    decoder = loaded.get("phones")
+    if decoder is None:
+        from pocketsphinx import Decoder, get_model_path
+
+        try:
+            decoder = Decoder(samprate=CLIENT_RATE, loglevel="FATAL", lw=PHONE_WEIGHT)
+            decoder.add_allphone_file("phones", os.path.join(get_model_path(), "en-us", "en-us-phone.lm.bin"))
+            decoder.activate_search("phones")
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise SpeechError("speech_unavailable", detail=f"pocketsphinx phones: {exc}") from None
+        loaded["phones"] = decoder
     return decoder
 
 
@@ -98,13 +127,28 @@ def _decode(decoder, pcm: bytes, key: object) -> None:
         raise SpeechError("speech_failed", detail=f"pocketsphinx: {exc}") from None
 
 
+def voiced_seconds(pcm: bytes) -> float:
+    """Seconds of vowels PocketSphinx hears in 16 kHz PCM, phone by phone."""
+    decoder = _phone_decoder()
+    _decode(decoder, pcm, "phones")
+    frames = sum(segment.end_frame - segment.start_frame + 1 for segment in decoder.seg()
+                 if segment.word in VOWELS)
+    return frames / decoder.config["frate"]
+
+
 def transcribe_blocking(config: PocketSphinxConfig, audio: Audio) -> Transcription:
-    """The words PocketSphinx hears in one utterance (a speech worker's job)."""
+    """The words PocketSphinx hears in one utterance (a speech worker's job).
+
+    Words heard in what the phone-by-phone pass finds fewer vowels in than
+    config.min_voiced_seconds are noise (room noise heard as "ah" or "if"):
+    none are returned."""
     pcm = resample(audio, CLIENT_RATE).pcm
     decoder = load_decoder(config)
     _decode(decoder, pcm, config)
     hypothesis = decoder.hyp()
     text = hypothesis.hypstr.strip() if hypothesis is not None else ""
+    if text and config.min_voiced_seconds > 0 and voiced_seconds(pcm) < config.min_voiced_seconds:
+        return Transcription("", audio.seconds, noise=True)
     return Transcription(text, audio.seconds)
 
 

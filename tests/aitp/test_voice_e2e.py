@@ -15,7 +15,7 @@ from aitp.voice.audio import agent_chunks
 from aitp.voice.offline import EspeakConfig, EspeakTts
 from aitp_client import AitpClient, final_text, system_event
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN
-from tests.aitp.voice.conftest import needs_espeak, silence, speak
+from tests.aitp.voice.conftest import needs_espeak, room_noise, silence, speak
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
     StreamedMessage,
@@ -365,6 +365,30 @@ async def test_a_whole_audio_message_is_heard_and_answered(server, fake, api_key
     kinds = [kind(f) for f in frames]
     assert kinds[0] == "transcript:user" and frames[0]["payload"]["data"]["text"] == "show me the headphones"
     assert "AUDIO_STREAM" in kinds and kinds[-2:] == ["voice:turn_complete", "AGENT_RESPONSE"]
+
+
+async def test_room_noise_gets_no_speech_and_no_model_request_while_speech_is_still_heard(
+        daphne_factory, fake, tmp_path, api_key):
+    # The full language model, which makes words of noise where a grammar would not.
+    server = start_server(daphne_factory, fake, tmp_path, OWLLAYER_STT_GRAMMAR="")
+    fake.enqueue(text_response("Here they are.", chunks=1))
+    client = await open_client(server, api_key)
+    noise = room_noise("pink", seconds=4.0, seed=6)
+    speech = silence(0.3) + speak("show me the headphones", words_per_minute=MIC_WPM).pcm + silence(0.3)
+    try:
+        await client.send("USER_INPUT", {"modality": "audio", "mimeType": "audio/pcm;rate=16000",
+                                         "content": base64.b64encode(noise.pcm).decode()})
+        ignored = await frames_until(client, "done")
+        await client.send("USER_INPUT", {"modality": "audio", "mimeType": "audio/pcm;rate=16000",
+                                         "content": base64.b64encode(speech).decode()})
+        heard = await frames_until(client, "done")
+    finally:
+        await client.close()
+    assert [kind(f) for f in ignored] == ["error:no_speech", "voice:turn_complete", "AGENT_RESPONSE"]
+    assert ignored[-1]["payload"] == {"chunk": "", "done": True}
+    assert kind(heard[0]) == "transcript:user" and heard[0]["payload"]["data"]["text"]
+    assert final_text(heard) == "Here they are."
+    assert len(fake.requests) == 1, "the noise never reached the model"
 
 
 async def test_the_servers_voice_activity_detection_ends_the_utterance(daphne_factory, fake, tmp_path, api_key):

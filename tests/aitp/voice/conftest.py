@@ -1,9 +1,10 @@
-"""Speech made at test time with eSpeak NG, and a skip when it is not installed."""
+"""Speech made at test time with eSpeak NG (and noise with numpy), and a skip when eSpeak NG is not installed."""
 from __future__ import annotations
 
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from aitp.voice.audio import CLIENT_RATE, resample
@@ -27,3 +28,20 @@ def speak(text: str, *, rate: int = CLIENT_RATE, words_per_minute: int = 150) ->
 
 def silence(seconds: float, rate: int = CLIENT_RATE) -> bytes:
     return b"\0\0" * int(seconds * rate)
+
+
+def room_noise(colour: str, seconds: float = 4.0, *, level: float = 0.02, seed: int,
+               rate: int = CLIENT_RATE) -> Audio:
+    """`colour` noise ("white" or "pink") whose loudness changes every tenth
+    of a second, as a room's does (`level`: its RMS, full scale 1), as PCM."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate)
+    samples = rng.normal(0.0, 1.0, n)
+    if colour == "pink":  # power falling as 1/f
+        frequencies = np.fft.rfftfreq(n)
+        frequencies[0] = frequencies[1]
+        samples = np.fft.irfft(np.fft.rfft(samples) / np.sqrt(frequencies), n)
+    tenth = rate // 10
+    samples *= np.repeat(rng.uniform(0.2, 1.5, n // tenth + 1), tenth)[:n]
+    samples *= level / np.std(samples)
+    return Audio((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes(), rate)

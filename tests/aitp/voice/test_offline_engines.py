@@ -6,12 +6,20 @@ import asyncio
 import pytest
 
 from aitp import voice
-from aitp.voice.audio import AGENT_RATE, CLIENT_RATE
-from aitp.voice.offline import EspeakConfig, EspeakTts, PocketSphinxConfig, PocketSphinxStt
+from aitp.voice.audio import AGENT_RATE, CLIENT_RATE, resample
+from aitp.voice.base import Audio, Transcription
+from aitp.voice.offline import (
+    EspeakConfig,
+    EspeakTts,
+    PocketSphinxConfig,
+    PocketSphinxStt,
+    synthesize_blocking,
+    voiced_seconds,
+)
 from aitp.voice.utterance import UtteranceBuffer, VoiceLimits
 from aitp.voice.vad import EndOfSpeech
 
-from .conftest import needs_espeak, silence, speak
+from .conftest import needs_espeak, room_noise, silence, speak
 
 pytestmark = needs_espeak
 
@@ -139,3 +147,31 @@ async def test_a_long_transcription_leaves_the_event_loop_free():
     done, _ = await asyncio.wait({transcription, frame}, return_when=asyncio.FIRST_COMPLETED)
     assert done == {frame}
     assert (await transcription).text
+
+
+# --- noise is not speech -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("colour", ["white", "pink"])
+async def test_four_seconds_of_room_noise_are_heard_as_no_words(colour):
+    noise = room_noise(colour, seconds=4.0, seed=6)
+    # The full language model alone makes a word or two of it ("thank", "up")...
+    assert PocketSphinxStt(PocketSphinxConfig()).transcribe_now(noise).text
+    # ...which the configured floor of voiced audio drops.
+    heard = await PocketSphinxStt(PocketSphinxConfig.from_settings()).transcribe(noise)
+    assert heard == Transcription("", 4.0, noise=True)
+
+
+@pytest.mark.parametrize("text, voice, words_per_minute", [
+    ("yes", "en-us+f3", 220),
+    ("stop", "en-gb", 220),
+    ("no", "en-us", 175),
+    ("what is in my cart", "en-us", 175),
+])
+async def test_short_quick_words_are_still_heard_above_the_noise_floor(text, voice, words_per_minute):
+    spoken = resample(synthesize_blocking(EspeakConfig(voice=voice, words_per_minute=words_per_minute), text),
+                      CLIENT_RATE)
+    utterance = Audio(silence(0.3) + spoken.pcm + silence(0.3), CLIENT_RATE)
+    assert voiced_seconds(utterance.pcm) >= PocketSphinxConfig.from_settings().min_voiced_seconds
+    heard = await PocketSphinxStt(PocketSphinxConfig.from_settings()).transcribe(utterance)
+    assert heard.text and not heard.noise

@@ -21,9 +21,10 @@ CODE = (
 )
 POOL = (
     "import json, django; django.setup();"
-    "from aitp.voice.jobs import settings_from_django;"
+    "from aitp.voice.jobs import settings_from_django; from aitp.voice.offline import PocketSphinxConfig;"
     "p = settings_from_django();"
-    "print(json.dumps([p.workers, p.queue, p.timeout, p.per_key.jobs_at_once, p.per_key.seconds_per_minute]))"
+    "print(json.dumps([p.workers, p.queue, p.timeout, p.per_key.jobs_at_once, p.per_key.seconds_per_minute,"
+    " PocketSphinxConfig.from_settings().min_voiced_seconds]))"
 )
 
 
@@ -32,7 +33,7 @@ def run_settings(code: str = CODE, **environment: str) -> subprocess.CompletedPr
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "owllayer_site.settings", "DJANGO_DEBUG": "true",
            **environment}
     for name in ("OWLLAYER_VOICE_JOBS", "OWLLAYER_VOICE_QUEUE", "OWLLAYER_VOICE_JOBS_PER_KEY",
-                 "OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE"):
+                 "OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE", "OWLLAYER_STT_MIN_VOICED_SECONDS"):
         if name not in environment:
             env.pop(name, None)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -60,15 +61,16 @@ def test_the_environment_sets_every_voice_setting(tmp_path):
 
 def test_the_environment_sets_the_speech_workers_their_queue_and_each_keys_share():
     done = run_settings(POOL, OWLLAYER_VOICE_JOBS="3", OWLLAYER_VOICE_QUEUE="5", OWLLAYER_VOICE_TIMEOUT="12.5",
-                        OWLLAYER_VOICE_JOBS_PER_KEY="4", OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE="45")
+                        OWLLAYER_VOICE_JOBS_PER_KEY="4", OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE="45",
+                        OWLLAYER_STT_MIN_VOICED_SECONDS="0.2")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [3, 5, 12.5, 4, 45.0]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [3, 5, 12.5, 4, 45.0, 0.2]
 
 
 def test_by_default_a_key_may_hold_half_the_workers_and_queue_and_hears_two_minutes_a_minute():
     done = run_settings(POOL)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2, 4, 30.0, 3, 120.0]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2, 4, 30.0, 3, 120.0, 0.08]
     bigger = run_settings(POOL, OWLLAYER_VOICE_JOBS="8", OWLLAYER_VOICE_QUEUE="16")
     assert json.loads(bigger.stdout.strip().splitlines()[-1])[3] == 12
 
@@ -81,6 +83,7 @@ def test_by_default_a_key_may_hold_half_the_workers_and_queue_and_hears_two_minu
     ({"OWLLAYER_VOICE_QUEUE": "-1"}, "OWLLAYER_VOICE_QUEUE must be >= 0"),
     ({"OWLLAYER_VOICE_JOBS_PER_KEY": "many"}, "OWLLAYER_VOICE_JOBS_PER_KEY must be an integer"),
     ({"OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE": "-5"}, "OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE must be >= 0"),
+    ({"OWLLAYER_STT_MIN_VOICED_SECONDS": "-0.1"}, "OWLLAYER_STT_MIN_VOICED_SECONDS must be >= 0"),
     ({"OWLLAYER_VOICE_BYTES_PER_SECOND": "16000"}, "OWLLAYER_VOICE_BYTES_PER_SECOND must be >= 32000"),
 ])
 def test_a_voice_setting_that_cannot_work_stops_the_process_at_start_up(environment, fact):
