@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import threading
+import wave
 
 import pytest
 
@@ -325,6 +327,33 @@ async def test_bad_audio_gets_its_code_and_the_session_goes_on(server, fake, api
         await client.close()
     assert error["payload"]["data"]["code"] == code
     assert final_text(after) == "Still here."
+
+
+@pytest.mark.parametrize("rate", [4000, 96000])
+async def test_a_wav_message_whose_header_rate_is_out_of_range_is_refused_like_a_live_chunk(
+        server, fake, api_key, rate):
+    fake.enqueue(text_response("Still here.", chunks=1))
+    client = await open_client(server, api_key)
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(rate)
+        writer.writeframes(silence(0.5))
+    try:
+        await client.send("AUDIO_STREAM", {"data": base64.b64encode(silence(0.25)).decode(),
+                                           "mimeType": f"audio/pcm;rate={rate}"})
+        live = (await frames_until(client, "error:unsupported_audio_rate"))[-1]
+        await client.send("USER_INPUT", {"modality": "audio", "mimeType": "audio/wav",
+                                         "content": base64.b64encode(buffer.getvalue()).decode()})
+        whole = (await frames_until(client, "error:unsupported_audio_rate"))[-1]
+        await client.send("USER_INPUT", {"modality": "text", "content": "hello"})
+        after = await frames_until(client, "done")
+    finally:
+        await client.close()
+    assert live["payload"]["data"]["code"] == whole["payload"]["data"]["code"] == "unsupported_audio_rate"
+    assert str(rate) in whole["payload"]["message"]
+    assert final_text(after) == "Still here.", "no turn started: the session goes on"
 
 
 async def test_a_stream_that_never_ends_is_heard_once_it_stalls(server, fake, api_key):

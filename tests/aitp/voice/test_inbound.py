@@ -88,6 +88,20 @@ def test_a_stereo_wav_message_is_mixed_down_to_mono():
     assert audio.pcm == b"\x20\x00" * 1600
 
 
+@pytest.mark.parametrize("rate", [4000, 7999, 48001, 96000])
+def test_a_wav_message_whose_header_rate_is_out_of_range_is_refused_like_a_live_chunk(rate):
+    live = refusal(stream_chunk, b64(b"\0\0"), f"audio/pcm;rate={rate}")
+    wav = refusal(whole_message, b64(wav_bytes(b"\0\0" * 800, rate=rate)), "audio/wav", max_seconds=30)
+    assert wav.code == live.code == "unsupported_audio_rate"
+    assert str(rate) in wav.message
+
+
+@pytest.mark.parametrize("rate", [8000, 48000])
+def test_a_wav_message_at_either_end_of_the_range_is_kept(rate):
+    audio = whole_message(b64(wav_bytes(b"\1\0" * 800, rate=rate)), "audio/wav", max_seconds=30)
+    assert (audio.rate, len(audio.pcm)) == (rate, 1600)
+
+
 def test_a_whole_pcm_message_takes_the_rate_of_its_mime_type():
     audio = whole_message(b64(b"\0\0" * 8000), "audio/pcm;rate=8000", max_seconds=30)
     assert (audio.rate, audio.seconds) == (8000, 1.0)
