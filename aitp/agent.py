@@ -181,11 +181,12 @@ class Agent:
             done = p.agent_response("".join(full_text), True)
             log.info("turn %s done: %s rounds", self.turn, rounds)
         except asyncio.CancelledError:
-            if self._barged_in:
-                said = "".join(full_text)
-                # Spoken: as far as its audio went out; typed: as far as its text did.
-                said = speaker.spoken_text(said) if speaker is not None else said[:streamer.sent_chars]
-                await self._store_said(said, round_start)
+            # A barge-in, or the page gone (closed, ended by an operator, the
+            # server stopping): the answer is stored as far as the user got it.
+            # Spoken: as far as its audio went out; typed: as far as its text did.
+            said = "".join(full_text)
+            said = speaker.spoken_text(said) if speaker is not None else said[:streamer.sent_chars]
+            await self._store_said(said, round_start)
             raise
         except (LlmError, QuotaExceeded) as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
@@ -221,8 +222,9 @@ class Agent:
                 await self.io.end_turn(done)
 
     async def _store_said(self, said: str, round_start: int) -> None:
-        """After a barge-in: the answer as far as the user got it, stored as
-        the assistant's message (the part not stored with a tool round)."""
+        """After a barge-in or the page's leaving: the answer as far as the user
+        got it, stored as the assistant's message (the part not stored with a
+        tool round)."""
         said = said[round_start:].strip()
         if said and self.history and self.history[-1]["role"] == "user":
             await self._append("assistant", [{"type": "text", "text": said}])

@@ -859,7 +859,11 @@ async def test_a_disconnect_while_the_answer_streams_leaves_no_task_behind(llm, 
     await close(page)
 
     assert leftover_tasks() == []
-    assert [m.role for m in await stored_messages(page.session_id)] == ["user"]
+    messages = await stored_messages(page.session_id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    # The answer as far as it was streamed to the page before it left.
+    [block] = messages[1].content
+    assert block["text"] and ("a slow answer " * 10).startswith(block["text"])
 
 
 async def test_a_disconnect_while_the_tool_use_message_is_stored_still_answers_it(

@@ -12,7 +12,7 @@ import wave
 
 import pytest
 
-from aitp.models import ConversationMessage, ToolCall
+from aitp.models import ConversationMessage, Session, ToolCall
 from aitp.voice.audio import agent_chunks
 from aitp.voice.offline import EspeakConfig, EspeakTts
 from aitp_client import AitpClient, final_text, system_event
@@ -276,6 +276,62 @@ async def test_a_barge_in_over_a_typed_answer_stores_the_text_the_page_was_shown
     messages = await stored(client.session_id)
     assert messages[1] == ("assistant", [{"type": "text", "text": shown}])
     assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
+
+
+async def until_closed(session_id: str) -> None:
+    """Until the server has ended the session's row (its turn is over by then)."""
+    for _ in range(PATIENCE * 10):
+        if (await Session.objects.aget(pk=session_id)).ended_at is not None:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the session was never closed")
+
+
+async def test_a_page_closed_while_its_spoken_answer_plays_leaves_the_answer_stored_as_far_as_it_was_said(
+    server, fake, api_key
+):
+    sentences = [f"Sentence number {n} of a long answer about your cart. " for n in range(1, 9)]
+    fake.enqueue(text_response("".join(sentences).strip(), chunks=8))
+    client = await open_client(server, api_key)
+    try:
+        await say_aloud(client, "what is in my cart")
+        await frames_until(client, "AUDIO_STREAM")
+        await frames_for(client, LISTEN)
+    finally:
+        await client.close()
+    await until_closed(client.session_id)
+
+    messages = await stored(client.session_id)
+    assert [role for role, _ in messages] == ["user", "assistant"]
+    [block] = messages[1][1]
+    whole = " ".join(sentence.strip() for sentence in sentences)
+    assert block["voice"] == "said"
+    assert block["text"] and whole.startswith(block["text"]) and len(block["text"]) < len(whole) // 2
+
+
+async def test_a_page_closed_while_its_typed_answer_streams_leaves_the_answer_stored_as_far_as_it_was_shown(
+    server, fake, api_key
+):
+    hold = threading.Event()
+    shown = "Your cart holds two pairs of headphones."
+    fake.enqueue(StreamedMessage(blocks=[TextBlock([shown, " They ship tomorrow."])],
+                                 hold=hold, hold_after_events=4))
+    client = await open_client(server, api_key)
+    try:
+        await client.send("USER_INPUT", {"modality": "text", "content": "what is in my cart"})
+        first = await client.recv_until(
+            lambda f: f["type"] == "AGENT_RESPONSE" and f["payload"]["chunk"], timeout=PATIENCE)
+    finally:
+        await client.close()
+    try:
+        await until_closed(client.session_id)
+    finally:
+        hold.set()
+
+    assert first["payload"]["chunk"] == shown
+    messages = await stored(client.session_id)
+    assert messages[1] == ("assistant", [{"type": "text", "text": shown}])
+    assert [role for role, _ in messages] == ["user", "assistant"]
 
 
 async def test_a_barge_in_during_a_tool_call_cancels_it_exactly_once(server, fake, api_key):
