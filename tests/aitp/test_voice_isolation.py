@@ -323,7 +323,7 @@ async def test_a_speech_worker_killed_mid_utterance_fails_the_turn_with_speech_f
 
 async def test_a_speech_worker_that_hangs_fails_the_turn_with_speech_timeout_and_the_next_is_heard(
         daphne_factory, fake, api_key):
-    server = voice_server(daphne_factory, fake, OWLLAYER_VOICE_JOBS="1", OWLLAYER_VOICE_TIMEOUT="5")
+    server = voice_server(daphne_factory, fake, OWLLAYER_VOICE_JOBS="1", OWLLAYER_VOICE_TIMEOUT="10")
     page = await open_page(server, api_key)
     try:
         [worker] = speech_workers(server)

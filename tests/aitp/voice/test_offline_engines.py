@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
 from aitp import voice
+from aitp.voice import jobs
 from aitp.voice.audio import AGENT_RATE, CLIENT_RATE, resample
 from aitp.voice.base import Audio, Transcription
 from aitp.voice.offline import (
@@ -123,6 +125,28 @@ def test_the_configured_offline_engines_are_available(settings):
         assert voice.audio_available()
     finally:
         voice.reset_engines()
+
+
+async def test_the_availability_check_runs_in_a_speech_worker_while_the_loop_goes_on(settings):
+    settings.OWLLAYER_STT, settings.OWLLAYER_TTS = "pocketsphinx", "espeak"
+    voice.reset_engines()
+    jobs.shutdown()
+    try:
+        checks = [asyncio.ensure_future(voice.audio_problems_async()) for _ in range(3)]
+        ticks = 0
+        while not all(check.done() for check in checks):
+            ticks += 1
+            await asyncio.sleep(0.001)
+        assert ticks > 1, "the loop ran while the engines were checked"
+        assert [check.result() for check in checks] == [[], [], []]
+        pool = jobs.get_pool()
+        assert pool.pids() and os.getpid() not in pool.pids()
+        # Asked together, checked once; remembered afterwards.
+        assert len(voice._checks) == 1
+        assert await voice.audio_available_async()
+    finally:
+        voice.reset_engines()
+        jobs.shutdown()
 
 
 def test_voice_is_not_available_when_espeak_ng_is_missing(settings, monkeypatch, tmp_path):
