@@ -30,7 +30,7 @@ from approvals.tool_specs import (
     registered_tool,
     spec_for_row,
 )
-from approvals.webhooks import ToolRunError, call_webhook
+from approvals.webhooks import ToolRunError, call_webhook, tool_networks
 
 logger = logging.getLogger(__name__)
 
@@ -81,12 +81,13 @@ def _python_runner(tool: PythonTool) -> Runner:
 def _webhook_runner(row: ServerTool) -> Runner:
     url, secret, timeout, name = row.webhook_url, row.webhook_secret, row.timeout_seconds, row.name
     max_bytes = settings.OWLLAYER_WEBHOOK_MAX_BYTES
+    networks = tool_networks(row.webhook_networks)
 
     async def run(args: dict, *, session_id: str, tenant_id: int, call_id: str) -> Any:
         try:
             return await call_webhook(
                 url=url, secret=secret, tool=name, arguments=args, session_id=session_id,
-                call_id=call_id, timeout=timeout, max_bytes=max_bytes,
+                call_id=call_id, timeout=timeout, max_bytes=max_bytes, allowed_networks=networks,
             )
         except RecursionError:
             # JSON nested past what json.loads can walk (a few hundred KiB of

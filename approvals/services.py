@@ -566,11 +566,15 @@ def approval_review(*, approval_id, user, verdict: str, note: str = "",
 # webhook secret is made with the row and never set here; a tool stays with
 # the tenant it was made for.
 SERVER_TOOL_FIELDS = ("name", "description", "kind", "webhook_url", "timeout_seconds",
-                      "python_handler", "parameters", "risk", "approval_policy", "enabled")
+                      "python_handler", "parameters", "risk", "approval_policy", "enabled",
+                      "webhook_networks")
+# What a tool's webhook may reach inside the server's network: set by
+# superusers only (a tenant must not open that network to itself).
+SUPERUSER_TOOL_FIELDS = ("webhook_networks",)
 # Recorded with their values; the description and the parameters by name
 # only (they may be long).
 _TOOL_FIELDS_RECORDED = ("name", "kind", "webhook_url", "timeout_seconds", "python_handler",
-                         "risk", "approval_policy", "enabled")
+                         "risk", "approval_policy", "enabled", "webhook_networks")
 
 
 def _check_tool_fields(fields: dict) -> None:
@@ -583,6 +587,11 @@ def _check_tool_owner(user, tenant_id: int) -> None:
     # Owners of the tenant (or superusers): a viewer changes no tool.
     if not may_change_tenant(user, tenant_id):
         raise PermissionDenied("only the tenant's owners change its server tools")
+
+
+def _check_superuser_fields(user, fields: dict) -> None:
+    if not user.is_superuser and any(fields.get(field) for field in SUPERUSER_TOOL_FIELDS):
+        raise PermissionDenied("only superusers open networks to a webhook")
 
 
 def _tool_record(tool: ServerTool, fields) -> dict:
@@ -600,6 +609,7 @@ def server_tool_create(*, tenant, by, fields: dict) -> ServerTool:
     a schema that does not convert, a name the tenant already uses)."""
     _check_tool_fields(fields)
     _check_tool_owner(by, tenant.pk)
+    _check_superuser_fields(by, fields)
     tool = ServerTool(tenant=tenant, **fields)
     tool.full_clean()
     with transaction.atomic():
@@ -626,6 +636,7 @@ def server_tool_update(*, tool: ServerTool, by, changes: dict) -> ServerTool:
         changed = {field: value for field, value in changes.items() if getattr(current, field) != value}
         if not changed:
             return current
+        _check_superuser_fields(by, changed)
         before = current.name
         for field, value in changed.items():
             setattr(current, field, value)

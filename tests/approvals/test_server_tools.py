@@ -99,6 +99,7 @@ async def test_a_webhook_tool_row_posts_to_its_url_with_its_own_secret(acme, rec
     await ServerTool.objects.acreate(
         tenant=acme, name="refund", description="Refund an order", kind="webhook",
         webhook_url=receiver + "/echo", webhook_secret=SECRET, parameters=ORDER_PARAMS,
+        webhook_networks="127.0.0.1/32",
     )
     (tool,) = await load_server_tools(acme.pk)
 
