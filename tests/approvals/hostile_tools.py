@@ -81,4 +81,5 @@ def offer_hostile_tools(tenant, webhook_url: str, *, webhook_name: str = "hostil
     ServerTool.objects.create(tenant=tenant, name=python_name, kind=ServerTool.Kind.PYTHON,
                               python_handler=PYTHON_TOOL)
     ServerTool.objects.create(tenant=tenant, name=webhook_name, description="Answers what it is asked",
-                              kind=ServerTool.Kind.WEBHOOK, webhook_url=webhook_url, parameters=KIND)
+                              kind=ServerTool.Kind.WEBHOOK, webhook_url=webhook_url, parameters=KIND,
+                              webhook_networks="127.0.0.1/32")
