@@ -49,7 +49,7 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 .PHONY: help setup runtime chromium espeak nodejs nginx run test bench mutate lint lint-only clean distclean
 
 help:
-	@echo "make setup   create .venv, install requirements-dev.txt, Chromium, eSpeak NG and Node.js"
+	@echo "make setup   create .venv, install requirements-dev.txt, Chromium, eSpeak NG, Node.js and nginx"
 	@echo "make run     install requirements.txt and eSpeak NG only, migrate, ensure the demo key and"
 	@echo "             sign-ins, serve on 127.0.0.1:\$${PORT:-8000}"
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
@@ -60,7 +60,7 @@ help:
 	@echo "make distclean   also the virtualenv, db.sqlite3, .demo-key and .demo-logins"
 
 # Everything the tests, the linters and the benchmarks use.
-setup: $(DEV_STAMP) chromium espeak nodejs
+setup: $(DEV_STAMP) chromium espeak nodejs nginx
 
 # Only what serving needs: the runtime requirements and the offline voice.
 runtime: $(RUNTIME_STAMP) espeak
