@@ -189,7 +189,10 @@ class SessionMachine:
             message = p.parse_client_frame(data, max_bytes=self.limits.max_message_bytes,
                                            max_depth=self.limits.max_json_depth)
         except p.ProtocolError as exc:
-            self._invalid(exc.code, exc.message, message_id=exc.message_id)
+            if exc.type == p.MessageType.USER_INPUT.value:
+                self._refuse_input(exc.code, exc.message, message_id=exc.message_id)
+            else:
+                self._invalid(exc.code, exc.message, message_id=exc.message_id)
             return []
         events = self._dispatch(message)
         return events
@@ -321,10 +324,10 @@ class SessionMachine:
             return self._user_audio(message, user_input)
         text = user_input.content
         if not text.strip():
-            self._invalid("empty_input", "the message is empty", message_id=message.id)
+            self._refuse_input("empty_input", "the message is empty", message_id=message.id)
             return []
         if len(text) > self.limits.max_input_chars:
-            self._invalid(
+            self._refuse_input(
                 "input_too_long",
                 f"the message has {len(text)} characters; at most "
                 f"{self.limits.max_input_chars} are allowed",
@@ -349,12 +352,13 @@ class SessionMachine:
                 "voice_unavailable", "audio input is not available on this server",
                 message_id=message.id,
             )
+            self._input_refused()
             return []
         try:
             audio = inbound.whole_message(user_input.content, user_input.mimeType,
                                           max_seconds=self.limits.max_audio_seconds)
         except AudioRefused as exc:
-            self._invalid(exc.code, exc.message, message_id=message.id)
+            self._refuse_input(exc.code, exc.message, message_id=message.id)
             return []
         self.invalid_in_a_row = 0
         if self.turn_active:
@@ -450,6 +454,17 @@ class SessionMachine:
 
     def _queue(self, message: p.Message, text: str | None = None) -> None:
         self._outgoing.append(p.serialize(message) if text is None else text)
+
+    def _refuse_input(self, code: str, message: str, *, message_id: str | None = None) -> None:
+        """A USER_INPUT that starts no turn: its error, then the empty done
+        frame the client waits for after every USER_INPUT (protocol.md §5)."""
+        self._invalid(code, message, message_id=message_id)
+        self._input_refused()
+
+    def _input_refused(self) -> None:
+        # While a turn runs, its own done frame ends the page's wait.
+        if not self.turn_active:
+            self.send(p.agent_response("", True))
 
     def _invalid(self, code: str, message: str, *, message_id: str | None = None) -> None:
         """The peer sent something we cannot use: tell it, keep the

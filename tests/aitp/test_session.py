@@ -253,3 +253,56 @@ class TestOpen:
         assert len(texts) == 5
         for text in texts:
             assert_client_accepts(text)
+
+
+class TestARefusedUserInputEndsItsTurn:
+    """The deployed client waits for AGENT_RESPONSE done after every USER_INPUT
+    it sends: a USER_INPUT that starts no turn gets its error, then an empty done."""
+
+    VOICE = ("text", "audio", "tools")
+    PCM = "AQABAA=="  # two samples of 16-bit PCM
+
+    @pytest.mark.parametrize("capabilities, payload, code", [
+        (("text", "tools"), {"modality": "text", "content": "   "}, "empty_input"),
+        (("text", "tools"), {"modality": "text", "content": "a" * 11}, "input_too_long"),
+        (("text", "tools"), {"modality": "text"}, "invalid_message"),
+        (("text", "tools"), {"modality": "text", "content": "a\u0000b"}, "invalid_text"),
+        (("text", "tools"), {"modality": "audio", "content": PCM, "mimeType": "audio/wav"},
+         "voice_unavailable"),
+        (VOICE, {"modality": "audio", "content": PCM, "mimeType": "audio/ogg"},
+         "unsupported_audio_type"),
+        (VOICE, {"modality": "audio", "content": PCM, "mimeType": "audio/pcm;rate=4000"},
+         "unsupported_audio_rate"),
+        (VOICE, {"modality": "audio", "content": "not base64!", "mimeType": "audio/pcm;rate=16000"},
+         "invalid_audio"),
+    ])
+    def test_each_refusal_is_followed_by_an_empty_done(self, capabilities, payload, code):
+        m = SessionMachine(limits=Limits(max_input_chars=10), server_version="0.4.0",
+                           capabilities=capabilities)
+        m.receive_text(init())
+        m.accept_handshake("ses_1")
+        m.data_to_send()
+        assert m.receive_text(frame("USER_INPUT", payload)) == []
+        error, done = sent(m)
+        assert error["payload"]["data"]["code"] == code
+        assert (done["type"], done["payload"]) == ("AGENT_RESPONSE", {"chunk": "", "done": True})
+        assert not m.turn_active and m.state is State.OPEN
+
+    @pytest.mark.parametrize("payload", [
+        {"modality": "text", "content": "   "},
+        {"modality": "text"},
+        {"modality": "text", "content": "again"},
+    ])
+    def test_while_a_turn_runs_its_own_done_ends_the_wait_and_no_other_is_sent(self, payload):
+        m = opened(max_input_chars=10)
+        m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "hi"}))
+        m.data_to_send()
+        assert m.receive_text(frame("USER_INPUT", payload)) == []
+        assert [f["type"] for f in sent(m)] == ["SYSTEM_EVENT"]
+        assert m.turn_active
+
+    def test_other_refused_frames_get_no_done(self):
+        m = opened()
+        m.receive_text(frame("TOOL_RESULT", {"callId": "tc_1"}))
+        m.receive_text(frame("CONTEXT_UPDATE", {"url": 5}))
+        assert [f["type"] for f in sent(m)] == ["SYSTEM_EVENT", "SYSTEM_EVENT"]

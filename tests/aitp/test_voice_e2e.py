@@ -403,12 +403,14 @@ async def test_a_wav_message_whose_header_rate_is_out_of_range_is_refused_like_a
         await client.send("USER_INPUT", {"modality": "audio", "mimeType": "audio/wav",
                                          "content": base64.b64encode(buffer.getvalue()).decode()})
         whole = (await frames_until(client, "error:unsupported_audio_rate"))[-1]
+        refused = await frames_until(client, "done")
         await client.send("USER_INPUT", {"modality": "text", "content": "hello"})
         after = await frames_until(client, "done")
     finally:
         await client.close()
     assert live["payload"]["data"]["code"] == whole["payload"]["data"]["code"] == "unsupported_audio_rate"
     assert str(rate) in whole["payload"]["message"]
+    assert final_text(refused) == "", "the refused message's turn ends at once"
     assert final_text(after) == "Still here.", "no turn started: the session goes on"
 
 
