@@ -34,13 +34,15 @@ class ApiKey(models.Model):
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     expires_at = models.DateTimeField(null=True, blank=True)
-    max_sessions = models.PositiveIntegerField(default=10)
+    max_sessions = models.PositiveIntegerField("session cap", default=10)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name = "API key"
+        verbose_name_plural = "API keys"
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'unnamed'})"
@@ -71,9 +73,10 @@ class Session(AudioSeconds, models.Model):
         WAITING_APPROVAL = TurnState.WAITING_APPROVAL.value, "Waiting for approval"
         ENDED = "ended", "Ended"
 
-    id = models.CharField(primary_key=True, max_length=40)
+    id = models.CharField("session ID", primary_key=True, max_length=40)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sessions")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="sessions")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="sessions",
+                                verbose_name="API key")
     channel_name = models.CharField(max_length=200, blank=True, default="")
     # The server process holding the connection (ServerProcess.id): when
     # that process is gone, the session is too, whatever its last heartbeat.
@@ -81,7 +84,7 @@ class Session(AudioSeconds, models.Model):
     origin = models.CharField(max_length=500, blank=True, default="")
     user_agent = models.CharField(max_length=500, blank=True, default="")
     viewport = models.CharField(max_length=40, blank=True, default="")
-    sdk_version = models.CharField(max_length=40, blank=True, default="")
+    sdk_version = models.CharField("SDK version", max_length=40, blank=True, default="")
     protocol_version = models.CharField(max_length=40, blank=True, default="")
     started_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)
@@ -90,7 +93,7 @@ class Session(AudioSeconds, models.Model):
     close_code = models.PositiveIntegerField(null=True, blank=True)
     close_reason = models.CharField(max_length=200, blank=True, default="")
     state = models.CharField(max_length=20, choices=State.choices, default=State.IDLE)
-    current_url = models.CharField(max_length=2000, blank=True, default="")
+    current_url = models.CharField("current URL", max_length=2000, blank=True, default="")
     title = models.CharField(max_length=500, blank=True, default="")
     context = models.JSONField(default=dict, blank=True)
     tools = models.JSONField(default=list, blank=True)
@@ -102,8 +105,8 @@ class Session(AudioSeconds, models.Model):
     cache_write_tokens = models.PositiveBigIntegerField(default=0)
     # Voice: milliseconds of the user's speech heard (utterances transcribed)
     # and of the agent's audio sent (a barge-in stops the count where it stopped the voice).
-    audio_heard_ms = models.PositiveBigIntegerField(default=0)
-    audio_spoken_ms = models.PositiveBigIntegerField(default=0)
+    audio_heard_ms = models.PositiveBigIntegerField("speech heard (ms)", default=0)
+    audio_spoken_ms = models.PositiveBigIntegerField("speech spoken (ms)", default=0)
 
     class Meta:
         ordering = ["-started_at"]
@@ -133,13 +136,14 @@ class ServerProcess(models.Model):
 
     id = models.CharField(primary_key=True, max_length=100)
     hostname = models.CharField(max_length=200)
-    pid = models.PositiveIntegerField()
+    pid = models.PositiveIntegerField("PID")
     started_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at"]
+        verbose_name_plural = "server processes"
 
     def __str__(self) -> str:
         return self.id
@@ -153,7 +157,7 @@ class ConversationMessage(models.Model):
         ASSISTANT = "assistant", "Assistant"
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
-    seq = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField("number")
     turn = models.PositiveIntegerField(default=0)
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.JSONField(default=list)
@@ -178,8 +182,8 @@ class ToolCall(models.Model):
     FINAL_STATUSES = frozenset(map(Status, sorted(s.value for s in FINAL_CALL_STATUSES)))
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
-    call_id = models.CharField(max_length=64, unique=True)
-    tool_use_id = models.CharField(max_length=128)
+    call_id = models.CharField("call ID", max_length=64, unique=True)
+    tool_use_id = models.CharField("tool use ID", max_length=128)
     turn = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=64)
     arguments = models.JSONField(default=dict)
@@ -191,7 +195,7 @@ class ToolCall(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     sent_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField("duration (ms)", null=True, blank=True)
 
     class Meta:
         ordering = ["created_at"]
@@ -210,11 +214,13 @@ class DailyUsage(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     cache_read_tokens = models.PositiveBigIntegerField(default=0)
     cache_write_tokens = models.PositiveBigIntegerField(default=0)
-    audio_heard_ms = models.PositiveBigIntegerField(default=0)
-    audio_spoken_ms = models.PositiveBigIntegerField(default=0)
+    audio_heard_ms = models.PositiveBigIntegerField("speech heard (ms)", default=0)
+    audio_spoken_ms = models.PositiveBigIntegerField("speech spoken (ms)", default=0)
 
     class Meta:
         ordering = ["-date"]
+        verbose_name = "daily usage"
+        verbose_name_plural = "daily usage"
         constraints = [
             models.UniqueConstraint(fields=["tenant", "date"], name="uniq_usage_tenant_date")
         ]
@@ -230,7 +236,7 @@ class TokenReservation(models.Model):
     id = models.BigAutoField(primary_key=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="token_reservations")
     tokens = models.PositiveBigIntegerField()
-    session_id = models.CharField(max_length=40, blank=True, default="")
+    session_id = models.CharField("session ID", max_length=40, blank=True, default="")
     # The server process that made it (ServerProcess.id; "" when none is registered).
     process = models.CharField(max_length=100, blank=True, default="", db_index=True)
     created_at = models.DateTimeField(default=timezone.now)

@@ -3,6 +3,7 @@ from django.apps import AppConfig
 
 class ApprovalsConfig(AppConfig):
     name = "approvals"
+    verbose_name = "Approvals and tools"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

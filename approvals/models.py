@@ -82,7 +82,7 @@ class ServerTool(models.Model):
     risk = models.CharField(max_length=16, choices=RISK_CHOICES, default=Risk.NONE.value)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WEBHOOK)
     webhook_url = models.CharField(
-        max_length=2000, blank=True, default="",
+        "webhook URL", max_length=2000, blank=True, default="",
         validators=[URLValidator(schemes=["http", "https"])],
     )
     webhook_secret = models.CharField(max_length=128, default=generate_webhook_secret)
@@ -167,7 +167,7 @@ class Approval(models.Model):
     )
     tool_name = models.CharField(max_length=64)
     arguments = models.JSONField(default=dict)
-    args_hash = models.CharField(max_length=64)
+    args_hash = models.CharField("arguments hash", max_length=64)
     risk = models.CharField(max_length=16, choices=RISK_CHOICES)
     origin = models.CharField(max_length=16, choices=Origin.choices)
     policy = models.CharField(max_length=24, choices=Policy.choices, default=Policy.USER)
@@ -227,7 +227,7 @@ class PendingApproval(Approval):
     class Meta:
         proxy = True
         verbose_name = "pending approval"
-        verbose_name_plural = "pending approvals (operator)"
+        verbose_name_plural = "pending approvals"
 
 
 class ReviewedApproval(Approval):
@@ -236,7 +236,7 @@ class ReviewedApproval(Approval):
     class Meta:
         proxy = True
         verbose_name = "approval to review"
-        verbose_name_plural = "review queue"
+        verbose_name_plural = "approvals to review"
 
 
 class AuditChainHead(models.Model):
@@ -298,7 +298,7 @@ class AuditEvent(models.Model):
         CONSOLE = "console", "Console"
         SYSTEM = "system", "System"
 
-    seq = models.PositiveBigIntegerField(unique=True)
+    seq = models.PositiveBigIntegerField("number", unique=True)
     # The log must outlive what it describes and keep the exact ids it hashed:
     # no database constraint and no cascade, so deleting a tenant or a session
     # leaves its history (and the chain) intact.
@@ -309,20 +309,20 @@ class AuditEvent(models.Model):
         Approval, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True,
         related_name="audit_events",
     )
-    session_id = models.CharField(max_length=40, blank=True, default="")
-    call_id = models.CharField(max_length=64, blank=True, default="")
+    session_id = models.CharField("session ID", max_length=40, blank=True, default="")
+    call_id = models.CharField("call ID", max_length=64, blank=True, default="")
     action = models.CharField(max_length=16, choices=Action.choices)
     actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
     actor = models.CharField(max_length=150, blank=True, default="")
     channel = models.CharField(max_length=16, choices=Channel.choices)
-    args_hash = models.CharField(max_length=64, blank=True, default="")
+    args_hash = models.CharField("arguments hash", max_length=64, blank=True, default="")
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
     # The id of the audit key whose HMAC ``hash`` is (never the key); empty
     # for the plain SHA-256 events before the keyed chain began.
-    key_id = models.CharField(max_length=16, blank=True, default="")
+    key_id = models.CharField("key ID", max_length=16, blank=True, default="")
 
     objects = AppendOnlyQuerySet.as_manager()
 

@@ -29,6 +29,8 @@ class DemoOrder(models.Model):
     class Meta:
         db_table = "approvals_demoorder"
         ordering = ["tenant", "number"]
+        verbose_name = "order"
+        verbose_name_plural = "orders"
         constraints = [
             models.UniqueConstraint(fields=["tenant", "number"], name="uniq_demoorder_tenant_number")
         ]

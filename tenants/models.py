@@ -85,6 +85,8 @@ class TenantMembership(models.Model):
 
     class Meta:
         db_table = "aitp_tenantmembership"
+        verbose_name = "member"
+        verbose_name_plural = "members"
         constraints = [
             models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership_tenant_user")
         ]
