@@ -4,8 +4,13 @@ and the tenant scoping every admin of the product builds on.
 Tenants, their members and their keys are changed in ``console.admin``,
 through the console's services.
 
-Operators (staff, not superusers) see only their tenants' rows; the admin
-never shows a full key (only its lookup prefix exists after creation).
+Operators (staff, not superusers) see only their tenants' rows, and the
+tenant filters name only those tenants; the admin never shows a full key
+(only its lookup prefix exists after creation).
+
+The change lists fit a 1280-pixel-wide window (tests/browser/test_admin_widths.py):
+a list shows what tells its rows apart, long values shortened (the whole value
+on hover, and on the row's own page).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from aitp.models import (
 )
 from aitp.transcript import action_words, pretty_json
 from tenants.models import Tenant
-from tenants.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user
+from tenants.selectors import changeable_tenant_ids, scope_to_user, tenant_ids_for_user, visible_tenants
 
 
 def json_shown(value) -> str:
@@ -53,6 +58,53 @@ def json_text_shown(text: str | None) -> str:
     return json_shown(value)
 
 
+def shortened(text: str | None, limit: int) -> str:
+    """A long value cut to ``limit`` characters for a list, whole on hover."""
+    text = text or ""
+    if len(text) <= limit:
+        return text or "-"
+    return format_html('<span title="{}">{}…</span>', text, text[:limit - 1])
+
+
+# Session and call ids are 28 and 25 characters: a list shows their start
+# (as `git log` shows a commit's), the row's page and the search the whole id.
+SHORT_ID = 12
+
+
+# Tool names run to 64 characters, with no space to wrap at.
+TOOL_NAME_SHOWN = 24
+
+
+def short_id(value: str | None) -> str:
+    return shortened(value, SHORT_ID + 1)
+
+
+def counted(number: int | None) -> str:
+    """A count as a person writes it: 12,345,678."""
+    return "-" if number is None else f"{number:,}"
+
+
+def page_path(url: str | None) -> str:
+    """Where a page was, as a list shows it: the path and query of its URL
+    (the origin is the key's), shortened."""
+    url = url or ""
+    scheme, _, rest = url.partition("://")
+    path = "/" + rest.partition("/")[2] if scheme and rest else url
+    if len(path) <= 40:
+        return format_html('<span title="{}">{}</span>', url, path) if path else "-"
+    return format_html('<span title="{}">{}…</span>', url, path[:39])
+
+
+class VisibleTenantFilter(admin.RelatedFieldListFilter):
+    """"By tenant" offers only the tenants the user may see: a staff member
+    of one tenant never reads the others' slugs off the filter. Every tenant
+    filter of the admin is this one, on whatever path leads to the tenant
+    (``("session__tenant", VisibleTenantFilter)``)."""
+
+    def field_choices(self, field, request, model_admin):
+        return [(tenant.pk, str(tenant)) for tenant in visible_tenants(request.user).order_by("slug")]
+
+
 def _tenant_id_of(obj, tenant_field: str):
     for part in tenant_field.split("__")[:-1]:
         obj = getattr(obj, part)
@@ -64,9 +116,20 @@ class TenantScopedAdmin(admin.ModelAdmin):
     limited to the tenants they own."""
 
     tenant_field = "tenant"
+    # The list's title, where Django's "Select <name> to view" does not read well.
+    changelist_title: str | None = None
 
     def get_queryset(self, request):
         return scope_to_user(super().get_queryset(request), request.user, self.tenant_field)
+
+    def changelist_view(self, request, extra_context=None):
+        title = self.title_for(request)
+        if title:
+            extra_context = {"title": title, **(extra_context or {})}
+        return super().changelist_view(request, extra_context)
+
+    def title_for(self, request) -> str | None:
+        return self.changelist_title
 
     def _owns(self, request, obj=None) -> bool:
         owned = changeable_tenant_ids(request.user)
@@ -133,11 +196,11 @@ class ToolCallInline(admin.TabularInline):
 
 @admin.register(Session)
 class SessionAdmin(RecordAdmin):
-    list_display = [
-        "id", "tenant", "api_key", "origin", "current_url", "state", "turns", "total_tokens",
-        "started_at", "ended_at", "close_code",
-    ]
-    list_filter = ["state", "tenant", ("ended_at", admin.EmptyFieldListFilter)]
+    # The key, the origin, the end and the close code are on the session's page.
+    list_display = ["session_short", "tenant", "page", "state", "turns", "tokens", "started_at"]
+    list_select_related = ["tenant"]
+    # "Ended" among the states is every session that ended.
+    list_filter = ["state", ("tenant", VisibleTenantFilter)]
     search_fields = ["id", "origin", "current_url", "title"]
     date_hierarchy = "started_at"
     # The page's JSON is shown depth-bounded: Django's own display of a
@@ -157,6 +220,18 @@ class SessionAdmin(RecordAdmin):
             page_history_text=Cast("page_history", TextField()),
         )
 
+    @admin.display(description="session", ordering="id")
+    def session_short(self, obj: Session) -> str:
+        return short_id(obj.id)
+
+    @admin.display(description="page", ordering="current_url")
+    def page(self, obj: Session) -> str:
+        return page_path(obj.current_url)
+
+    @admin.display(description="tokens")
+    def tokens(self, obj: Session) -> str:
+        return counted(obj.total_tokens)
+
     @admin.display(description="context")
     def context_shown(self, obj: Session) -> str:
         return json_text_shown(obj.context_text)
@@ -173,8 +248,8 @@ class SessionAdmin(RecordAdmin):
 @admin.register(ToolCall)
 class ToolCallAdmin(RecordAdmin):
     tenant_field = "session__tenant"
-    list_display = ["call_id", "session", "name", "risk", "origin", "status", "created_at", "duration_ms"]
-    list_filter = ["status", "risk", "origin"]
+    list_display = ["call", "session_short", "tool", "risk", "status", "created_at", "duration_ms"]
+    list_filter = ["status", "risk", "origin", ("session__tenant", VisibleTenantFilter)]
     search_fields = ["call_id", "tool_use_id", "name", "session__id"]
     exclude = ["arguments", "result"]
     readonly_fields = [
@@ -184,17 +259,37 @@ class ToolCallAdmin(RecordAdmin):
     arguments_shown = ToolCallInline.arguments_shown
     result_shown = ToolCallInline.result_shown
 
+    @admin.display(description="call", ordering="call_id")
+    def call(self, obj: ToolCall) -> str:
+        return short_id(obj.call_id)
+
+    @admin.display(description="session", ordering="session_id")
+    def session_short(self, obj: ToolCall) -> str:
+        return short_id(obj.session_id)
+
+    @admin.display(description="tool", ordering="name")
+    def tool(self, obj: ToolCall) -> str:
+        return shortened(obj.name, TOOL_NAME_SHOWN)
+
 
 @admin.register(ConversationMessage)
 class ConversationMessageAdmin(RecordAdmin):
     tenant_field = "session__tenant"
-    list_display = ["session", "seq", "turn", "role", "created_at"]
-    list_filter = ["role"]
+    list_display = ["message", "session_short", "turn", "role", "created_at"]
+    list_filter = ["role", ("session__tenant", VisibleTenantFilter)]
     search_fields = ["session__id"]
     exclude = ["content"]
     readonly_fields = [
         *(f.name for f in ConversationMessage._meta.fields if f.name != "content"), "content_shown",
     ]
+
+    @admin.display(description="message", ordering="seq")
+    def message(self, obj: ConversationMessage) -> str:
+        return f"#{obj.seq}"
+
+    @admin.display(description="session", ordering="session_id")
+    def session_short(self, obj: ConversationMessage) -> str:
+        return short_id(obj.session_id)
 
     @admin.display(description="content")
     def content_shown(self, obj: ConversationMessage) -> str:
@@ -203,11 +298,47 @@ class ConversationMessageAdmin(RecordAdmin):
 
 @admin.register(DailyUsage)
 class DailyUsageAdmin(RecordAdmin):
-    list_display = ["tenant", "date", "sessions", "turns", "input_tokens", "output_tokens",
-                    "cache_read_tokens", "cache_write_tokens", "audio_heard_ms", "audio_spoken_ms"]
-    list_filter = ["tenant"]
+    list_display = ["date", "tenant", "sessions_count", "turns_count", "input", "output", "cache_read",
+                    "cache_write", "heard", "spoken"]
+    list_display_links = ["date"]
+    list_select_related = ["tenant"]
+    list_filter = [("tenant", VisibleTenantFilter)]
+    changelist_title = "Daily usage: a row per tenant and day"
     date_hierarchy = "date"
     readonly_fields = [f.name for f in DailyUsage._meta.fields]
+
+    @admin.display(description="sessions", ordering="sessions")
+    def sessions_count(self, obj: DailyUsage) -> str:
+        return counted(obj.sessions)
+
+    @admin.display(description="turns", ordering="turns")
+    def turns_count(self, obj: DailyUsage) -> str:
+        return counted(obj.turns)
+
+    @admin.display(description="input tokens", ordering="input_tokens")
+    def input(self, obj: DailyUsage) -> str:
+        return counted(obj.input_tokens)
+
+    @admin.display(description="output tokens", ordering="output_tokens")
+    def output(self, obj: DailyUsage) -> str:
+        return counted(obj.output_tokens)
+
+    @admin.display(description="cache read tokens", ordering="cache_read_tokens")
+    def cache_read(self, obj: DailyUsage) -> str:
+        return counted(obj.cache_read_tokens)
+
+    @admin.display(description="cache write tokens", ordering="cache_write_tokens")
+    def cache_write(self, obj: DailyUsage) -> str:
+        return counted(obj.cache_write_tokens)
+
+    # Seconds, as the console's usage page shows them.
+    @admin.display(description="speech heard (s)", ordering="audio_heard_ms")
+    def heard(self, obj: DailyUsage) -> str:
+        return f"{obj.audio_heard_ms / 1000:.1f}"
+
+    @admin.display(description="speech spoken (s)", ordering="audio_spoken_ms")
+    def spoken(self, obj: DailyUsage) -> str:
+        return f"{obj.audio_spoken_ms / 1000:.1f}"
 
 
 class OperatorActionFilter(admin.SimpleListFilter):
@@ -226,9 +357,14 @@ class OperatorActionFilter(admin.SimpleListFilter):
 
 @admin.register(OperatorAction)
 class OperatorActionAdmin(RecordAdmin):
-    list_display = ["created_at", "tenant", "session", "user", "action_shown"]
-    list_filter = [OperatorActionFilter, "tenant"]
+    list_display = ["created_at", "tenant", "session_short", "user", "action_shown"]
+    list_select_related = ["tenant", "user"]
+    list_filter = [OperatorActionFilter, ("tenant", VisibleTenantFilter)]
     readonly_fields = [f.name for f in OperatorAction._meta.fields]
+
+    @admin.display(description="session", ordering="session_id")
+    def session_short(self, obj: OperatorAction) -> str:
+        return short_id(obj.session_id)
 
     @admin.display(description="action", ordering="action")
     def action_shown(self, obj: OperatorAction) -> str:

@@ -13,6 +13,8 @@ import json
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -20,6 +22,8 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from aitp import admin as aitp_admin
+from aitp.admin import TOOL_NAME_SHOWN, VisibleTenantFilter, short_id, shortened
+from aitp.models import ToolCall
 from aitp.selectors import session_conversation
 from aitp.transcript import conversation_rows, pretty_json
 from approvals import services
@@ -34,7 +38,8 @@ from approvals.models import (
 )
 from approvals.selectors import awaiting_operator, is_operator
 from approvals.server_tools import python_tool, python_tool_names
-from tenants.selectors import changeable_tenant_ids, may_change_tenant, visible_tenants
+from tenants.models import Tenant
+from tenants.selectors import changeable_tenant_ids, may_change_tenant
 
 
 class ScreenAdmin(admin.ModelAdmin):
@@ -74,15 +79,22 @@ class TenantScopedAdmin(ScreenAdmin, aitp_admin.TenantScopedAdmin):
 
 
 class ApprovalAdmin(TenantScopedAdmin):
-    list_display = (
-        "id", "created_at", "tenant", "session_id", "tool_name", "risk", "origin", "status",
-        "parties", "deadline", "review_status",
-    )
-    list_filter = ("status", "risk", "origin", "needs_operator", "review_status", "review_verdict")
+    # The session, the origin and the deadline are on the approval's page.
+    list_display = ("id", "created_at", "tenant", "tool", "risk", "status", "parties", "review_status")
+    list_filter = ("status", "risk", "origin", "needs_operator", "review_status", "review_verdict",
+                   ("tenant", VisibleTenantFilter))
     search_fields = ("tool_name", "session__id", "tool_call__call_id")
     list_select_related = ("tenant",)
     ordering = ("-created_at",)
     detail_template = "admin/approvals/approval/detail.html"
+
+    @admin.display(description="tool", ordering="tool_name")
+    def tool(self, obj: Approval) -> str:
+        return shortened(obj.tool_name, TOOL_NAME_SHOWN)
+
+    @admin.display(description="session", ordering="session_id")
+    def session_short(self, obj: Approval) -> str:
+        return short_id(obj.session_id)
 
     @admin.display(description="decided by")
     def parties(self, obj: Approval) -> str:
@@ -191,20 +203,12 @@ class AllApprovalsAdmin(ApprovalAdmin):
     pass
 
 
-class VisibleTenantFilter(admin.RelatedFieldListFilter):
-    """"By tenant" offers only the tenants the user may see: a staff member
-    of one tenant never reads the others' slugs off the filter."""
-
-    def field_choices(self, field, request, model_admin):
-        return [(tenant.pk, str(tenant)) for tenant in visible_tenants(request.user).order_by("slug")]
-
-
 @admin.register(PendingApproval)
 class PendingApprovalAdmin(ApprovalAdmin):
-    list_display = ("id", "session_id", "tenant", "tool_name", "risk", "arguments_short",
-                    "created_at", "deadline")
+    list_display = ("id", "tenant", "tool", "risk", "arguments_short", "created_at", "deadline")
     list_filter = ("risk", ("tenant", VisibleTenantFilter))
     ordering = ("deadline",)
+    changelist_title = "Approvals waiting for an operator"
 
     def get_queryset(self, request):
         return awaiting_operator(super().get_queryset(request))
@@ -212,7 +216,7 @@ class PendingApprovalAdmin(ApprovalAdmin):
     @admin.display(description="arguments")
     def arguments_short(self, obj: Approval) -> str:
         text = json.dumps(obj.arguments, sort_keys=True, ensure_ascii=False)
-        return text if len(text) <= 120 else text[:119] + "…"
+        return shortened(text, 60)
 
 
 class ReviewStateFilter(admin.SimpleListFilter):
@@ -243,10 +247,26 @@ class ReviewStateFilter(admin.SimpleListFilter):
 
 @admin.register(ReviewedApproval)
 class ReviewQueueAdmin(ApprovalAdmin):
-    list_display = ("id", "created_at", "tenant", "session_id", "tool_name", "risk", "status",
-                    "decided_at", "review_status", "review_verdict")
-    list_filter = (ReviewStateFilter, "risk", "status", "review_verdict")
+    list_display = ("id", "decided_at", "tenant", "tool", "risk", "status", "review")
+    list_filter = (ReviewStateFilter, "risk", "status", "review_verdict", ("tenant", VisibleTenantFilter))
     actions = ["mark_reviewed_ok"]
+    # As the review filter shows them: what waits (the default), what was
+    # reviewed, or both.
+    TITLES = {
+        "unreviewed": "Approvals to review",
+        "reviewed": "Reviewed approvals",
+        "all": "Decided approvals of high and critical risk",
+    }
+
+    def title_for(self, request) -> str | None:
+        return self.TITLES.get(request.GET.get(ReviewStateFilter.parameter_name) or "unreviewed",
+                               self.TITLES["all"])
+
+    @admin.display(description="review", ordering="review_status")
+    def review(self, obj: Approval) -> str:
+        if obj.review_status != Approval.ReviewStatus.REVIEWED:
+            return obj.get_review_status_display()
+        return f"{obj.get_review_status_display()}: {obj.get_review_verdict_display()}"
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(risk__in=RISKS_NEEDING_APPROVAL).exclude(
@@ -285,16 +305,49 @@ class ReviewQueueAdmin(ApprovalAdmin):
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(TenantScopedAdmin):
-    list_display = ("seq", "action", "actor_kind", "actor", "channel", "created_at", "hash_prefix",
-                    "tenant_id", "approval_id", "call_id")
-    list_filter = ("action", "actor_kind", "channel")
+    # The channel (page, admin, console) is on hover over who acted, in the
+    # filter and on the event's page.
+    list_display = ("event", "created_at", "tenant_shown", "action", "tool", "actor_shown", "hash_prefix")
+    list_filter = ("action", "actor_kind", "channel", ("tenant", VisibleTenantFilter))
     search_fields = ("session_id", "call_id", "actor", "hash")
     ordering = ("-seq",)
     actions = None
 
+    def get_queryset(self, request):
+        # The event keeps ids only (it outlives what it describes, and no
+        # row it names is joined, so none missing hides it): the tool's name
+        # and the tenant's slug are read in the list's one query, the tool
+        # from the approval or, for an event of a call without one, the call.
+        return super().get_queryset(request).annotate(
+            tool_name=Coalesce(
+                Subquery(Approval.objects.filter(pk=OuterRef("approval_id")).values("tool_name")[:1]),
+                Subquery(ToolCall.objects.filter(call_id=OuterRef("call_id")).values("name")[:1]),
+            ),
+            tenant_slug=Subquery(Tenant.objects.filter(pk=OuterRef("tenant_id")).values("slug")[:1]),
+        )
+
+    @admin.display(description="tool", ordering="tool_name")
+    def tool(self, obj: AuditEvent) -> str:
+        return shortened(getattr(obj, "tool_name", None), TOOL_NAME_SHOWN)
+
+    @admin.display(description="tenant", ordering="tenant_slug")
+    def tenant_shown(self, obj: AuditEvent) -> str:
+        return getattr(obj, "tenant_slug", None) or f"#{obj.tenant_id} (deleted)"
+
+    @admin.display(description="event", ordering="seq")
+    def event(self, obj: AuditEvent) -> str:
+        return f"#{obj.seq}"
+
+    @admin.display(description="by", ordering="actor")
+    def actor_shown(self, obj: AuditEvent) -> str:
+        # Who acted; the kind of actor and the channel on hover.
+        kind = obj.get_actor_kind_display()
+        return format_html('<span title="{}; channel: {}">{}</span>', kind,
+                           obj.get_channel_display().lower(), obj.actor or kind)
+
     @admin.display(description="hash")
     def hash_prefix(self, obj: AuditEvent) -> str:
-        return obj.hash[:12]
+        return format_html("<code>{}</code>", obj.hash[:12])
 
 
 # --- server tools ---------------------------------------------------------------
@@ -344,8 +397,9 @@ class ServerToolForm(forms.ModelForm):
 @admin.register(ServerTool)
 class ServerToolAdmin(TenantScopedAdmin):
     form = ServerToolForm
-    list_display = ("name", "tenant", "kind", "risk", "approval_policy", "enabled", "created_at")
-    list_filter = ("kind", "risk", "approval_policy", "enabled")
+    list_display = ("tool", "tenant", "kind", "risk", "approval_policy", "enabled", "created_at")
+    list_select_related = ("tenant",)
+    list_filter = ("kind", "risk", "approval_policy", "enabled", ("tenant", VisibleTenantFilter))
     search_fields = ("name", "description")
     readonly_fields = ("masked_secret", "handler_parameters")
 
@@ -379,6 +433,10 @@ class ServerToolAdmin(TenantScopedAdmin):
             fields.remove("handler_parameters")
             fields.insert(fields.index("parameters") + 1, "handler_parameters")
         return fields
+
+    @admin.display(description="name", ordering="name")
+    def tool(self, obj: ServerTool) -> str:
+        return shortened(obj.name, TOOL_NAME_SHOWN)
 
     @admin.display(description="handler's parameters")
     def handler_parameters(self, obj: ServerTool) -> str:

@@ -15,10 +15,12 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
+from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
 
 from aitp import services as aitp_services
-from aitp.admin import TenantScopedAdmin
+from aitp.admin import TenantScopedAdmin, VisibleTenantFilter
 from aitp.limits import tenant_quota_status
 from aitp.models import ApiKey
 from console import services
@@ -183,7 +185,7 @@ class ApiKeyAdminForm(forms.ModelForm):
     """Origins are checked and normalised as in the console: a key only
     matches the exact Origin header a browser sends."""
 
-    max_sessions = forms.IntegerField(min_value=1, max_value=MAX_SESSION_CAP)
+    max_sessions = forms.IntegerField(label="Session cap", min_value=1, max_value=MAX_SESSION_CAP)
 
     class Meta:
         model = ApiKey
@@ -209,6 +211,14 @@ class ApiKeyAdminForm(forms.ModelForm):
             raise forms.ValidationError(errors)
         return origins
 
+    def clean_expires_at(self):
+        # A new key starts active: never already expired (as it is never
+        # already revoked or disabled: the add form has no status).
+        expires_at = self.cleaned_data["expires_at"]
+        if self.instance.pk is None and expires_at is not None and expires_at <= timezone.now():
+            raise forms.ValidationError("the expiry must be in the future")
+        return expires_at
+
     def clean_status(self):
         status = self.cleaned_data["status"]
         if self.initial.get("status") == ApiKey.Status.REVOKED and status != ApiKey.Status.REVOKED:
@@ -229,19 +239,25 @@ class ApiKeyAdminForm(forms.ModelForm):
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin):
     form = ApiKeyAdminForm
-    list_display = [
-        "prefix_display", "name", "tenant", "status", "origins", "max_sessions",
-        "expires_at", "last_used_at", "created_at",
-    ]
-    # Only the tenants of the keys the user sees: never another tenant's slug.
-    list_filter = ["status", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    # The session cap and when the key was made are on the key's page.
+    list_display = ["prefix_display", "name", "tenant", "status", "origins", "expires_at", "last_used_at"]
+    list_select_related = ["tenant"]
+    # Only the tenants the user may see: never another tenant's slug.
+    list_filter = ["status", ("tenant", VisibleTenantFilter)]
     search_fields = ["prefix", "name", "tenant__slug"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     fields = [
         "tenant", "name", "prefix", "status", "allowed_origins", "max_sessions", "expires_at",
         "created_at", "last_used_at", "revoked_at",
     ]
+    # A new key is active: revoked, disabled, used or made earlier it cannot
+    # be, so the add form shows none of those fields, and a status posted
+    # to it is never read (the service makes every key active).
+    add_fields = ["tenant", "name", "allowed_origins", "max_sessions", "expires_at"]
     actions = ["revoke_keys", "disable_keys"]
+
+    def get_fields(self, request, obj=None):
+        return self.add_fields if obj is None else super().get_fields(request, obj)
 
     def has_delete_permission(self, request, obj=None) -> bool:
         # A key is revoked, never deleted: its sessions, transcripts and
@@ -259,7 +275,13 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
     @admin.display(description="allowed origins")
     def origins(self, obj: ApiKey) -> str:
-        return ", ".join(obj.allowed_origins) or "any"
+        # Up to 20 a key: the first two, and how many more (all on hover).
+        shown = obj.allowed_origins[:2]
+        if not shown:
+            return "any"
+        more = len(obj.allowed_origins) - len(shown)
+        return format_html('<span title="{}">{}{}</span>', "\n".join(obj.allowed_origins), ", ".join(shown),
+                           f" and {more} more" if more else "")
 
     def save_model(self, request, obj: ApiKey, form, change):
         data = form.cleaned_data
@@ -274,8 +296,6 @@ class ApiKeyAdmin(TenantScopedAdmin):
             # the plaintext never goes through the message store (a cookie or the
             # session).
             obj.raw_key_once = raw
-            if data["status"] != ApiKey.Status.ACTIVE:
-                aitp_services.api_key_set_status(key=key, status=data["status"], user=request.user)
             return
         key = ApiKey.objects.get(pk=obj.pk)
         changes = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from aitp.admin import VisibleTenantFilter
 from approvals.admin import TenantScopedAdmin
 from demo.models import DemoOrder
 
@@ -11,5 +12,6 @@ from demo.models import DemoOrder
 @admin.register(DemoOrder)
 class DemoOrderAdmin(TenantScopedAdmin):
     list_display = ("number", "tenant", "status", "total", "updated_at")
-    list_filter = ("status",)
+    list_select_related = ("tenant",)
+    list_filter = ("status", ("tenant", VisibleTenantFilter))
     search_fields = ("number",)

@@ -12,13 +12,13 @@ from django.test import Client
 from django.urls import reverse
 
 from aitp.models import ConversationMessage, DailyUsage, OperatorAction
-from tests.support.people import acme, make_session, make_tool_call, make_user, olivia, root  # noqa: F401 (fixtures)
+from tests.support.people import acme, globex, make_session, make_tool_call, make_user, olivia, root  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 
 
 def _records(tenant, user) -> dict[str, object]:
-    session = make_session(tenant, "ses_record")
+    session = make_session(tenant, f"ses_record_{tenant.slug}")
     return {
         "session": session,
         "toolcall": make_tool_call(session, name="order_status", arguments={"order": "A1"},
@@ -78,3 +78,38 @@ def test_a_record_is_never_added_changed_or_deleted_in_the_admin(acme, writer, m
     assert (add.status_code, change.status_code, delete.status_code) == (403, 403, 403)
     assert bulk.status_code in (200, 302)  # the list again: no such action ran
     assert type(record).objects.filter(pk=record.pk).exists()
+
+
+# --- the tenant filters name only the tenants the user may see -------------------------
+
+
+def tenant_filter_choices(page) -> list[str]:
+    """The slugs a change list's tenant filter offers (none: Django leaves
+    out a filter with a single choice)."""
+    specs = [spec for spec in page.context["cl"].filter_specs
+             if getattr(spec, "field_path", "").endswith("tenant")]
+    assert len(specs) <= 1
+    return [name for spec in specs for _pk, name in spec.lookup_choices]
+
+
+@pytest.mark.parametrize("model", RECORDS)
+def test_a_staff_member_of_one_tenant_reads_no_other_tenants_slug_off_a_records_filter(
+        acme, globex, olivia, model):
+    _records(acme, olivia)
+    _records(globex, None)
+
+    page = _signed_in(_with_every_aitp_permission(olivia)).get(reverse(f"admin:aitp_{model}_changelist"))
+
+    assert page.status_code == 200
+    assert tenant_filter_choices(page) in ([], ["acme"])
+    assert "globex" not in page.content.decode()
+
+
+@pytest.mark.parametrize("model", RECORDS)
+def test_a_superuser_filters_the_records_by_every_tenant(acme, globex, root, model):
+    _records(acme, root)
+    _records(globex, root)
+
+    page = _signed_in(root).get(reverse(f"admin:aitp_{model}_changelist"))
+
+    assert tenant_filter_choices(page) == ["acme", "globex"]

@@ -1,6 +1,8 @@
 """The operator screens, through the Django test client."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -412,3 +414,100 @@ def test_an_approval_past_its_deadline_leaves_the_operators_queue(acme_session, 
 
     assert "fresh_refund" in page.content.decode()
     assert "stale_refund" not in page.content.decode()
+
+
+# --- names and titles ---------------------------------------------------------------
+
+
+def test_the_operators_queue_is_titled_and_counted_in_words(acme_session, olivia):
+    operator_approval(acme_session, name="refund_a")
+    operator_approval(acme_session, name="refund_b")
+
+    html = logged_in(olivia).get(url("pendingapproval_changelist")).content.decode()
+
+    assert "<h1>Approvals waiting for an operator</h1>" in html
+    assert re.search(r"\s2 pending approvals\s", html)
+    assert "Select pending approval" not in html and "(operator)" not in html
+
+
+def test_the_review_queue_is_titled_and_counted_in_words(acme_session, olivia):
+    decided(acme_session, "refund_a")
+    decided(acme_session, "refund_b")
+
+    html = logged_in(olivia).get(url("reviewedapproval_changelist")).content.decode()
+
+    assert "<h1>Approvals to review</h1>" in html
+    assert re.search(r"\s2 approvals to review\s", html)
+    assert "to review to view" not in html and "review queue" not in html
+
+
+@pytest.mark.parametrize("review, title", [
+    ("reviewed", "Reviewed approvals"),
+    ("all", "Decided approvals of high and critical risk"),
+])
+def test_the_review_queues_title_follows_its_review_filter(acme_session, olivia, review, title):
+    decided(acme_session, "refund")
+
+    html = logged_in(olivia).get(url("reviewedapproval_changelist") + f"?review={review}").content.decode()
+
+    assert f"<h1>{title}</h1>" in html
+
+
+def test_one_approval_to_review_is_counted_in_the_singular(acme_session, olivia):
+    decided(acme_session, "refund")
+
+    html = logged_in(olivia).get(url("reviewedapproval_changelist")).content.decode()
+
+    assert re.search(r"\s1 approval to review\s", html)
+
+
+# --- the audit list names the tool ------------------------------------------------------
+
+
+def audit_rows(page) -> list[tuple[str, str]]:
+    """(action, tool) of each row of the audit list, as shown."""
+    rows = re.findall(r'<td class="field-action">(.*?)</td><td class="field-tool">(.*?)</td>',
+                      page.content.decode())
+    return [(action, re.sub(r"<[^>]+>", "", tool)) for action, tool in rows]
+
+
+def test_the_audit_list_names_the_tool_of_each_approvals_events(acme_session, olivia):
+    approval = operator_approval(acme_session, name="refund_order")
+    services.approval_expire(approval_id=approval.pk)
+
+    page = logged_in(olivia).get(url("auditevent_changelist"))
+
+    assert audit_rows(page) == [("Expired", "refund_order"), ("Requested", "refund_order")]
+
+
+def test_the_audit_list_names_the_tool_of_an_event_of_a_call_without_an_approval(acme_session, olivia):
+    from django.db import transaction
+
+    from approvals.audit import append_event
+
+    call = make_call(acme_session, name="order_status", risk="none", origin="server")
+    with transaction.atomic():
+        append_event(tenant_id=acme_session.tenant_id, action="executed", actor_kind="system",
+                     actor="agent", channel="system", session_id=acme_session.id, call_id=call.call_id)
+
+    page = logged_in(olivia).get(url("auditevent_changelist"))
+
+    assert audit_rows(page) == [("Executed", "order_status")]
+
+
+def test_the_audit_list_reads_its_tools_in_as_many_queries_for_many_rows_as_for_one(acme_session, olivia):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = logged_in(olivia)
+    operator_approval(acme_session, name="refund_0")
+    client.get(url("auditevent_changelist"))  # the session's first reads
+    with CaptureQueriesContext(connection) as one:
+        client.get(url("auditevent_changelist"))
+    for index in range(1, 6):
+        operator_approval(acme_session, name=f"refund_{index}")
+    with CaptureQueriesContext(connection) as six:
+        page = client.get(url("auditevent_changelist"))
+
+    assert len(audit_rows(page)) == 6
+    assert len(six.captured_queries) == len(one.captured_queries)

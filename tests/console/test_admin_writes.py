@@ -202,6 +202,52 @@ def test_a_key_disabled_in_the_admin_is_recorded_once(admin_client, staff_owner,
     assert list(OperatorAction.objects.values_list("action", flat=True)) == ["key_disabled"]
 
 
+def new_key_form(acme, **changes) -> dict:
+    """The admin's add form for a key, with some fields changed or added."""
+    return {"tenant": acme.pk, "name": "admin-made", "allowed_origins": '["https://shop.example"]',
+            "max_sessions": 3, "expires_at_0": "", "expires_at_1": "", **changes}
+
+
+def test_the_admin_add_form_for_a_key_has_no_status_and_no_revocation(admin_client):
+    form = admin_client.get(reverse("admin:aitp_apikey_add")).context["adminform"].form
+
+    assert set(form.fields) == {"tenant", "name", "allowed_origins", "max_sessions", "expires_at"}
+    html = admin_client.get(reverse("admin:aitp_apikey_add")).content.decode()
+    assert 'name="status"' not in html and "Revoked at" not in html
+
+
+@pytest.mark.parametrize("status", ["revoked", "disabled"])
+def test_a_key_added_in_the_admin_is_active_whatever_status_is_posted(admin_client, acme, status):
+    response = admin_client.post(reverse("admin:aitp_apikey_add"),
+                                 new_key_form(acme, status=status, revoked_at_0="2026-01-01", revoked_at_1="00:00"))
+
+    assert response.status_code == 200  # the page that shows the new key once
+    key = ApiKey.objects.get(name="admin-made")
+    assert (key.status, key.revoked_at) == (ApiKey.Status.ACTIVE, None)
+    assert list(OperatorAction.objects.values_list("action", flat=True)) == ["key_created"]
+
+
+def test_a_key_added_in_the_admin_cannot_be_already_expired(admin_client, acme):
+    response = admin_client.post(reverse("admin:aitp_apikey_add"),
+                                 new_key_form(acme, expires_at_0="2020-01-01", expires_at_1="00:00"))
+
+    assert response.status_code == 200
+    assert "the expiry must be in the future" in str(response.context["adminform"].form.errors["expires_at"])
+    assert not ApiKey.objects.filter(name="admin-made").exists()
+
+
+@pytest.mark.parametrize("status", ["revoked", "disabled"])
+def test_the_key_service_makes_no_key_that_is_not_active(acme, staff_owner, status):
+    from console import services as console_services
+
+    with pytest.raises(TypeError):
+        console_services.key_create(tenant=acme, by=staff_owner, name="x", allowed_origins=[],
+                                    max_sessions=1, status=status)
+    with pytest.raises(TypeError):
+        services.api_key_create(tenant=acme, name="x", status=status)
+    assert not ApiKey.objects.filter(name="x").exists()
+
+
 def test_a_key_is_revoked_in_the_admin_never_deleted(django_user_model, acme_key):
     root = django_user_model.objects.create_superuser(username="root", password="x")
     client = signed_in(root)
