@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
+from django.utils.formats import date_format
 
 from aitp import services as aitp_services
 from aitp.models import ApiKey, OperatorAction
@@ -249,7 +250,8 @@ def invitation_send(*, invitation: Invitation, accept_url: str) -> None:
     """E-mail the link (``accept_url`` holds the token). Raises what the mail
     backend raises (``OSError``, ``smtplib.SMTPException``)."""
     inviter = invitation.invited_by.get_username() if invitation.invited_by else "An owner"
-    expires = timezone.localtime(invitation.expires_at).strftime("%Y-%m-%d %H:%M %Z")
+    expires_at = timezone.localtime(invitation.expires_at)
+    expires = f"{date_format(expires_at, 'DATETIME_FORMAT')} {expires_at.tzname()}"
     send_mail(
         subject=f"Invitation to {invitation.tenant.name} on OwlLayer",
         message=(

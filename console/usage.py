@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, timedelta
 
+from django.utils.formats import date_format
+
 from aitp.models import AudioSeconds, DailyUsage
 from tenants.models import Tenant
 
@@ -105,8 +107,13 @@ TICK_EVERY = 7  # one date label a week: each fits under its bar without touchin
 
 
 def day_label(day: date) -> str:
-    """A short date for the chart's axis: "Nov 3"."""
-    return f"{day:%b} {day.day}"
+    """A short date for the chart's axis: "3 Nov" (settings.MONTH_DAY_FORMAT)."""
+    return date_format(day, "MONTH_DAY_FORMAT")
+
+
+def day_title(day: date) -> str:
+    """A day as every page writes one: "3 Nov 2026" (settings.DATE_FORMAT)."""
+    return date_format(day, "DATE_FORMAT")
 
 
 def bar_chart(values: list[int], labels: list[str], *, unit: str,

@@ -39,7 +39,7 @@ from console.forms import (
     InviteForm,
     MemberRoleForm,
 )
-from console.usage import bar_chart, daily_usage, day_label
+from console.usage import bar_chart, daily_usage, day_label, day_title
 from tenants.models import Invitation, TenantMembership
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def index(request: HttpRequest) -> HttpResponse:
 @tenant_view()
 def usage(request: HttpRequest, access: Access) -> HttpResponse:
     days = daily_usage(access.tenant, today=timezone.localdate())
-    labels = [day.date.isoformat() for day in days]
+    labels = [day_title(day.date) for day in days]
     ticks = [day_label(day.date) for day in days]
     recent = (
         Session.objects.filter(tenant=access.tenant)

@@ -331,6 +331,16 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# One way to write a moment on every page (the admin, the console, the live
+# and approval pages): "3 Dec 2026, 14:05", in TIME_ZONE, which each page
+# names. The English format module below hands these to Django in place of
+# its own ("Dec. 3, 2026, 2:05 p.m."); owl_display's filters use them too.
+DATE_FORMAT = SHORT_DATE_FORMAT = "j M Y"
+DATETIME_FORMAT = SHORT_DATETIME_FORMAT = "j M Y, H:i"
+TIME_FORMAT = "H:i"
+YEAR_MONTH_FORMAT = "M Y"
+MONTH_DAY_FORMAT = "j M"
+FORMAT_MODULE_PATH = ["owllayer_site.formats"]
 STATIC_URL = "static/"
 # Only for `manage.py collectstatic` (then served from there); without it
 # the files are served straight from the apps.

@@ -127,7 +127,7 @@ def test_the_key_list_shows_prefix_name_status_origins_cap_and_sessions_today(ow
     assert row.sessions_today == 2
     assert row.live_sessions == 1
     html = response.content.decode()
-    for text in (acme_key.prefix, "shop", "Active", "https://shop.example", ">5<", now.strftime("%Y-%m-%d")):
+    for text in (acme_key.prefix, "shop", "Active", "https://shop.example", ">5<", f"{now.day} {now:%b %Y}, "):
         assert text in html, text
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from aitp import services
 from aitp.models import ConversationMessage, DailyUsage, OperatorAction, ToolCall
-from console.usage import PLOT_HEIGHT, bar_chart, daily_usage
+from console.usage import PLOT_HEIGHT, bar_chart, daily_usage, day_title
 from tests.console.conftest import make_session
 
 pytestmark = pytest.mark.django_db
@@ -39,8 +39,8 @@ def test_the_usage_page_shows_thirty_days_ending_today_with_missing_days_as_zero
     html = response.content.decode()
     table = html.split('data-table="daily"')[1].split("</table>")[0]
     assert table.count("<tr><td>") == 2
-    assert table.index(today.isoformat()) < table.index((today - timedelta(days=10)).isoformat())
-    assert (today - timedelta(days=29)).isoformat() not in table
+    assert table.index(day_title(today)) < table.index(day_title(today - timedelta(days=10)))
+    assert day_title(today - timedelta(days=29)) not in table
     assert "2 of the last 30 days had use" in html
 
 
@@ -56,7 +56,7 @@ def test_the_chart_labels_a_day_each_week_ending_today(owner_client, acme):
     svg = html.split('data-chart="sessions"')[1].split("</svg>")[0]
     labels = re.findall(r'<text class="tick"[^>]*>([^<]+)</text>', svg)
     expected = [today - timedelta(days=days) for days in (28, 21, 14, 7, 0)]
-    assert labels == [f"{day:%b} {day.day}" for day in expected]
+    assert labels == [f"{day.day} {day:%b}" for day in expected]  # "3 Dec", as settings.MONTH_DAY_FORMAT
 
 
 def test_the_usage_chart_is_inline_svg_with_a_bar_per_day(owner_client, acme):
@@ -73,7 +73,7 @@ def test_the_usage_chart_is_inline_svg_with_a_bar_per_day(owner_client, acme):
     heights = [int(h) for h in re.findall(r'height="(\d+)"><title>', sessions_svg)]
     assert heights[-1] == PLOT_HEIGHT and heights[-2] == PLOT_HEIGHT // 2
     assert heights[:-2] == [0] * 28
-    assert f"<title>{today.isoformat()}: 4 sessions</title>" in sessions_svg
+    assert f"<title>{today.day} {today:%b %Y}: 4 sessions</title>" in sessions_svg
 
 
 def test_a_bar_chart_scales_to_the_largest_value_and_keeps_small_values_visible():
@@ -173,5 +173,5 @@ def test_the_session_page_shows_the_users_words_with_the_page_as_a_detail_and_on
     detail = html.split('<details class="page-context">')[1].split("</details>")[0]
     assert "on Cart" in detail and "&quot;items&quot;: 2" in detail
     assert "[page]" not in html
-    assert 'title="2026-01-01 10:01:00 UTC">10:01:00</time>' in html  # the page history's time
+    assert 'title="1 Jan 2026, 10:01 UTC">10:01:00</time>' in html  # the page history's time
     assert "Session ended" in html and ">session_end<" not in html
