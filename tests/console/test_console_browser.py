@@ -129,7 +129,7 @@ async def test_the_members_and_usage_pages_read_at_a_glance(browser, console, re
     await tab.goto(server.http_url + reverse("console:usage", args=["acme"]))
     assert await tab.locator("[data-table=daily] tbody tr").count() == 2
     ticks = await tab.locator("[data-chart=sessions] text.tick").all_text_contents()
-    assert len(ticks) == 5 and ticks[-1] == f"{today:%b} {today.day}"
+    assert len(ticks) == 5 and ticks[-1] == f"{today.day} {today:%b}"
     await shot("02-usage")
     assert not errors, f"page script errors: {errors}"
 

@@ -38,7 +38,8 @@ def _session(tenant, key, index: int):
         sdk_version="0.4.0", protocol_version="1.0.0", started_at=MOMENT,
         last_seen_at=timezone.now() if live else MOMENT, last_activity_at=MOMENT,
         ended_at=None if live else MOMENT + timedelta(minutes=index), close_code=None if live else 1000,
-        state="waiting_approval" if live else "ended", current_url=LONG_URL, title="Pro Headphones - Wireless, noise cancelling",
+        state="waiting_approval" if live else "ended", current_url=LONG_URL,
+        title="Pro Headphones - Wireless, noise cancelling",
         turns=12, input_tokens=123_456, output_tokens=7_890, cache_read_tokens=45_678,
         cache_write_tokens=12_345, audio_heard_ms=61_500, audio_spoken_ms=98_250,
     )
