@@ -32,7 +32,18 @@ from aitp.agent_server_tools import ServerTools
 from aitp.agent_store import AgentStore
 from aitp.agent_text import TextStreamer, bounded_history
 from aitp.agent_voice import Listening, Speaker, audio_usage, voice_record
-from aitp.ledger import CANCELLED, ERROR, INVALID_ARGS, UNAVAILABLE, Ledger, Outcome, PendingCall, new_call_id
+from aitp.ledger import (
+    CANCELLED,
+    ERROR,
+    INVALID_ARGS,
+    UNAVAILABLE,
+    Ledger,
+    Outcome,
+    PendingCall,
+    checked_arguments,
+    new_call_id,
+    unusable_arguments,
+)
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.ports import ServerTool
 from aitp.quota import QuotaExceeded, TokenQuota
@@ -153,7 +164,8 @@ class Agent:
                 force_answer = rounds >= self.config.max_tool_rounds
                 request = self._build_request(force_answer=force_answer)
                 completion = await self._request(request, usage, streamer, full_text, speaker)
-                tool_uses = [b for b in completion.content if b.get("type") == "tool_use"]
+                content, refused = self._as_recorded(completion.content)
+                tool_uses = [b for b in content if b.get("type") == "tool_use"]
                 if not tool_uses:
                     if speaker is not None:
                         # Stored once it was all said: a barge-in stores what was.
@@ -161,8 +173,8 @@ class Agent:
                         await speaker.finish()
                     # An empty answer is not stored: the API refuses an empty
                     # message in the next request.
-                    if completion.content:
-                        await self._append("assistant", completion.content)
+                    if content:
+                        await self._append("assistant", content)
                     break
                 rounds += 1
                 await streamer.close()
@@ -170,7 +182,7 @@ class Agent:
                         if force_answer else None)
                 # The round's text is stored with its tool calls, heard or not.
                 round_start = len("".join(full_text))
-                await self._run_tools(completion.content, tool_uses, skip=skip)
+                await self._run_tools(content, tool_uses, skip=skip, refused=refused)
                 if force_answer:
                     break
                 await self.io.set_state(TurnState.ANSWERING)
@@ -310,19 +322,57 @@ class Agent:
         async with contextlib.aclosing(self.backend.stream(request)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
-                    if separator_due and event.text:
+                    # Sent, spoken and stored alike: what no later layer could
+                    # hold (U+0000, a lone surrogate) is U+FFFD (_as_recorded).
+                    text = p.storable_text(event.text)
+                    if separator_due and text:
                         full_text.append("\n\n")
                         streamer.push("\n\n")
                         if speaker is not None:
                             speaker.feed("\n\n")
                         separator_due = False
-                    full_text.append(event.text)
-                    streamer.push(event.text)
+                    full_text.append(text)
+                    streamer.push(text)
                     if speaker is not None:
-                        speaker.feed(event.text)
+                        speaker.feed(text)
                 elif isinstance(event, MessageComplete):
                     return event
         raise LlmError("stream_interrupted", "The answer was cut off. Please try again.")
+
+    def _as_recorded(self, content: list[dict]) -> tuple[list[dict], list[Outcome | None]]:
+        """The model's message as the record may hold it, and for each of its
+        tool_uses the outcome it ends with unrun, if any.
+
+        What the model writes gets the check a page's frame gets
+        (``aitp.protocol.find_unstorable``): its text keeps each character
+        the layers cannot hold (U+0000, a lone surrogate) as U+FFFD, as the
+        page was sent it (``_stream``), and so do a tool_use's id and name;
+        a tool_use whose input no later layer
+        could hold (the ledger's row, the conversation, a TOOL_CALL frame,
+        the next model request) keeps an empty input and ends
+        ``invalid_args``, the model told why in general terms."""
+        recorded: list[dict] = []
+        refused: list[Outcome | None] = []
+        for block in content:
+            kind = block.get("type")
+            if kind == "text":
+                text = p.storable_text(block["text"])
+                if text is not block["text"]:
+                    block = {**block, "text": text}
+            elif kind == "tool_use":
+                fixed = {key: p.storable_text(block[key]) for key in ("id", "name")
+                         if isinstance(block.get(key), str) and p.text_problem(block[key])}
+                code = checked_arguments(block.get("input"), max_depth=self.config.max_json_depth)
+                if code is not None:
+                    logger.warning("session %s: the model's input for %s cannot be used (%s)",
+                                   self.session_id, fixed.get("name", block.get("name")), code)
+                    fixed["input"] = {}
+                refused.append(None if code is None
+                               else Outcome(INVALID_ARGS, error=unusable_arguments(code)))
+                if fixed:
+                    block = {**block, **fixed}
+            recorded.append(block)
+        return recorded, refused
 
     async def _append(self, role: str, content: list[dict]) -> None:
         # Consecutive user messages (a turn that failed after its tool results)
@@ -358,10 +408,12 @@ class Agent:
     # --- tools -----------------------------------------------------------------
 
     async def _run_tools(
-        self, content: list[dict], tool_uses: list[dict], *, skip: Outcome | None = None
+        self, content: list[dict], tool_uses: list[dict], *, skip: Outcome | None = None,
+        refused: list[Outcome | None] | None = None,
     ) -> None:
         """Store the assistant message, then give each of its tool_uses exactly
-        one result: the outcome of running it, or ``skip``."""
+        one result: the outcome of running it, or ``skip``, or the one it
+        was ``refused`` with (its input could not be used, ``_as_recorded``)."""
         calls = [
             PendingCall(
                 call_id=new_call_id(),
@@ -383,7 +435,8 @@ class Agent:
             await self._append("assistant", content)
             await self._checkpoint(calls=calls)
             for index, call in enumerate(calls):
-                outcomes[index] = skip or await self._run_one(call)
+                outcomes[index] = (skip or (refused[index] if refused else None)
+                                   or await self._run_one(call))
                 call.finish(outcomes[index])
                 await self.store.finish_call(call, outcomes[index])
         except BaseException as exc:

@@ -40,19 +40,34 @@ OPERATOR_DECLINED_MESSAGE = "An operator declined this action."
 
 
 # What the model is told when a tool's answer cannot enter the ledger or the
-# conversation (``checked_answer``), by the code the check refused it with.
-UNUSABLE_ANSWER = "The tool ran, but its answer could not be used: {why}."
+# conversation (``checked_answer``), by the code the check refused it with;
+# and when the arguments it wrote for a call cannot (``checked_arguments``).
+UNUSABLE_ANSWER = "The tool ran, but its answer could not be used: it {why}."
+UNUSABLE_ARGUMENTS = "Invalid arguments: the input {why}; the call did not run."
 _UNUSABLE_WHY = {
-    "invalid_text": "it contains text that is not valid Unicode (a NUL character or a lone surrogate)",
-    "invalid_number": "it contains a number that is not finite or is too large",
-    "too_deep": "it is nested too deeply",
-    "invalid_value": "it contains a value that is not JSON data",
+    "invalid_text": "contains text that is not valid Unicode (a NUL character or a lone surrogate)",
+    "invalid_number": "contains a number that is not finite or is too large",
+    "too_deep": "is nested too deeply",
+    "invalid_value": "contains a value that is not JSON data",
 }
 UNUSABLE_ERROR = "The tool failed, and its error message could not be used."
 
 
 def unusable_answer(code: str) -> str:
-    return UNUSABLE_ANSWER.format(why=_UNUSABLE_WHY.get(code, "it is not JSON data"))
+    return UNUSABLE_ANSWER.format(why=_UNUSABLE_WHY.get(code, "is not JSON data"))
+
+
+def unusable_arguments(code: str) -> str:
+    return UNUSABLE_ARGUMENTS.format(why=_UNUSABLE_WHY.get(code, "is not JSON data"))
+
+
+def checked_arguments(args: Any, *, max_depth: int | None) -> str | None:
+    """Why the arguments the model wrote for a call cannot enter the ledger,
+    the conversation or a TOOL_CALL frame (the code ``find_unstorable``
+    refused them with), or None: the check a page's frame gets, at the
+    depth the arguments have in their frame."""
+    problem = p.find_unstorable_result(args, max_depth=max_depth)
+    return None if problem is None else problem[0]
 
 
 def checked_answer(result: Any, *, max_depth: int | None) -> tuple[Outcome, str | None]:

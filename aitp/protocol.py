@@ -478,6 +478,15 @@ def text_problem(text: str) -> str | None:
     return f"contains a lone surrogate (U+{ord(found.group()):04X}); text must be valid Unicode"
 
 
+def storable_text(text: str) -> str:
+    """``text`` with each character ``text_problem`` refuses (U+0000, a lone
+    surrogate) replaced by U+FFFD, as a UTF-8 decoder replaces bytes it
+    cannot read; the same string when there is none."""
+    if _BAD_TEXT.search(text) is None:
+        return text
+    return _BAD_TEXT.sub("\ufffd", text)
+
+
 def find_unstorable(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
                     ) -> tuple[str, str, str] | None:
     """The first value in a parsed JSON tree no later layer could hold.
@@ -501,7 +510,7 @@ def find_unstorable(value: Any, *, max_depth: int | None = DEFAULT_MAX_DEPTH
 
 
 # A tool's result is the third level of its TOOL_RESULT frame (the envelope,
-# its payload, the result itself).
+# its payload, the result itself), as a call's arguments are of its TOOL_CALL.
 RESULT_LEVEL = 3
 
 
@@ -510,7 +519,8 @@ def find_unstorable_result(value: Any, *, max_depth: int | None = DEFAULT_MAX_DE
     """``find_unstorable`` of a tool's answer, whatever it came from (a
     server tool's webhook or Python handler): the check a page's TOOL_RESULT
     result gets inside its frame of at most ``max_depth`` levels, at the
-    same depth."""
+    same depth. The arguments the model writes for a call get it too: they
+    sit at the same level of their TOOL_CALL."""
     depth = None if max_depth is None else max(1, max_depth - (RESULT_LEVEL - 1))
     return find_unstorable(value, max_depth=depth)
 

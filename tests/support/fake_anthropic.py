@@ -278,7 +278,13 @@ def _json(data: object) -> str:
 
 
 def _frame(event_type: str, data: dict) -> bytes:
-    return f"event: {event_type}\ndata: {_json(data)}\n\n".encode()
+    try:
+        return f"event: {event_type}\ndata: {_json(data)}\n\n".encode()
+    except UnicodeEncodeError:
+        # A lone surrogate has no UTF-8 form; JSON carries it escaped, as a
+        # model's text may (the client's parser gives it back as is).
+        escaped = json.dumps(data, separators=(",", ":"))
+        return f"event: {event_type}\ndata: {escaped}\n\n".encode()
 
 
 def message_json(response: StreamedMessage, model: str) -> dict:
