@@ -34,8 +34,10 @@ from aitp.agent_text import TextStreamer, bounded_history
 from aitp.agent_voice import Listening, Speaker, audio_usage, voice_record
 from aitp.ledger import (
     CANCELLED,
+    CANCELLED_MESSAGE,
     ERROR,
     INVALID_ARGS,
+    LEFT_MESSAGE,
     UNAVAILABLE,
     Ledger,
     Outcome,
@@ -475,9 +477,14 @@ class Agent:
                 continue
             outcomes[index] = Outcome(status, error=error)
             call.resolve(outcomes[index])
-            await self.store.finish_call(call, outcomes[index])
             if call.approval_id is not None:
-                await self.store.approval_close(call.approval_id, status)
+                # The call's end with its approval's event, in one transaction.
+                try:
+                    await self.store.approval_close(call, status, outcomes[index])
+                except Exception:
+                    logger.exception("session %s: the end of call %s could not be written with "
+                                     "its approval", self.session_id, call.call_id)
+            await self.store.finish_call(call, outcomes[index])
         await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
         await self._checkpoint()
 
@@ -534,9 +541,7 @@ async def _to_the_end(work: Awaitable[None]) -> bool:
 
 
 def _cancel_message(status: str) -> str:
-    if status == "disconnected":
-        return "The user left the page before the tool answered."
-    return "The turn was cancelled before the tool answered."
+    return LEFT_MESSAGE if status == "disconnected" else CANCELLED_MESSAGE
 
 
 def _add_usage(total: Usage, more: Usage) -> None:

@@ -76,10 +76,13 @@ class Approvals:
                 # The page wants approval for something other than what the
                 # model asked: refuse, and tell the model the call did not
                 # happen. An approval asked before for the call's own
-                # arguments ends with it.
-                call.resolve(Outcome(DENIED, error=MISMATCH_MESSAGE))
-                if call.approval_id is not None:
-                    await parts.store.approval_close(call.approval_id, "cancelled")
+                # arguments ends with it (the call's end with its event).
+                outcome = Outcome(DENIED, error=MISMATCH_MESSAGE)
+                try:
+                    if call.approval_id is not None:
+                        await parts.store.approval_close(call, "cancelled", outcome)
+                finally:
+                    call.resolve(outcome)
             return p.error_event(exc.code, exc.message, callId=call.call_id)
         call.approval_id = approval.id
         call.step(CallEvent.APPROVAL_REQUESTED, by=Party.PAGE)
@@ -119,14 +122,15 @@ class Approvals:
             call.declined_by = "user"
             call.resolve(Outcome(DENIED, error=DECLINED_MESSAGE))
             return None
-        if payload.error:
-            call.resolve(Outcome(ERROR, error=payload.error))
-        else:
-            call.resolve(Outcome(SUCCESS, result=payload.result))
-        if call.approval_id is not None:
-            await parts.store.approval_executed(
-                call.approval_id, ok=not payload.error, error=payload.error or ""
-            )
+        outcome = (Outcome(ERROR, error=payload.error) if payload.error
+                   else Outcome(SUCCESS, result=payload.result))
+        try:
+            if call.approval_id is not None:
+                # The call's end and its executed/failed event, together,
+                # whatever happens to the connection this very moment.
+                await asyncio.shield(parts.store.approval_executed(call, outcome))
+        finally:
+            call.resolve(outcome)
         return None
 
     async def skipped(self, call: PendingCall, reason: str) -> p.Message:

@@ -14,7 +14,16 @@ from aitp import protocol as p
 from aitp.agent_approvals import Approvals
 from aitp.agent_parts import TurnParts, unknown_call
 from aitp.calls import CallEvent, CallStatus
-from aitp.ledger import ERROR, EXPIRED, SUCCESS, TIMEOUT, Outcome, PendingCall, wait_until_deadline
+from aitp.ledger import (
+    ERROR,
+    EXPIRED,
+    SUCCESS,
+    TIMEOUT,
+    USER_EXPIRED_MESSAGE,
+    Outcome,
+    PendingCall,
+    wait_until_deadline,
+)
 from aitp.turn_state import TurnState
 
 
@@ -40,8 +49,8 @@ class PageTools:
             if outcome is not None:
                 return outcome
             if call.approval_id is not None:
-                await parts.store.approval_expire(call.approval_id)
-                outcome = Outcome(EXPIRED, error="The user did not decide in time; the action was not approved.")
+                outcome = Outcome(EXPIRED, error=USER_EXPIRED_MESSAGE)
+                await parts.store.approval_expire(call, outcome)
                 await parts.io.send_message(
                     p.error_event("approval_expired", "The approval request expired.", callId=call.call_id)
                 )

@@ -18,9 +18,14 @@ from aitp.agent_approvals import Approvals, declined_message
 from aitp.agent_parts import TurnParts
 from aitp.calls import CallEvent, CallStatus, Party
 from aitp.ledger import (
+    CANCELLED,
+    CANCELLED_MESSAGE,
     DENIED,
+    DISCONNECTED,
     ERROR,
     EXPIRED,
+    LEFT_MESSAGE,
+    SERVER_EXPIRED_MESSAGE,
     UNAVAILABLE,
     Outcome,
     PendingCall,
@@ -77,14 +82,15 @@ class ServerTools:
                     ))
                 decision = await self.await_decision(call)
                 if decision is None:
-                    await parts.store.approval_expire(call.approval_id)
+                    outcome = Outcome(EXPIRED, error=SERVER_EXPIRED_MESSAGE)
+                    await parts.store.approval_expire(call, outcome)
                     await parts.io.send_message(
                         p.error_event("approval_expired", "The approval request expired.",
                                       callId=call.call_id)
                     )
-                    return Outcome(EXPIRED, error="Nobody approved the action in time; it did not run.")
+                    return outcome
                 if decision != "approved":
-                    return Outcome(DENIED, error=declined_message(call))
+                    return not_approved(call, decision)
                 call.step(CallEvent.APPROVED, by=Party.PERSON)
             finally:
                 parts.ledger.remove(call.call_id)
@@ -112,11 +118,11 @@ class ServerTools:
                 logger.warning("session %s: server tool %s answered a value that cannot be used (%s)",
                                parts.session_id, call.name, refused)
         # The tool ran: its outcome is the call's now, and its audit is
-        # written, whatever happens to the turn this very moment.
+        # written (with the call's end), whatever happens to the turn this
+        # very moment.
         call.resolve(outcome)
         if call.approval_id is not None:
-            await asyncio.shield(parts.store.approval_executed(
-                call.approval_id, ok=not outcome.is_error, error=outcome.error))
+            await asyncio.shield(parts.store.approval_executed(call, outcome))
         return outcome
 
     async def await_decision(self, call: PendingCall) -> str | None:
@@ -134,3 +140,16 @@ class ServerTools:
             if not call.decision.done():
                 await self.approvals.apply_row(call)
         return call.decision.result()
+
+
+def not_approved(call: PendingCall, decision: str) -> Outcome:
+    """The outcome of a call whose approval ended other than approved: the
+    status its approval ended the call's row with (``approvals.services``),
+    and words for the model."""
+    if decision == "expired":
+        return Outcome(EXPIRED, error=SERVER_EXPIRED_MESSAGE)
+    if decision == "cancelled":
+        return Outcome(CANCELLED, error=CANCELLED_MESSAGE)
+    if decision == "disconnected":
+        return Outcome(DISCONNECTED, error=LEFT_MESSAGE)
+    return Outcome(DENIED, error=declined_message(call))

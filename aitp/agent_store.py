@@ -7,6 +7,11 @@ share one (``aitp.group_write``). Progress marks and final outcomes of tool
 calls are written behind the turn: a mark in a task of its own, an outcome
 with the turn's next write. Each write first waits for the marks still on
 their way, so a call's rows change in the order the turn decided them.
+
+A call that has an approval is the exception: its end (run, expired,
+cancelled, disconnected) is written by the approvals app in the transaction
+of the approval's event that records it (``approval_*`` below), and is not
+written behind again. Calls without one cost no extra round trip.
 """
 from __future__ import annotations
 
@@ -44,6 +49,9 @@ class AgentStore:
         # When each call's row was (or is being) recorded: the same time on
         # every try of a checkpoint, and its outcome needs no read for it.
         self._created: dict[str, object] = {}
+        # Calls whose end their approval writes, with its event: a write that
+        # failed leaves neither (and nothing is written behind in its place).
+        self._ended_by_approval: set[str] = set()
 
     async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
                          usage: Usage | None = None, turns: int = 0,
@@ -117,10 +125,14 @@ class AgentStore:
         mark, sent_at = self._mark_of.pop(call.call_id, (None, None))
         if mark is not None and not mark.done():
             mark.cancel()
+        created_at = self._created.pop(call.call_id, None)
+        if call.call_id in self._ended_by_approval:
+            self._ended_by_approval.discard(call.call_id)
+            return
         self._finished.append({
             "call_id": call.call_id, "status": outcome.status, "result": outcome.result,
             "error": outcome.error, "risk": call.risk.value, "origin": call.origin,
-            "created_at": self._created.pop(call.call_id, None), "sent_at": sent_at,
+            "created_at": created_at, "sent_at": sent_at,
         })
 
     async def flush(self) -> None:
@@ -186,17 +198,35 @@ class AgentStore:
         decision = await db_call(ports.approvals().decision, approval_id)
         return decision if decision is not None else ("cancelled", "")
 
-    async def approval_expire(self, approval_id: int) -> None:
-        await self.flush()
-        await db_call(ports.approvals().expire, approval_id=approval_id)
+    async def approval_expire(self, call: PendingCall, outcome: Outcome) -> None:
+        """Nobody decided in time: the approval and the call end with ``outcome``."""
+        await self._ended_with_approval(call, lambda: db_call(
+            ports.approvals().expire, approval_id=call.approval_id, error=outcome.error))
 
-    async def approval_close(self, approval_id: int, status: str) -> None:
-        await self.flush()
-        await db_call(ports.approvals().close, approval_id=approval_id, status=status)
+    async def approval_close(self, call: PendingCall, status: str, outcome: Outcome) -> None:
+        """The approval closes as ``status`` (cancelled, disconnected), the call
+        ends with ``outcome``."""
+        await self._ended_with_approval(call, lambda: db_call(
+            ports.approvals().close, approval_id=call.approval_id, status=status,
+            call_status=outcome.status, error=outcome.error))
 
-    async def approval_executed(self, approval_id: int, *, ok: bool, error: str = "") -> None:
+    async def approval_executed(self, call: PendingCall, outcome: Outcome) -> None:
+        """The approved call ran: executed or failed, the call's ``outcome`` with it."""
+        await self._ended_with_approval(call, lambda: db_call(
+            ports.approvals().record_execution, approval_id=call.approval_id,
+            ok=not outcome.is_error, error=outcome.error, result=outcome.result))
+
+    async def _ended_with_approval(self, call: PendingCall, write) -> None:
+        """Write a call's end with its approval's event (``write``: True when
+        the call's row is final after it). The outcome is not written behind
+        as well: not once the write says the row is final, nor when it
+        failed (neither was written) or is cut short (it lands whole or not
+        at all). Only a row the approval left open (its decision went
+        another way) is written behind, as a call without one."""
         await self.flush()
-        await db_call(ports.approvals().record_execution, approval_id=approval_id, ok=ok, error=error)
+        self._ended_by_approval.add(call.call_id)
+        if not await write():
+            self._ended_by_approval.discard(call.call_id)
 
 
 def _finish_calls(finished: list[dict]) -> None:

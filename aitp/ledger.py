@@ -39,6 +39,14 @@ DECLINED_MESSAGE = "The user declined this action."
 OPERATOR_DECLINED_MESSAGE = "An operator declined this action."
 
 
+# What the model (and the call's row) is told when a call ends without
+# running because its approval, or its turn, ended first.
+USER_EXPIRED_MESSAGE = "The user did not decide in time; the action was not approved."
+SERVER_EXPIRED_MESSAGE = "Nobody approved the action in time; it did not run."
+CANCELLED_MESSAGE = "The turn was cancelled before the tool answered."
+LEFT_MESSAGE = "The user left the page before the tool answered."
+
+
 # What the model is told when a tool's answer cannot enter the ledger or the
 # conversation (``checked_answer``), by the code the check refused it with;
 # and when the arguments it wrote for a call cannot (``checked_arguments``).

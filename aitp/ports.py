@@ -17,6 +17,7 @@ synchronous ORM work: callers run it on the database threads (``db_call``).
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from aitp.tools import ToolSpec
@@ -84,13 +85,28 @@ class ApprovalDesk(Protocol):
     def decision(self, approval_id: int) -> tuple[str, str] | None:
         """(status, who declined: "user", "operator" or ""), None when no such row."""
 
-    def expire(self, *, approval_id: int) -> Any: ...
+    # The endings of a call that has an approval: each writes the call's final
+    # status in the transaction of the approval's event, and answers whether
+    # the call's row is final (so the turn does not write it again).
 
-    def close(self, *, approval_id: int, status: str) -> Any: ...
+    def expire(self, *, approval_id: int, error: str | None = None) -> bool:
+        """Nobody decided in time: the approval, and its call, expire."""
 
-    def record_execution(self, *, approval_id: int, ok: bool, error: str = "") -> None: ...
+    def close(self, *, approval_id: int, status: str, call_status: str | None = None,
+              error: str | None = None) -> bool:
+        """The turn was cancelled (``status`` cancelled) or the page left
+        (disconnected): the approval closes, its call ends as ``call_status``."""
+
+    def record_execution(self, *, approval_id: int, ok: bool, error: str = "",
+                         result: Any = None) -> bool:
+        """The approved call ran: executed (success, ``result``) or failed (``error``)."""
 
     def close_of_ended_sessions(self) -> int: ...
+
+    def end_with_sessions(self, *, session_ids: list[str], now: datetime, reason: str) -> int:
+        """In the caller's transaction ending these sessions' rows: end the
+        calls that have an approval, each with its event, before the caller
+        disconnects the others. Returns how many approvals closed."""
 
     def expire_overdue(self) -> int: ...
 

@@ -147,15 +147,18 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
     candidates = ServerProcess.objects.filter(Q(stopped_at__isnull=True) | Q(id__in=holding))
     gone = [row.id for row in candidates if is_gone(row, now=now, this_host=here)]
     closed = 0
+    # The approvals closed with the session rows, with their calls.
+    closing = services.Closing()
     if gone:
         closed += services.sessions_close_of_processes(
             process_ids=gone, code=1006, reason="server process lost", mark_stopped=True, now=now,
+            closing=closing,
         )
         logger.warning("server processes gone: %s (%d session rows closed)", ", ".join(gone), closed)
-    closed += services.sessions_close_stale(now=now)
+    closed += services.sessions_close_stale(now=now, closing=closing)
     reservations = quota.reservations_sweep(gone_processes=gone, now=now)
     ServerProcess.objects.filter(stopped_at__lt=now - KEEP_STOPPED).delete()
-    closed_approvals = ports.approvals().close_of_ended_sessions()
+    closed_approvals = closing.approvals + ports.approvals().close_of_ended_sessions()
     expired = ports.approvals().expire_overdue()
     return SweepResult(len(gone), closed, closed_approvals, expired, reservations)
 

@@ -32,7 +32,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from aitp import calls, limits, liveness, notify, open_statements, statements
+from aitp import calls, limits, liveness, notify, open_statements, ports, statements
 from aitp.calls import CallStatus
 from aitp.models import (
     ApiKey,
@@ -542,7 +542,15 @@ def _session_close_alone(close: dict) -> None:
         session_close(**{**close, "live": None})
 
 
-def sessions_close_stale(*, now: datetime | None = None) -> int:
+@dataclass
+class Closing:
+    """What closing session rows closed with them, added up over the closes
+    it is handed to."""
+
+    approvals: int = 0
+
+
+def sessions_close_stale(*, now: datetime | None = None, closing: Closing | None = None) -> int:
     """Close the rows of sessions whose process stopped refreshing them (it
     died without closing them). They already stopped counting against their
     key's cap; this ends their record, and their tool calls get a final
@@ -550,7 +558,7 @@ def sessions_close_stale(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
     stale = Session.objects.filter(ended_at__isnull=True, last_seen_at__lt=stale_before)
-    return _sessions_close(stale, now=now, code=1006, reason="server process lost")
+    return _sessions_close(stale, now=now, code=1006, reason="server process lost", closing=closing)
 
 
 # The sweep (aitp.processes) closes the rows of server processes that are
@@ -561,7 +569,7 @@ LOST_CALL_ERROR = "The connection to the page ended before the tool finished."
 
 def sessions_close_of_processes(
     *, process_ids, code: int, reason: str, mark_stopped: bool = False,
-    now: datetime | None = None,
+    now: datetime | None = None, closing: Closing | None = None,
 ) -> int:
     """Close every open session row held by these server processes, with
     their unfinished tool calls ('disconnected'); with ``mark_stopped`` the
@@ -576,7 +584,7 @@ def sessions_close_of_processes(
     with transaction.atomic():
         closed = _sessions_close(
             Session.objects.filter(ended_at__isnull=True, process__in=process_ids),
-            now=now, code=code, reason=reason,
+            now=now, code=code, reason=reason, closing=closing,
         )
         if mark_stopped:
             ServerProcess.objects.filter(id__in=process_ids, stopped_at__isnull=True).update(
@@ -585,15 +593,21 @@ def sessions_close_of_processes(
     return closed
 
 
-def _sessions_close(open_rows, *, now: datetime, code: int, reason: str) -> int:
+def _sessions_close(open_rows, *, now: datetime, code: int, reason: str,
+                    closing: Closing | None = None) -> int:
     """Close these open session rows and give their unfinished tool calls
-    their final status, one transaction per batch."""
+    their final status, one transaction per batch: first the calls that have
+    an approval, each with its approval's event (the approvals app, through
+    its port), then the others."""
     closed = 0
     while True:
         with transaction.atomic():
             ids = list(open_rows.values_list("id", flat=True)[:SESSIONS_CLOSE_BATCH])
             if not ids:
                 return closed
+            approvals = ports.approvals().end_with_sessions(session_ids=ids, now=now, reason=reason)
+            if closing is not None:
+                closing.approvals += approvals
             closed += Session.objects.filter(id__in=ids, ended_at__isnull=True).update(
                 ended_at=now, close_code=code, close_reason=reason[:200],
                 state=Session.State.ENDED, last_seen_at=now,

@@ -49,17 +49,22 @@ class ApprovalsProvider:
             declined_by = "operator" if operator_decision == Approval.Decision.DENIED else "user"
         return str(status), declined_by
 
-    def expire(self, *, approval_id):
-        return services.approval_expire(approval_id=approval_id)
+    def expire(self, *, approval_id, error=None) -> bool:
+        return services.call_is_final(services.approval_expire(approval_id=approval_id, error=error))
 
-    def close(self, *, approval_id, status):
-        return services.approval_close(approval_id=approval_id, status=status)
+    def close(self, *, approval_id, status, call_status=None, error=None) -> bool:
+        return services.call_is_final(services.approval_close(
+            approval_id=approval_id, status=status, call_status=call_status, error=error))
 
-    def record_execution(self, *, approval_id, ok, error=""):
-        services.approval_record_execution(approval_id=approval_id, ok=ok, error=error)
+    def record_execution(self, *, approval_id, ok, error="", result=None) -> bool:
+        return services.call_is_final(services.approval_record_execution(
+            approval_id=approval_id, ok=ok, error=error, result=result))
 
     def close_of_ended_sessions(self) -> int:
         return services.approvals_close_of_ended_sessions()
+
+    def end_with_sessions(self, *, session_ids, now, reason) -> int:
+        return services.approvals_end_with_sessions(session_ids=session_ids, now=now, reason=reason)
 
     def expire_overdue(self) -> int:
         return services.approval_expire_overdue()

@@ -1,6 +1,14 @@
 """Writes for approvals. Each function is one transaction holding the change
 and its audit event, so the record of a decision can never disagree with it.
 
+A call that has an approval gets its final status from here, with the event
+that ends it: a refusal (denied), a violation, the call's run (executed or
+failed, with its result), and every ending the system writes (expired,
+cancelled, disconnected) move the ``ToolCall`` row in the event's
+transaction, and the event names the status it moved to (``data.call``).
+The turn writes behind only the calls that have no approval
+(``aitp.agent_store``).
+
 Every transaction starts by locking the audit chain head (see
 ``approvals.audit.lock_chain``): decisions on approvals are therefore
 serialised across processes, and of two racing answers the first one wins
@@ -26,7 +34,14 @@ from django.utils import timezone
 from aitp import calls, liveness, notify
 from aitp.agent_approvals import NOT_APPROVED_MESSAGE
 from aitp.calls import CallEvent, CallStatus
-from aitp.ledger import DECLINED_MESSAGE, OPERATOR_DECLINED_MESSAGE
+from aitp.ledger import (
+    CANCELLED_MESSAGE,
+    DECLINED_MESSAGE,
+    LEFT_MESSAGE,
+    OPERATOR_DECLINED_MESSAGE,
+    SERVER_EXPIRED_MESSAGE,
+    USER_EXPIRED_MESSAGE,
+)
 from aitp.models import OperatorAction, Session, ToolCall
 from aitp.ports import ApprovalError
 from aitp.services import LOST_CALL_ERROR
@@ -101,22 +116,45 @@ def _resolve(approval: Approval, now) -> None:
         approval.decided_at = now
 
 
-def _move_call(approval: Approval, event: CallEvent, now, *, error: str = "") -> str | None:
+def _move_call(approval: Approval, event: CallEvent, now, *, error: str = "",
+               result=None) -> str | None:
     """Move the approval's tool call by ``event`` of the call table
     (``aitp.calls``), in the caller's transaction, when its state allows
     it: a decision and what it does to the call are recorded together, with
-    the one audit event. The status it moved to; None when it had moved on
-    (a final status written first is never undone)."""
+    the one audit event; a final status with its ``error`` (or ``result``).
+    The status it moved to; None when it had moved on (a final status
+    written first is never undone)."""
     sources, target = calls.TRANSITIONS[event]
     call = approval.tool_call
     fields: dict = {"status": target.value}
     if target.is_final:
         fields.update(error=error[:4000], finished_at=now,
                       duration_ms=max(0, int((now - call.created_at).total_seconds() * 1000)))
+        if result is not None:
+            fields["result"] = result
     moved = ToolCall.objects.filter(
         pk=call.pk, status__in=[state.value for state in sources]
     ).update(**fields)
-    return target.value if moved else None
+    if not moved:
+        return None
+    call.status = target.value
+    return target.value
+
+
+def call_is_final(approval: Approval) -> bool:
+    """Whether the approval's call has its final status (as read with the
+    approval, or as moved since): the turn then writes none."""
+    return approval.tool_call.status in ToolCall.FINAL_STATUSES
+
+
+def _ending_error(approval: Approval, status: str) -> str:
+    """What the model and the call's row are told when an ending the
+    system writes ends the call."""
+    if status == Status.EXPIRED:
+        return USER_EXPIRED_MESSAGE if approval.origin == Approval.Origin.CLIENT else SERVER_EXPIRED_MESSAGE
+    if status == Status.DISCONNECTED:
+        return LEFT_MESSAGE
+    return CANCELLED_MESSAGE
 
 
 def _with_call(data: dict | None, moved: str | None) -> dict | None:
@@ -167,12 +205,55 @@ def _why_call_cannot_run(approval: Approval, now) -> ApprovalError | None:
     return None
 
 
+def _expire(approval: Approval, now, *, error: str | None = None, data: dict | None = None) -> None:
+    """Close the pending approval as expired, its call with it."""
+    moved = _move_call(approval, CallEvent.EXPIRED, now,
+                       error=_ending_error(approval, Status.EXPIRED) if error is None else error)
+    _close(approval, Status.EXPIRED, Action.EXPIRED, now, data=data, moved=moved)
+
+
 def _close_for_ended_session(approval: Approval, now, *, reason: str = "session ended") -> None:
     """Close the approval, and end its call, as the sweep does for a session
     whose process is gone."""
     moved = _move_call(approval, CallEvent.DISCONNECTED, now, error=LOST_CALL_ERROR)
     _close(approval, Status.DISCONNECTED, Action.DISCONNECTED, now, data={"reason": reason},
            moved=moved)
+
+
+def _end_approved_call(approval: Approval, event: CallEvent, action: str, now, *, error: str,
+                       data: dict | None = None) -> bool:
+    """End the call of an approved approval that has not ended yet (a
+    server tool cut while it ran, a session that ended before the call's
+    run was recorded), with an event of the approval: the decision stands.
+    False when the call had ended."""
+    moved = _move_call(approval, event, now, error=error)
+    if moved is None:
+        return False
+    _audit(approval, action, actor_kind=ActorKind.SYSTEM, actor="system", channel=Channel.SYSTEM,
+           data=_with_call(data, moved))
+    return True
+
+
+def _end_with_session(approval: Approval, now, *, reason: str) -> bool:
+    """An approval whose session ended: pending, it closes as disconnected;
+    approved, its call still open ends disconnected; each with its event.
+    True when a pending approval was closed."""
+    if approval.status == Status.PENDING:
+        _close_for_ended_session(approval, now, reason=reason)
+        return True
+    if approval.status == Status.APPROVED:
+        _end_approved_call(approval, CallEvent.DISCONNECTED, Action.DISCONNECTED, now,
+                           error=LOST_CALL_ERROR, data={"reason": reason})
+    return False
+
+
+def _still_ending_a_call(approvals) -> list[int]:
+    """The approvals among these that may still end a call: pending, or
+    approved with the call still open."""
+    open_statuses = [state.value for state in calls.OPEN]
+    return list(approvals.filter(
+        status__in=[Status.PENDING, Status.APPROVED], tool_call__status__in=open_statuses,
+    ).values_list("pk", flat=True))
 
 
 def _close_for_refusal(approval: Approval, now, refusal: ApprovalError) -> None:
@@ -371,7 +452,7 @@ def approval_decide_user(*, approval_id, session_id: str, approved: bool,
         if refusal is not None:
             _close_for_refusal(approval, now, refusal)
         elif _is_overdue(approval, now):
-            _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "user"})
+            _expire(approval, now, data={"late": "user"})
             expired = True
         else:
             approval.user_decision = Decision.APPROVED if approved else Decision.DENIED
@@ -413,7 +494,7 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
         if refusal is not None:
             _close_for_refusal(approval, now, refusal)
         elif _is_overdue(approval, now):
-            _close(approval, Status.EXPIRED, Action.EXPIRED, now, data={"late": "operator"})
+            _expire(approval, now, data={"late": "operator"})
             expired = True
         else:
             approval.operator_decision = Decision.APPROVED if approved else Decision.DENIED
@@ -456,15 +537,16 @@ def approval_decide_operator(*, approval_id, user, approved: bool, note: str = "
 # --- endings ------------------------------------------------------------------
 
 
-def approval_expire(*, approval_id) -> Approval:
-    """The waiting side gave up: a pending approval becomes expired. Idempotent;
-    the caller's timer decides when, so an approval the agent stopped waiting
-    for can never be approved afterwards."""
+def approval_expire(*, approval_id, error: str | None = None) -> Approval:
+    """The waiting side gave up: a pending approval becomes expired, and its
+    call with it (``error``: what the model is told, by default the words
+    of an expiry). Idempotent; the caller's timer decides when, so an
+    approval the agent stopped waiting for can never be approved afterwards."""
     with transaction.atomic():
         lock_chain()
         approval = _locked_approval(approval_id)
         if approval.status == Status.PENDING:
-            _close(approval, Status.EXPIRED, Action.EXPIRED, timezone.now())
+            _expire(approval, timezone.now(), error=error)
     return approval
 
 
@@ -481,52 +563,82 @@ def approval_expire_overdue() -> int:
             lock_chain()
             approval = _locked_approval(pk)
             if approval.status == Status.PENDING and _is_overdue(approval, timezone.now()):
-                _close(approval, Status.EXPIRED, Action.EXPIRED, timezone.now())
+                _expire(approval, timezone.now())
                 expired += 1
     return expired
 
 
 def approvals_close_of_ended_sessions() -> int:
     """Close every pending approval whose session has ended (its process
-    died or stopped before the turn could close it), each with its audit
-    event. Returns how many."""
-    stranded = list(
-        Approval.objects.filter(status=Status.PENDING, session__ended_at__isnull=False)
-        .values_list("pk", flat=True)
-    )
+    died or stopped before the turn could close it), each with its call and
+    its audit event; an approved one whose call never recorded its end
+    ends that call as disconnected, with an event. Returns how many
+    approvals closed."""
+    stranded = _still_ending_a_call(Approval.objects.filter(session__ended_at__isnull=False))
     closed = 0
     for pk in stranded:
         with transaction.atomic():
             lock_chain()
-            approval = _locked_approval(pk)
-            if approval.status == Status.PENDING:
-                _close_for_ended_session(approval, timezone.now())
-                closed += 1
+            closed += _end_with_session(_locked_approval(pk), timezone.now(), reason="session ended")
     return closed
 
 
-def approval_close(*, approval_id, status: str) -> Approval:
-    """End a pending approval because the turn was cancelled or the page went away."""
+def approvals_end_with_sessions(*, session_ids, now, reason: str) -> int:
+    """In the caller's transaction, the one that ends these sessions' rows:
+    end their approvals' open calls with their events (a pending approval
+    closes as disconnected, an approved one keeps its decision), before
+    the caller disconnects the calls left. Returns how many approvals
+    closed."""
+    ending = _still_ending_a_call(Approval.objects.filter(session_id__in=list(session_ids)))
+    if not ending:
+        return 0
+    closed = 0
+    with transaction.atomic():
+        lock_chain()
+        for pk in ending:
+            closed += _end_with_session(_locked_approval(pk), now, reason=reason)
+    return closed
+
+
+def approval_close(*, approval_id, status: str, call_status: str | None = None,
+                   error: str | None = None) -> Approval:
+    """End a pending approval because the turn was cancelled or the page went
+    away, and its call with it: as ``call_status`` (by default the
+    approval's own ``status``; a page that asked about other arguments
+    ends its call denied) with ``error``, what the model is told. An
+    approved call that has not ended yet (a server tool cut while it ran)
+    ends too, with the event; its decision stands."""
     if status not in (Status.CANCELLED, Status.DISCONNECTED):
         raise ValueError(f"cannot close an approval as {status!r}")
     action = Action.CANCELLED if status == Status.CANCELLED else Action.DISCONNECTED
+    event = calls.ENDED_BY[CallStatus(call_status or status)]
     with transaction.atomic():
         lock_chain()
         approval = _locked_approval(approval_id)
+        now = timezone.now()
+        error = _ending_error(approval, status) if error is None else error
         if approval.status == Status.PENDING:
-            _close(approval, status, action, timezone.now())
+            moved = _move_call(approval, event, now, error=error)
+            _close(approval, status, action, now, moved=moved)
+        elif approval.status == Status.APPROVED:
+            _end_approved_call(approval, event, action, now, error=error)
     return approval
 
 
-def approval_record_execution(*, approval_id, ok: bool, error: str = "") -> None:
-    """Record that the approved tool ran (executed) or failed."""
+def approval_record_execution(*, approval_id, ok: bool, error: str = "", result=None) -> Approval:
+    """Record that the approved tool ran (executed) or failed, and end its
+    call with it: success with its ``result``, or error with ``error``."""
     with transaction.atomic():
         lock_chain()
         approval = _locked_approval(approval_id)
         if approval.status != Status.APPROVED:
             raise ApprovalError("not_allowed", "approval was not approved")
+        moved = _move_call(approval, CallEvent.SUCCEEDED if ok else CallEvent.FAILED,
+                           timezone.now(), error=error, result=result if ok else None)
         _audit(approval, Action.EXECUTED if ok else Action.FAILED, actor_kind=ActorKind.SYSTEM,
-               actor="system", channel=Channel.SYSTEM, data={"error": error} if error else None)
+               actor="system", channel=Channel.SYSTEM,
+               data=_with_call({"error": error} if error else None, moved))
+    return approval
 
 
 # --- review -------------------------------------------------------------------

@@ -1006,6 +1006,112 @@ async def test_an_approval_nobody_decides_in_time_expires(llm, connect, api_key,
     await close(page)
 
 
+# --- a decided page call's end is written with its audit event ------------------------------
+
+
+@pytest.fixture
+def written_behind(monkeypatch) -> list[str]:
+    """The call ids whose final outcome the turn writes behind (the path of
+    a call that has no approval)."""
+    from aitp import services
+
+    written: list[str] = []
+    original = services.tool_call_finish
+
+    def tool_call_finish(**outcome):
+        written.append(outcome["call_id"])
+        return original(**outcome)
+
+    monkeypatch.setattr(services, "tool_call_finish", tool_call_finish)
+    return written
+
+
+async def the_calls_end(session_id: str) -> tuple[tuple, tuple]:
+    """(the call's row: status, result, error), (its approval's last event: action, data)."""
+    from approvals.models import AuditEvent
+
+    (row,) = await stored_calls(session_id)
+    event = await AuditEvent.objects.filter(call_id=row.call_id).order_by("seq").alast()
+    return (row.status, row.result, row.error), (event.action, event.data)
+
+
+async def approval_opened(call: dict) -> None:
+    """Once the page's APPROVAL_REQUEST is recorded (the consumer writes it
+    before it reads the next frame, or a close)."""
+    from approvals.models import Approval
+
+    async with asyncio.timeout(30):
+        while not await Approval.objects.filter(
+                tool_call__call_id=call["payload"]["callId"]).aexists():
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize(("answer", "end"), [
+    ({"approved": True, "result": {"paid": True}},
+     (("success", {"paid": True}, ""), ("executed", {"call": "success"}))),
+    ({"approved": True, "result": None, "error": "card declined"},
+     (("error", None, "card declined"), ("failed", {"error": "card declined", "call": "error"}))),
+], ids=["executed", "failed"])
+async def test_an_approved_page_call_ends_with_its_executed_or_failed_event(
+    llm, connect, api_key, settings, written_behind, answer, end
+):
+    page, call = await start_payment(llm, connect, api_key, settings)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+    await page.send("APPROVAL_RESPONSE", {"callId": call["payload"]["callId"], **answer})
+    frames = await until_done(page)
+
+    assert errors(frames) == []
+    assert await the_calls_end(page.session_id) == end
+    assert call["payload"]["callId"] not in written_behind
+    await close(page)
+
+
+async def test_an_expired_page_approval_ends_the_call_with_its_expired_event(
+    llm, connect, api_key, settings, written_behind
+):
+    page, call = await start_payment(llm, connect, api_key, settings,
+                                     approval_timeout=TOOL_TIMEOUT / 2)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+    await until_done(page, timeout=20)
+
+    assert await the_calls_end(page.session_id) == (
+        ("expired", None, "The user did not decide in time; the action was not approved."),
+        ("expired", {"call": "expired"}))
+    assert call["payload"]["callId"] not in written_behind
+    await close(page)
+
+
+async def test_a_page_that_leaves_while_its_user_decides_ends_the_call_with_its_event(
+    llm, connect, api_key, settings, written_behind
+):
+    page, call = await start_payment(llm, connect, api_key, settings)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+    await approval_opened(call)
+
+    await close(page)
+
+    assert await the_calls_end(page.session_id) == (
+        ("disconnected", None, "The user left the page before the tool answered."),
+        ("disconnected", {"call": "disconnected"}))
+    assert call["payload"]["callId"] not in written_behind
+
+
+async def test_a_page_asking_about_other_arguments_ends_the_call_with_the_approvals_close(
+    llm, connect, api_key, settings, written_behind
+):
+    page, call = await start_payment(llm, connect, api_key, settings)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+    await page.send("APPROVAL_REQUEST", approval_request(call, args={"amount": 4200}))
+    frames = await until_done(page)
+
+    assert [e["data"]["code"] for e in errors(frames)] == ["approval_mismatch"]
+    (status, _, error), event = await the_calls_end(page.session_id)
+    assert (status, event) == ("denied", ("cancelled", {"call": "denied"}))
+    assert error.startswith("The action was not approved: the page asked its user about different")
+    assert call["payload"]["callId"] not in written_behind
+    await close(page)
+
+
 # --- a turn cancelled after some of its calls finished ----------------------------------------
 
 # The first call is answered by the page, the second refused by the server

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
-from aitp.ledger import DECLINED_MESSAGE
+from aitp.ledger import CANCELLED_MESSAGE, DECLINED_MESSAGE, LEFT_MESSAGE, SERVER_EXPIRED_MESSAGE
 from aitp.llm.offline import OfflineBackend
 from aitp.models import ToolCall
 from aitp.tools import Risk, ToolSpec, ToolSurface, canonical_json
@@ -30,6 +30,7 @@ from approvals import services as approvals
 from approvals.audit import VerifyResult, append_event, compute_hash, verify_chain
 from approvals.models import Approval, AuditChainHead, AuditEvent
 from approvals.server_tools import ServerToolDef
+from tests.aitp.test_agent import written_behind  # noqa: F401  (a fixture)
 from tests.approvals.conftest import make_session
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -209,6 +210,15 @@ async def test_a_server_tool_runs_on_an_explicit_approval(session):
     assert actions == ["requested", "approved", "executed"]
 
 
+# What the model is told of a call whose approval ended each way.
+TOLD = {
+    "expired": SERVER_EXPIRED_MESSAGE,
+    "cancelled": CANCELLED_MESSAGE,
+    "disconnected": LEFT_MESSAGE,
+    "denied": DECLINED_MESSAGE,
+}
+
+
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
 async def test_a_server_tool_never_runs_unless_explicitly_approved(session, ending):
     turn = Turn(session, policy="user")
@@ -218,10 +228,13 @@ async def test_a_server_tool_never_runs_unless_explicitly_approved(session, endi
     await turn.agent.on_approval_decided(approval.pk)
     call = await turn.finish()
     assert turn.runs.calls == []
-    assert call.status == "denied"
+    # The call ended as its approval did, in the transaction of its event.
+    assert (call.status, call.error) == (ending, TOLD[ending])
     assert turn.tool_result()["is_error"] is True
-    assert turn.tool_result()["content"] == DECLINED_MESSAGE
+    assert turn.tool_result()["content"] == TOLD[ending]
     assert (await Approval.objects.aget(pk=approval.pk)).status == ending
+    last = await AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq").alast()
+    assert (last.action, last.data["call"]) == (ending, ending)
 
 
 @pytest.mark.parametrize("ending", ["expired", "cancelled", "disconnected", "denied"])
@@ -234,9 +247,9 @@ async def test_a_server_tool_never_runs_on_a_decision_other_than_approved(sessio
     call.decide(ending)
     stored = await turn.finish()
     assert turn.runs.calls == []
-    assert stored.status == "denied"
+    assert stored.status == ending
     assert turn.tool_result()["is_error"] is True
-    assert turn.tool_result()["content"] == DECLINED_MESSAGE
+    assert turn.tool_result()["content"] == TOLD[ending]
 
 
 async def test_a_server_tool_never_runs_on_a_user_approval_when_an_operator_denies(session, olivia):
@@ -407,7 +420,7 @@ async def test_a_failing_server_tool_is_audited_as_failed_and_the_model_is_told_
     assert call.status == "error"
     events = [(e.action, e.data) async for e in
               AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq")]
-    assert events[-1] == ("failed", {"error": "card declined"})
+    assert events[-1] == ("failed", {"error": "card declined", "call": "error"})
     assert [action for action, _ in events] == ["requested", "approved", "failed"]
     assert (f"session {session.id}: server tool cancel_order failed: card declined"
             in [r.getMessage() for r in caplog.records if r.name == "aitp.agent"])
@@ -719,3 +732,149 @@ async def test_a_server_tool_that_ran_as_the_turn_was_cut_keeps_its_outcome_and_
     assert (call.status, call.result) == ("success", {"cancelled": "A1003"})
     assert await audit_actions_become(approval.pk, ["requested", "approved", "executed"]) == [
         "requested", "approved", "executed"]
+
+
+# --- a decided call's end is written with its audit event ---------------------------
+
+
+async def the_end(approval: Approval) -> tuple[tuple, tuple, str]:
+    """(the call's row: status, error, result, finished), (the approval's last
+    event: action, data), the approval's status."""
+    call = await ToolCall.objects.aget(pk=approval.tool_call_id)
+    event = await AuditEvent.objects.filter(approval_id=approval.pk).order_by("seq").alast()
+    status = (await Approval.objects.aget(pk=approval.pk)).status
+    return ((call.status, call.error, call.result, call.finished_at is not None),
+            (event.action, event.data), status)
+
+
+async def approved_and_run(turn: Turn) -> Approval:
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+    return approval
+
+
+async def test_an_approved_run_ends_its_call_with_its_executed_event(session, written_behind):
+    turn = Turn(session, policy="user")
+
+    approval = await approved_and_run(turn)
+
+    assert await the_end(approval) == (
+        ("success", "", {"cancelled": "A1003"}, True), ("executed", {"call": "success"}), "approved")
+    assert approval.tool_call.call_id not in written_behind
+
+
+async def test_an_approved_run_that_failed_ends_its_call_with_its_failed_event(session,
+                                                                              written_behind):
+    turn = Turn(session, policy="user", runs=Runs(fail=RuntimeError("card declined")))
+
+    approval = await approved_and_run(turn)
+
+    assert await the_end(approval) == (
+        ("error", "card declined", None, True),
+        ("failed", {"error": "card declined", "call": "error"}), "approved")
+    assert approval.tool_call.call_id not in written_behind
+
+
+async def test_an_expired_approval_ends_its_call_with_its_expired_event(session, written_behind):
+    turn = Turn(session, policy="user", approval_timeout=0.5)
+    approval = await turn.start()
+
+    await turn.finish()
+
+    assert await the_end(approval) == (
+        ("expired", SERVER_EXPIRED_MESSAGE, None, True), ("expired", {"call": "expired"}), "expired")
+    assert approval.tool_call.call_id not in written_behind
+
+
+@pytest.mark.parametrize(("cut", "told"), [("cancelled", CANCELLED_MESSAGE),
+                                           ("disconnected", LEFT_MESSAGE)])
+async def test_a_turn_cut_while_its_approval_waits_ends_the_call_with_the_approvals_event(
+        session, written_behind, cut, told):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    # The turn cancelled (a barge-in, an operator), or the page gone.
+    turn.agent.cancel_status = cut
+
+    turn.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(turn.task, PATIENCE)
+
+    assert await the_end(approval) == ((cut, told, None, True), (cut, {"call": cut}), cut)
+    assert approval.tool_call.call_id not in written_behind
+
+
+class RunsUntilCut(Runs):
+    """The handler runs until the turn is cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = asyncio.Event()
+
+    async def __call__(self, args: dict, **context):
+        self.running.set()
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize(("cut", "told"), [("cancelled", CANCELLED_MESSAGE),
+                                           ("disconnected", LEFT_MESSAGE)])
+async def test_an_approved_run_cut_short_ends_its_call_with_an_event_and_the_decision_stands(
+        session, written_behind, cut, told):
+    runs = RunsUntilCut()
+    turn = Turn(session, policy="user", runs=runs)
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+    await turn.agent.on_approval_decided(approval.pk)
+    await asyncio.wait_for(runs.running.wait(), PATIENCE)
+    turn.agent.cancel_status = cut
+
+    turn.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(turn.task, PATIENCE)
+
+    assert await the_end(approval) == ((cut, told, None, True), (cut, {"call": cut}), "approved")
+    assert approval.tool_call.call_id not in written_behind
+
+
+async def test_the_sweep_ends_a_gone_process_call_with_its_approvals_event(session):
+    from aitp import services as aitp_services
+    from aitp.models import Session
+    from aitp.services import LOST_CALL_ERROR
+
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    await Session.objects.filter(pk=session.pk).aupdate(process="test:gone")
+
+    await sync_to_async(aitp_services.sessions_close_of_processes)(
+        process_ids=["test:gone"], code=1006, reason="server process lost")
+
+    assert await the_end(approval) == (
+        ("disconnected", LOST_CALL_ERROR, None, True),
+        ("disconnected", {"reason": "server process lost", "call": "disconnected"}), "disconnected")
+    # Had the process lived on, its turn learns it and ends the call as recorded.
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+    assert turn.runs.calls == []
+    assert (await the_end(approval))[0][0] == "disconnected"
+
+
+async def test_a_run_whose_audit_cannot_be_written_leaves_its_end_unwritten_too(session,
+                                                                              monkeypatch):
+    turn = Turn(session, policy="user")
+    approval = await turn.start()
+    await sync_to_async(decide_user)(approval, approved=True)
+
+    def append_event(**fields):
+        raise RuntimeError("the audit append failed")
+
+    monkeypatch.setattr("approvals.services.append_event", append_event)
+    await turn.agent.on_approval_decided(approval.pk)
+    await turn.finish()
+
+    assert turn.runs.calls == [{"number": "A1003"}]
+    # The turn ended for the page all the same (an internal error).
+    assert turn.page.frame_types()[-1] == "AGENT_RESPONSE"
+    assert await the_end(approval) == (
+        ("running", "", None, False), ("approved", {"party": "user", "status": "approved",
+                                                    "call": "running"}), "approved")

@@ -7,7 +7,8 @@
 
 - Every ending the system writes (expired, cancelled, disconnected) is
   stamped with when it happened, persisted, and audited as the system, with
-  the reason it was closed.
+  the reason it was closed; it ends the approval's call in the same
+  transaction, and its event names the status the call moved to.
 - A decision on an approval whose page session has ended, or whose
   session's server process is gone, never approves it: the approval is
   closed as disconnected instead (its call too), and the caller is told.
@@ -17,7 +18,10 @@
   on record, once, for that call only, and the answer does not count.
 - The sweepers close exactly what they should and say how many.
 - Executions and reviews are audited with who acted and what was said, and
-  nothing more.
+  nothing more; an execution ends its call (success with its result, or
+  error) in the transaction of its event.
+- A failure between a call's end and its event (the audit append raising)
+  leaves neither.
 - Every refusal carries a stable code and words a person can read.
 - The higher of two risks wins, however each is spelled; a policy names
   exactly the parties who must approve.
@@ -78,12 +82,42 @@ def assert_closed_by_the_system(approval: Approval, status: str, data=None) -> N
 # --- endings written by the system ------------------------------------------------
 
 
+def call_row(approval: Approval) -> tuple:
+    call = ToolCall.objects.get(pk=approval.tool_call_id)
+    return call.status, call.error, call.finished_at is not None
+
+
 def test_an_expired_approval_records_when_it_expired_and_that_the_system_closed_it(payment_call):
     approval = request_client(payment_call)
 
     services.approval_expire(approval_id=approval.pk)
 
-    assert_closed_by_the_system(approval, "expired")
+    assert_closed_by_the_system(approval, "expired", {"call": "expired"})
+    assert call_row(approval) == (
+        "expired", "The user did not decide in time; the action was not approved.", True)
+
+
+def test_an_expiry_ends_the_call_with_the_words_the_turn_gives_it(payment_call):
+    approval = request_client(payment_call)
+
+    services.approval_expire(approval_id=approval.pk, error="Nobody decided.")
+
+    assert call_row(approval) == ("expired", "Nobody decided.", True)
+
+
+def test_an_expired_server_approval_tells_that_nobody_approved(acme_session):
+    approval = server_approval(acme_session, "operator")
+
+    services.approval_expire(approval_id=approval.pk)
+
+    assert call_row(approval) == (
+        "expired", "Nobody approved the action in time; it did not run.", True)
+
+
+CLOSED_WITH = {
+    "cancelled": "The turn was cancelled before the tool answered.",
+    "disconnected": "The user left the page before the tool answered.",
+}
 
 
 @pytest.mark.parametrize("status", ["cancelled", "disconnected"])
@@ -93,7 +127,45 @@ def test_a_closed_approval_records_when_it_was_closed_and_that_the_system_closed
 
     services.approval_close(approval_id=approval.pk, status=status)
 
-    assert_closed_by_the_system(approval, status)
+    assert_closed_by_the_system(approval, status, {"call": status})
+    assert call_row(approval) == (status, CLOSED_WITH[status], True)
+
+
+def test_a_closed_approval_ends_its_call_as_the_turn_says(payment_call):
+    approval = request_client(payment_call)
+
+    services.approval_close(approval_id=approval.pk, status="cancelled", call_status="denied",
+                            error="The page asked about other arguments.")
+
+    assert_closed_by_the_system(approval, "cancelled", {"call": "denied"})
+    assert call_row(approval) == ("denied", "The page asked about other arguments.", True)
+
+
+@pytest.mark.parametrize("status", ["cancelled", "disconnected"])
+def test_an_approved_call_cut_before_it_ended_ends_with_an_event_and_the_decision_stands(
+        acme_session, status):
+    approval = server_approval(acme_session, "user")
+    services.approval_decide_user(approval_id=approval.pk, session_id=acme_session.id,
+                                  approved=True)
+
+    services.approval_close(approval_id=approval.pk, status=status)
+
+    assert Approval.objects.get(pk=approval.pk).status == "approved"
+    event = last_event(approval)
+    assert (event.action, event.actor_kind, event.data) == (status, "system", {"call": status})
+    assert call_row(approval) == (status, CLOSED_WITH[status], True)
+
+
+@pytest.mark.parametrize("status", ["cancelled", "disconnected"])
+def test_closing_an_approval_whose_call_had_ended_writes_nothing(payment_call, status):
+    approval = approved(payment_call)
+    services.approval_record_execution(approval_id=approval.pk, ok=True, result={"paid": True})
+    events = AuditEvent.objects.count()
+
+    services.approval_close(approval_id=approval.pk, status=status)
+
+    assert AuditEvent.objects.count() == events
+    assert call_row(approval)[0] == "success"
 
 
 def test_closing_as_a_status_that_is_not_an_ending_is_refused_by_name(payment_call):
@@ -112,7 +184,8 @@ def test_a_user_answer_after_the_deadline_expires_the_approval_as_late_from_the_
                                       approved=True)
 
     assert (caught.value.code, caught.value.message) == ("already_decided", "approval expired")
-    assert_closed_by_the_system(approval, "expired", {"late": "user"})
+    assert_closed_by_the_system(approval, "expired", {"late": "user", "call": "expired"})
+    assert call_row(approval)[0] == "expired"
 
 
 def test_an_operator_decision_after_the_deadline_expires_the_approval_as_late_from_an_operator(
@@ -124,7 +197,9 @@ def test_an_operator_decision_after_the_deadline_expires_the_approval_as_late_fr
         services.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True)
 
     assert (caught.value.code, caught.value.message) == ("already_decided", "approval expired")
-    assert_closed_by_the_system(approval, "expired", {"late": "operator"})
+    assert_closed_by_the_system(approval, "expired", {"late": "operator", "call": "expired"})
+    assert call_row(approval) == (
+        "expired", "Nobody approved the action in time; it did not run.", True)
 
 
 def test_an_operator_decision_without_a_note_records_none(acme_session, olivia):
@@ -345,7 +420,11 @@ def test_the_sweeper_closes_only_pending_approvals_of_ended_sessions_and_counts_
     for approval in stranded:
         assert_closed_by_the_system(approval, "disconnected",
                                     {"reason": "session ended", "call": "disconnected"})
+    # Approved, its call never recorded an end: the call ends with an
+    # event, the decision stands (and no approval was closed).
     assert Approval.objects.get(pk=decided.pk).status == "approved"
+    assert last_event(decided).data == {"reason": "session ended", "call": "disconnected"}
+    assert call_row(decided)[0] == "disconnected"
     assert Approval.objects.get(pk=live.pk).status == "pending"
     assert services.approvals_close_of_ended_sessions() == 0
 
@@ -359,7 +438,8 @@ def test_the_deadline_sweeper_expires_every_overdue_approval_and_counts_them(acm
     assert services.approval_expire_overdue() == 3
 
     for approval in overdue:
-        assert_closed_by_the_system(approval, "expired")
+        assert_closed_by_the_system(approval, "expired", {"call": "expired"})
+        assert call_row(approval)[0] == "expired"
     assert Approval.objects.get(pk=fresh.pk).status == "pending"
     assert services.approval_expire_overdue() == 0
 
@@ -610,12 +690,15 @@ def approved(call) -> Approval:
 def test_a_successful_execution_is_audited_as_the_system_without_an_error(payment_call):
     approval = approved(payment_call)
 
-    services.approval_record_execution(approval_id=approval.pk, ok=True)
+    services.approval_record_execution(approval_id=approval.pk, ok=True, result={"paid": 299.98})
 
     event = last_event(approval)
     assert (event.action, event.actor_kind, event.actor, event.channel) == (
         "executed", "system", "system", "system")
-    assert event.data == {}
+    assert event.data == {"call": "success"}
+    call = ToolCall.objects.get(pk=payment_call.pk)
+    assert (call.status, call.result, call.error) == ("success", {"paid": 299.98}, "")
+    assert call.finished_at is not None and call.duration_ms >= 0
 
 
 def test_a_failed_execution_is_audited_as_the_system_with_its_error(payment_call):
@@ -625,7 +708,8 @@ def test_a_failed_execution_is_audited_as_the_system_with_its_error(payment_call
 
     event = last_event(approval)
     assert (event.action, event.actor, event.data) == ("failed", "system",
-                                                       {"error": "card declined"})
+                                                       {"error": "card declined", "call": "error"})
+    assert call_row(approval) == ("error", "card declined", True)
 
 
 def test_an_execution_that_was_never_approved_is_refused_in_words(payment_call):
@@ -730,3 +814,104 @@ def test_a_policy_names_exactly_the_parties_who_must_approve(policy, parties):
 def test_an_unknown_policy_names_no_parties():
     with pytest.raises(ValueError):
         policy_parties("anyone")
+
+
+# --- a call that has an approval ends with the approval's event -----------------------------
+
+
+def test_a_session_closed_for_its_gone_process_ends_its_approvals_calls_with_their_events(
+        acme_session):
+    from aitp import services as aitp_services
+
+    Session.objects.filter(pk=acme_session.pk).update(process="test:gone")
+    waiting = request_client(make_call(acme_session))
+    running = server_approval(acme_session, "user")
+    services.approval_decide_user(approval_id=running.pk, session_id=acme_session.id,
+                                  approved=True)
+    plain = make_call(acme_session, name="add_to_cart", args={}, risk="low")
+
+    aitp_services.sessions_close_of_processes(process_ids=["test:gone"], code=1006,
+                                              reason="server process lost")
+
+    reason = {"reason": "server process lost", "call": "disconnected"}
+    assert_closed_by_the_system(waiting, "disconnected", reason)
+    assert call_row(waiting)[0] == "disconnected"
+    # Approved and running when its process went: the decision stands.
+    assert Approval.objects.get(pk=running.pk).status == "approved"
+    assert (last_event(running).action, last_event(running).data) == ("disconnected", reason)
+    assert call_row(running)[0] == "disconnected"
+    # A call without an approval ends with the session, as before.
+    plain.refresh_from_db()
+    assert plain.status == "disconnected"
+    assert Session.objects.get(pk=acme_session.pk).ended_at is not None
+
+
+def audit_append_fails(monkeypatch) -> None:
+    def append_event(**fields):
+        raise RuntimeError("the audit append failed")
+
+    monkeypatch.setattr("approvals.services.append_event", append_event)
+
+
+def record_of(approval: Approval) -> tuple:
+    """The call's row, the approval's status and its events, as they stand."""
+    return (call_row(approval), Approval.objects.get(pk=approval.pk).status,
+            list(AuditEvent.objects.filter(approval_id=approval.pk).values_list("action", "data")))
+
+
+ENDINGS_OF_APPROVED = {
+    "executed": lambda a: services.approval_record_execution(approval_id=a.pk, ok=True,
+                                                             result={"paid": True}),
+    "failed": lambda a: services.approval_record_execution(approval_id=a.pk, ok=False,
+                                                           error="card declined"),
+}
+ENDINGS_OF_PENDING = {
+    "expired": lambda a: services.approval_expire(approval_id=a.pk),
+    "cancelled": lambda a: services.approval_close(approval_id=a.pk, status="cancelled"),
+    "disconnected": lambda a: services.approval_close(approval_id=a.pk, status="disconnected"),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS_OF_APPROVED))
+def test_a_run_whose_audit_cannot_be_written_leaves_the_call_open_too(payment_call, monkeypatch,
+                                                                      ending):
+    approval = approved(payment_call)
+    before = record_of(approval)
+    audit_append_fails(monkeypatch)
+
+    with pytest.raises(RuntimeError, match="the audit append failed"):
+        ENDINGS_OF_APPROVED[ending](approval)
+
+    assert record_of(approval) == before
+    assert before[0][0] == "awaiting_approval"
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS_OF_PENDING))
+def test_an_ending_whose_audit_cannot_be_written_leaves_the_call_open_too(payment_call,
+                                                                          monkeypatch, ending):
+    approval = request_client(payment_call)
+    before = record_of(approval)
+    audit_append_fails(monkeypatch)
+
+    with pytest.raises(RuntimeError, match="the audit append failed"):
+        ENDINGS_OF_PENDING[ending](approval)
+
+    assert record_of(approval) == before
+    assert before[0][0] == "awaiting_approval" and before[1] == "pending"
+
+
+def test_a_sweep_whose_audit_cannot_be_written_closes_neither_session_nor_call(acme_session,
+                                                                               monkeypatch):
+    from aitp import services as aitp_services
+
+    Session.objects.filter(pk=acme_session.pk).update(process="test:gone")
+    approval = request_client(make_call(acme_session))
+    before = record_of(approval)
+    audit_append_fails(monkeypatch)
+
+    with pytest.raises(RuntimeError, match="the audit append failed"):
+        aitp_services.sessions_close_of_processes(process_ids=["test:gone"], code=1006,
+                                                  reason="server process lost")
+
+    assert record_of(approval) == before
+    assert Session.objects.get(pk=acme_session.pk).ended_at is None

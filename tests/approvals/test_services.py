@@ -446,7 +446,7 @@ def test_records_the_execution_of_an_approved_tool(payment_call):
     services.approval_record_execution(approval_id=approval.pk, ok=False, error="card declined")
 
     event = AuditEvent.objects.filter(approval_id=approval.pk).last()
-    assert (event.action, event.data) == ("failed", {"error": "card declined"})
+    assert (event.action, event.data) == ("failed", {"error": "card declined", "call": "error"})
 
 
 def test_refuses_to_record_an_execution_that_was_never_approved(payment_call):
