@@ -41,6 +41,7 @@ from aitp.group_write import GroupWrite
 from aitp.limits import connection_limits
 from aitp.llm import get_backend
 from aitp.operator_commands import OperatorCommands
+from aitp.quota import TokenQuota
 from aitp.recent import RecentAnswers
 from aitp.row_writer import SessionRowWriter
 from aitp.session import (
@@ -319,7 +320,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
             server_tools={tool.spec.name: tool for tool in server_tools},
             limits=self.rate_limits,
-            quota=self.rate_limits.token_quota(session_id=session.id, tenant_id=session.tenant_id),
+            quota=self.rate_limits.watch_token_quota(
+                TokenQuota(session_id=session.id, tenant_id=session.tenant_id)),
         )
         self.machine.capabilities = await capabilities()
         if self.machine.audio:

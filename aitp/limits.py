@@ -367,13 +367,11 @@ class ConnectionLimits:
         machine.send(refusal)
         return False
 
-    def token_quota(self, *, session_id: str, tenant_id: int):
+    def watch_token_quota(self, quota):
         """The session's side of its tenant's token quota (``aitp.quota.TokenQuota``),
-        for its agent: each turn's start check here tells it the quota."""
-        from aitp.quota import TokenQuota
-
-        self._token_quota = TokenQuota(session_id=session_id, tenant_id=tenant_id)
-        return self._token_quota
+        given to its agent: each turn's start check here tells it the quota."""
+        self._token_quota = quota
+        return quota
 
     async def check_approval_request(self, call_id: str) -> p.Message | None:
         """An approval request (APPROVAL_REQUEST, or TOOL_RESULT

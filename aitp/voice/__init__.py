@@ -15,6 +15,7 @@ process). The modules:
   jobs.py       the pool of speech worker processes offline engines run in
   worker.py     one speech worker process;  allowance.py  one API key's share of the pool
   offline.py    PocketSphinx and eSpeak NG;  hosted.py  OpenAI's audio endpoints
+  sphinx.py     PocketSphinx's decoders and transcription (worker-side)
 
 Django and the engines are imported only when an engine is asked for.
 """
@@ -98,7 +99,8 @@ def _offline_check(key: tuple[str, str]) -> concurrent.futures.Future | None:
     """The offline engines' check, run in a speech worker (one at a time per
     configuration: callers meanwhile share it); None when neither engine is offline."""
     from . import jobs
-    from .offline import EspeakConfig, PocketSphinxConfig, offline_problems
+    from .offline import EspeakConfig, offline_problems
+    from .sphinx import PocketSphinxConfig
 
     stt = PocketSphinxConfig.from_settings() if key[0] == "pocketsphinx" else None
     tts = EspeakConfig.from_settings() if key[1] == "espeak" else None

@@ -79,7 +79,7 @@ def settings_from_django() -> PoolSettings:
 
     warm_up = None
     if settings.OWLLAYER_STT == "pocketsphinx":
-        from .offline import PocketSphinxConfig, load_decoder
+        from .sphinx import PocketSphinxConfig, load_decoder
 
         warm_up = (load_decoder, (PocketSphinxConfig.from_settings(),))
     return PoolSettings(

@@ -15,7 +15,7 @@ from aitp.voice import jobs
 from aitp.voice.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits
 from aitp.voice.base import SpeechError
 from aitp.voice.jobs import PoolSettings, SpeechPool
-from aitp.voice.offline import PocketSphinxConfig, load_decoder
+from aitp.voice.sphinx import PocketSphinxConfig, load_decoder
 
 from . import speech_jobs
 

@@ -13,11 +13,10 @@ from aitp.voice.base import Audio, Transcription
 from aitp.voice.offline import (
     EspeakConfig,
     EspeakTts,
-    PocketSphinxConfig,
     PocketSphinxStt,
     synthesize_blocking,
-    voiced_seconds,
 )
+from aitp.voice.sphinx import PocketSphinxConfig, voiced_seconds
 from aitp.voice.utterance import UtteranceBuffer, VoiceLimits
 from aitp.voice.vad import EndOfSpeech
 

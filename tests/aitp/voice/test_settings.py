@@ -11,7 +11,7 @@ import pytest
 CODE = (
     "import json, django; django.setup();"
     "from aitp.voice.utterance import VoiceLimits; from aitp.voice.hosted import HostedConfig;"
-    "from aitp.voice.offline import EspeakConfig, PocketSphinxConfig;"
+    "from aitp.voice.offline import EspeakConfig; from aitp.voice.sphinx import PocketSphinxConfig;"
     "from django.conf import settings as s;"
     "l = VoiceLimits.from_settings(); h = HostedConfig.from_settings(); e = EspeakConfig.from_settings();"
     "print(json.dumps([s.OWLLAYER_STT, s.OWLLAYER_TTS, s.OWLLAYER_VOICE_JOBS, l.max_utterance_seconds,"
@@ -21,7 +21,7 @@ CODE = (
 )
 POOL = (
     "import json, django; django.setup();"
-    "from aitp.voice.jobs import settings_from_django; from aitp.voice.offline import PocketSphinxConfig;"
+    "from aitp.voice.jobs import settings_from_django; from aitp.voice.sphinx import PocketSphinxConfig;"
     "p = settings_from_django();"
     "print(json.dumps([p.workers, p.queue, p.timeout, p.per_key.jobs_at_once, p.per_key.seconds_per_minute,"
     " PocketSphinxConfig.from_settings().min_voiced_seconds]))"
