@@ -79,9 +79,9 @@ def settings_from_django() -> PoolSettings:
 
     warm_up = None
     if settings.OWLLAYER_STT == "pocketsphinx":
-        from .sphinx import PocketSphinxConfig, load_decoder
+        from .sphinx import PocketSphinxConfig, prepare
 
-        warm_up = (load_decoder, (PocketSphinxConfig.from_settings(),))
+        warm_up = (prepare, (PocketSphinxConfig.from_settings(),))
     return PoolSettings(
         workers=settings.OWLLAYER_VOICE_JOBS,
         queue=settings.OWLLAYER_VOICE_QUEUE,

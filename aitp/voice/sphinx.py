@@ -1,6 +1,6 @@
 """PocketSphinx's blocking work: its decoders, loaded once per thread, and
 the transcription of one utterance. A speech worker process runs it
-(jobs.py warms each worker up with load_decoder); offline.py's engine
+(jobs.py warms each worker up with prepare); offline.py's engine
 only sends it there.
 """
 from __future__ import annotations
@@ -65,6 +65,12 @@ def load_decoder(config: PocketSphinxConfig):
     if config.min_voiced_seconds > 0:
         _phone_decoder()
     return decoder
+
+
+def prepare(config: PocketSphinxConfig) -> None:
+    """A speech worker's warm-up: its decoders for `config`, loaded before its
+    first job (nothing to send back: a decoder cannot leave the worker)."""
+    load_decoder(config)
 
 
 def _phone_decoder():

@@ -14,8 +14,8 @@ import pytest
 from aitp.voice import jobs
 from aitp.voice.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits
 from aitp.voice.base import SpeechError
-from aitp.voice.jobs import PoolSettings, SpeechPool
-from aitp.voice.sphinx import PocketSphinxConfig, load_decoder
+from aitp.voice.jobs import PoolSettings, SpeechPool, settings_from_django
+from aitp.voice.sphinx import PocketSphinxConfig
 
 from . import speech_jobs
 
@@ -224,15 +224,17 @@ def test_closing_the_pool_fails_its_jobs_and_stops_every_worker(make_pool, folde
     assert refusal(pool.submit, speech_jobs.pid, ()).code == "speech_unavailable"
 
 
-def test_a_worker_loads_its_decoder_before_its_first_job_and_keeps_it_across_jobs():
-    config = PocketSphinxConfig()
-    pool = SpeechPool(PoolSettings(workers=1, queue=1, timeout=PATIENCE, warm_up=(load_decoder, (config,))))
+def test_a_worker_loads_its_decoder_before_its_first_job_and_keeps_it_across_jobs(settings, caplog):
+    settings.OWLLAYER_STT = "pocketsphinx"
+    config = PocketSphinxConfig.from_settings()
+    pool = SpeechPool(settings_from_django())
     try:
         first = pool.submit(speech_jobs.decoder_id, (config,)).result(PATIENCE)
         second = pool.submit(speech_jobs.decoder_id, (config,)).result(PATIENCE)
     finally:
         pool.close()
     assert first == second
+    assert "could not prepare" not in caplog.text
 
 
 async def test_run_refuses_at_once_when_the_pool_is_full_instead_of_waiting(settings, folder):
