@@ -139,7 +139,7 @@ class Check:
             else OVER
 
 
-# The targets for the buyer's question (README, Performance).
+# The targets for the buyer's question (docs/performance.md).
 LINE_CHECKS = {
     "turns": (Check("turns/s", ">=", 0.25), Check("p50 ms", "<=", 5.0)),
     "opens": (Check("opens/s", ">=", 0.5),),

@@ -112,7 +112,7 @@ INSTALLED_APPS = [
     "console",
     "demo",
     "operators",
-    "axes",  # login throttling: see "Security" in the README
+    "axes",  # login throttling: see docs/security.md
 ]
 
 MIDDLEWARE = [
@@ -399,7 +399,7 @@ OWLLAYER_WS_FRAME_CEILING_BYTES = env_int(
     "OWLLAYER_WS_FRAME_CEILING_BYTES", 4 * OWLLAYER_MAX_MESSAGE_BYTES, minimum=OWLLAYER_MAX_MESSAGE_BYTES
 )
 OWLLAYER_MAX_CONTEXT_BYTES = env_int("OWLLAYER_MAX_CONTEXT_BYTES", 64 * 1024, minimum=1)
-# Hostile input and memory per connection: see README "Limits and hardening".
+# Hostile input and memory per connection: see docs/security.md (Limits).
 OWLLAYER_MAX_JSON_DEPTH = env_int("OWLLAYER_MAX_JSON_DEPTH", 32, minimum=4)
 OWLLAYER_MAX_INBOUND_BYTES = env_int(
     "OWLLAYER_MAX_INBOUND_BYTES", OWLLAYER_WS_FRAME_CEILING_BYTES, minimum=OWLLAYER_MAX_MESSAGE_BYTES
@@ -506,7 +506,7 @@ OWLLAYER_USAGE_FLUSH_INTERVAL = env_float("OWLLAYER_USAGE_FLUSH_INTERVAL", 1.0, 
 OWLLAYER_TOKEN_RESERVATION_SECONDS = env_float("OWLLAYER_TOKEN_RESERVATION_SECONDS", 300.0,
                                                minimum=1.0)
 
-# --- Voice (README "Voice (engines)") -------------------------------------
+# --- Voice (docs/agent.md, "Voice") -------------------------------------
 # Whether sessions are offered voice at all (they are only when both engines
 # below work as well).
 OWLLAYER_VOICE = env_bool("OWLLAYER_VOICE", True)

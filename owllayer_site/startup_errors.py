@@ -16,7 +16,7 @@ import os
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
-SETTINGS_HINT = "Every setting is read from the environment; README.md (Configuration) lists them."
+SETTINGS_HINT = "Every setting is read from the environment; docs/configuration.md lists them."
 
 
 class StartupError(Exception):

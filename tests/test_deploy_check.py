@@ -1,5 +1,5 @@
 """`manage.py check --deploy` is clean in production mode with OWLLAYER_HTTPS=true,
-and with exactly the environment the README's several-process example sets."""
+and with exactly the environment docs/operations.md's several-process example sets."""
 from __future__ import annotations
 
 import os
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-README = PROJECT_ROOT / "README.md"
-# The README writes "..." where a secret goes.
+OPERATIONS_DOC = PROJECT_ROOT / "docs" / "operations.md"
+# The example writes "..." where a secret goes.
 PLACEHOLDER = "..."
 
 
@@ -46,9 +46,9 @@ def test_without_https_settings_check_deploy_names_what_is_missing():
         assert code in output
 
 
-def readme_several_process_environment() -> dict[str, str]:
-    """The variables the README's "Running several processes" example exports."""
-    section = README.read_text().split("## Running several processes", 1)[1].split("\n## ", 1)[0]
+def documented_several_process_environment() -> dict[str, str]:
+    """The variables the "Running several processes" example of docs/operations.md exports."""
+    section = OPERATIONS_DOC.read_text().split("## Running several processes", 1)[1].split("\n## ", 1)[0]
     block = next(b for b in re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
                  if "owllayer_site.serve" in b)
     env: dict[str, str] = {}
@@ -59,8 +59,8 @@ def readme_several_process_environment() -> dict[str, str]:
     return env
 
 
-def test_the_readmes_several_process_example_passes_check_deploy_without_a_warning():
-    env = readme_several_process_environment()
+def test_the_documented_several_process_example_passes_check_deploy_without_a_warning():
+    env = documented_several_process_environment()
     assert env.get("DJANGO_SECRET_KEY") == PLACEHOLDER  # the one value the reader supplies
     env["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)
     clean = {k: v for k, v in os.environ.items()

@@ -1,4 +1,4 @@
-"""The README's nginx block (docs/nginx/owllayer.conf), run as it is written
+"""The nginx block of docs/operations.md (docs/nginx/owllayer.conf), run as it is written
 in front of a real daphne process: a page's WebSocket handshake passes, the
 client's address reaches daphne from nginx's header only, and clients that
 drip their request are closed by nginx within its timeouts.
@@ -123,7 +123,7 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path) -> None:
 
 @pytest.fixture
 def proxied(tmp_path, live_db_url):
-    """daphne (--proxy-headers) behind nginx running the README's block;
+    """daphne (--proxy-headers) behind nginx running the documented block;
     yields the https and http ports, the client TLS context and daphne."""
     binary = nginx_binary()
     ca = CertificateAuthority.create("Proxy Test CA")

@@ -39,7 +39,7 @@ def test_unusable_settings_are_explained_with_where_every_setting_is_listed():
     said = startup_errors.explain(ImproperlyConfigured("OWLLAYER_X must be an integer, got 'ten'"))
 
     assert said.startswith("The settings cannot be used: OWLLAYER_X must be an integer")
-    assert "README.md (Configuration)" in said
+    assert "docs/configuration.md" in said
 
 
 def test_a_failure_that_is_not_a_setup_problem_is_left_to_its_traceback():

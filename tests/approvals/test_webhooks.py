@@ -126,7 +126,7 @@ def _replay(url: str, request: dict) -> httpx.Response:
     return httpx.post(url, content=request["raw_body"], headers=headers, trust_env=False)
 
 
-async def test_the_readme_receiver_refuses_a_request_replayed_after_its_window(receiver):
+async def test_the_documented_receiver_refuses_a_request_replayed_after_its_window(receiver):
     await call(receiver + "/echo")
     (original,) = Receiver.received
 
@@ -138,7 +138,7 @@ async def test_the_readme_receiver_refuses_a_request_replayed_after_its_window(r
     assert Receiver.received[1]["genuine"] is False
 
 
-async def test_the_readme_receiver_accepts_a_fresh_request_and_refuses_a_forged_timestamp(receiver):
+async def test_the_documented_receiver_accepts_a_fresh_request_and_refuses_a_forged_timestamp(receiver):
     await call(receiver + "/echo")
     (original,) = Receiver.received
     later = str(int(original["headers"]["X-OwlLayer-Timestamp"]) + 1)

@@ -1,8 +1,8 @@
 """A tenant's webhook endpoint for tests: a real HTTP(S) server on 127.0.0.1.
 
-It checks requests with the receiver the README shows (the Python block
-defining ``owllayer_request_is_genuine``, read from the README itself), so
-the documented check is the one the tests run.
+It checks requests with the receiver docs/security.md shows (the Python
+block defining ``owllayer_request_is_genuine``, read from that file itself),
+so the documented check is the one the tests run.
 """
 from __future__ import annotations
 
@@ -17,19 +17,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 SECRET = "whsec_test_secret"
-README = Path(__file__).resolve().parents[2] / "README.md"
+SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 
 
-def readme_receiver_check():
-    """The README's ``owllayer_request_is_genuine``, run from its own text."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def documented_receiver_check():
+    """docs/security.md's ``owllayer_request_is_genuine``, run from its own text."""
+    blocks = re.findall(r"```python\n(.*?)```", SECURITY_DOC.read_text(), flags=re.DOTALL)
     source = next(block for block in blocks if "def owllayer_request_is_genuine(" in block)
     namespace: dict = {}
-    exec(compile(source, "README.md", "exec"), namespace)
+    exec(compile(source, "docs/security.md", "exec"), namespace)
     return namespace["owllayer_request_is_genuine"], namespace["MAX_AGE_SECONDS"]
 
 
-is_genuine, MAX_AGE_SECONDS = readme_receiver_check()
+is_genuine, MAX_AGE_SECONDS = documented_receiver_check()
 
 
 class Receiver(BaseHTTPRequestHandler):
