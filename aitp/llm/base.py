@@ -87,7 +87,6 @@ class LlmError(Exception):
         self,
         code: str,
         message: str | None = None,
-        retry_after: float | None = None,
         status: int | None = None,
         *,
         detail: str = "",
@@ -96,16 +95,9 @@ class LlmError(Exception):
             raise ValueError(f"unknown llm error code {code!r}")
         self.code = code
         self.message = message or ERROR_MESSAGES[code]
-        self.retry_after = retry_after
         self.status = status
         self.detail = detail
         super().__init__(f"{code}: {detail or self.message}")
-
-    @property
-    def retryable(self) -> bool:
-        """Whether the same request may succeed if sent again later."""
-        return self.code in ("rate_limited", "overloaded", "upstream_error", "timeout",
-                             "unreachable", "stream_interrupted")
 
 
 class LlmBackend(Protocol):
