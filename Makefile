@@ -55,7 +55,7 @@ help:
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
 	@echo "make mutate  mutation testing of the promise-carrying code (tens of minutes)"
-	@echo "make lint    ruff over all Python code, mypy over the pure core"
+	@echo "make lint    ruff over all Python code, mypy over the pure core, vulture for dead code"
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3, .demo-key and .demo-logins"
 
@@ -203,10 +203,17 @@ mutate: setup
 	$(VENV)/bin/mutmut results | grep -v ': not checked' || true; \
 	exit $$status
 
-# ruff.toml chooses the rules; mypy.ini names the modules type-checked.
+# ruff.toml chooses the rules; mypy.ini names the modules type-checked;
+# vulture reports code nothing reads (every kind it finds: 60% is its lowest
+# confidence), over the product; tools/vulture_allow.py names what only
+# Django, Channels, pydantic, the templates or the tests read, and the
+# decorators below register what they decorate.
 # (`make test` runs the same line itself rather than a sub-make, so that
 # `make -n test` only prints what it would do.)
-LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/mypy
+VULTURE := $(VENV)/bin/vulture aitp aitp_client approvals bench console demo operators owllayer_site \
+	tenants tools/vulture_allow.py --exclude '*/migrations/*' --min-confidence 60 \
+	--ignore-decorators '@admin.display,@admin.action,@admin.register,@register.filter,@model_validator,@register_python_tool'
+LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VULTURE)
 
 lint: $(DEV_STAMP) lint-only
 

@@ -11,20 +11,21 @@ from django.core.signals import setting_changed
 
 T = TypeVar("T")
 
-_built: list = []
+# The cache_clear of each value built.
+_clears: list[Callable[[], None]] = []
 
 
 def from_settings(build: Callable[[], T]) -> Callable[[], T]:
     """``build()`` once; again after any setting changed. What it builds is
     shared by every caller: an immutable value."""
     cached = cache(build)
-    _built.append(cached)
+    _clears.append(cached.cache_clear)
     return cached
 
 
-def _forget(**_kwargs) -> None:
-    for cached in _built:
-        cached.cache_clear()
+def _forget(**_kwargs: object) -> None:
+    for clear in _clears:
+        clear()
 
 
 setting_changed.connect(_forget, dispatch_uid="aitp.conf.forget")

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aitp import calls, ids
 from aitp import protocol as p
 from aitp.calls import CallEvent, CallStatus, Party
 from aitp.tools import Risk, ToolSpec
+
+T = TypeVar("T")
 
 # Final statuses, as the Outcome and the ToolCall row carry them (plain
 # strings; the states and their table are in aitp.calls).
@@ -117,8 +119,8 @@ class Outcome:
             return json.dumps(self.result, ensure_ascii=False, separators=(",", ":"))
         return self.error or f"The tool call ended with status {self.status}."
 
-    def tool_result_block(self, tool_use_id: str) -> dict:
-        block = {
+    def tool_result_block(self, tool_use_id: str) -> dict[str, Any]:
+        block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": tool_use_id,
             "content": self.content_for_model(),
@@ -133,13 +135,15 @@ class PendingCall:
     call_id: str
     tool_use_id: str
     name: str
-    args: dict
+    args: dict[str, Any]
     spec: ToolSpec | None
     deadline: float = 0.0
     approval_id: int | None = None
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future[Outcome] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     # For server tools awaiting a human: resolved with "approved" / "denied" / "expired".
-    decision: asyncio.Future = field(
+    decision: asyncio.Future[str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     state: CallStatus = CallStatus.PENDING
@@ -191,7 +195,7 @@ class PendingCall:
         return True
 
 
-async def wait_until_deadline(call: PendingCall, future: asyncio.Future):
+async def wait_until_deadline(call: PendingCall, future: asyncio.Future[T]) -> T | None:
     """The future's result, or None once the call's (extendable) deadline passed."""
     loop = asyncio.get_running_loop()
     while not future.done():

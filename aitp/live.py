@@ -157,7 +157,6 @@ class LivePublisher:
         self.session = session
         self.queue: asyncio.Queue = asyncio.Queue()
         self.task: asyncio.Task | None = None
-        self.dropped = 0
         self.watched = False
         # Bumped by every join: a check of the group started before a join
         # must not turn the frames off after it.
@@ -228,7 +227,6 @@ class LivePublisher:
     def _put(self, send, *args, **kwargs) -> None:
         if self.queue.qsize() >= self.MAX_QUEUED:
             self.queue.get_nowait()
-            self.dropped += 1
         self.queue.put_nowait((send, args, kwargs))
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._run())

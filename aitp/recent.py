@@ -23,7 +23,7 @@ class RecentAnswers(Generic[T]):
         self._fresh_for = fresh_for
         self._limit = limit
         self._known: dict[Hashable, tuple[float, T]] = {}
-        self._asking: dict[Hashable, asyncio.Task] = {}
+        self._asking: dict[Hashable, asyncio.Task[T]] = {}
 
     def learned(self, key: Hashable, value: T) -> None:
         """An answer known otherwise (e.g. this process just made it true)."""
@@ -62,7 +62,7 @@ class RecentAnswers(Generic[T]):
         return value
 
 
-def _retrieve(task: asyncio.Task) -> None:
+def _retrieve(task: asyncio.Task[object]) -> None:
     # Every waiter may have gone: the error is theirs, not the loop's to log.
     if not task.cancelled():
         task.exception()

@@ -36,7 +36,7 @@ from approvals.models import (
     ReviewedApproval,
     ServerTool,
 )
-from approvals.selectors import awaiting_operator, is_operator
+from approvals.selectors import awaiting_operator, in_review_queue, is_operator
 from approvals.server_tools import python_tool, python_tool_names
 from tenants.models import Tenant
 from tenants.selectors import changeable_tenant_ids, may_change_tenant
@@ -269,9 +269,7 @@ class ReviewQueueAdmin(ApprovalAdmin):
         return f"{obj.get_review_status_display()}: {obj.get_review_verdict_display()}"
 
     def get_queryset(self, request):
-        return super().get_queryset(request).filter(risk__in=RISKS_NEEDING_APPROVAL).exclude(
-            status=Approval.Status.PENDING
-        )
+        return in_review_queue(super().get_queryset(request))
 
     def _after_review_url(self, request, approval: Approval) -> str:
         # A verdict moves the reviewer on: to the next unreviewed item they may

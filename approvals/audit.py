@@ -223,19 +223,7 @@ def walk_chain() -> ChainWalk:
 
     events = AuditEvent.objects.filter(seq__lte=head_seq).order_by("seq")
     for event in events.iterator(chunk_size=2000):
-        if event.seq != expected_seq:
-            if event.seq > expected_seq:
-                problem = f"event #{expected_seq} is missing"
-            else:
-                problem = f"duplicate or reordered sequence number {event.seq}"
-            return walked(VerifyResult(False, count, event.seq, problem))
-        if event.prev_hash != expected_prev:
-            problem = (
-                "first event does not start the chain" if expected_seq == 1
-                else f"does not link to event #{expected_seq - 1} (removed or reordered)"
-            )
-            return walked(VerifyResult(False, count, event.seq, problem))
-        problem = _hash_problem(event, keyed_from, ring)
+        problem = _link_problem(event, expected_seq, expected_prev) or _hash_problem(event, keyed_from, ring)
         if problem:
             return walked(VerifyResult(False, count, event.seq, problem))
         if event.key_id:
@@ -246,24 +234,43 @@ def walk_chain() -> ChainWalk:
         count += 1
         expected_seq += 1
         expected_prev = event.hash
+    return walked(_end_result(count, head_seq, expected_prev, head_hash))
+
+
+def _link_problem(event: AuditEvent, expected_seq: int, expected_prev: str) -> str:
+    """Why the event is not the next link of the chain ("" when it is)."""
+    if event.seq > expected_seq:
+        return f"event #{expected_seq} is missing"
+    if event.seq < expected_seq:
+        return f"duplicate or reordered sequence number {event.seq}"
+    if event.prev_hash != expected_prev:
+        return ("first event does not start the chain" if expected_seq == 1
+                else f"does not link to event #{expected_seq - 1} (removed or reordered)")
+    return ""
+
+
+def _end_result(count: int, head_seq: int, last_hash: str, head_hash: str) -> VerifyResult:
+    """The walk's result once every row up to the head checked out: the head
+    must know of no more events and end where the rows end, and no row may lie
+    beyond it that no appender wrote."""
     if count < head_seq:
         # Every row checked out, but the head knows of later events.
-        return walked(VerifyResult(
+        return VerifyResult(
             False, count, count + 1,
             f"event #{count + 1} is missing (chain head records {head_seq} events)",
-        ))
-    if expected_prev != head_hash:
-        return walked(VerifyResult(False, count, head_seq, "chain head does not match the last event"))
+        )
+    if last_hash != head_hash:
+        return VerifyResult(False, count, head_seq, "chain head does not match the last event")
     beyond = AuditEvent.objects.filter(seq__gt=head_seq).aggregate(top=Max("seq"))["top"]
     if beyond is not None:
         # Read after the rows: an appender commits its row and the head
         # together, so a head read now covers every row it wrote.
         fresh = _read_head()
         if fresh is None:
-            return walked(VerifyResult(False, count, None, "chain head row is missing"))
+            return VerifyResult(False, count, None, "chain head row is missing")
         if beyond > fresh[0]:
-            return walked(VerifyResult(False, count, beyond, "event lies beyond the chain head"))
-    return walked(VerifyResult(True, count, None, ""))
+            return VerifyResult(False, count, beyond, "event lies beyond the chain head")
+    return VerifyResult(True, count, None, "")
 
 
 def _hash_problem(event: AuditEvent, keyed_from: int, ring: dict[str, AuditKey]) -> str:

@@ -1,19 +1,11 @@
-"""Reads for approvals, shared by the admin, the console and the consumer."""
+"""Reads for approvals, shared by the admin's screens."""
 from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.models import RISKS_NEEDING_APPROVAL, Approval
-from tenants.selectors import scope_to_user, tenant_ids_for_user
-
-
-def approval_for_call(*, call_id: str) -> Approval | None:
-    return Approval.objects.select_related("tool_call").filter(tool_call__call_id=call_id).first()
-
-
-def approval_status(*, approval_id: int) -> str | None:
-    return Approval.objects.filter(pk=approval_id).values_list("status", flat=True).first()
+from tenants.selectors import tenant_ids_for_user
 
 
 def is_operator(user) -> bool:
@@ -36,15 +28,6 @@ def awaiting_operator(queryset: QuerySet[Approval]) -> QuerySet[Approval]:
     )
 
 
-def pending_operator_approvals(user) -> QuerySet[Approval]:
-    """Pending approvals still waiting for an operator, in the user's tenants."""
-    queryset = awaiting_operator(Approval.objects.select_related("tenant", "session", "tool_call"))
-    return scope_to_user(queryset, user).order_by("deadline")
-
-
-def review_queue(user) -> QuerySet[Approval]:
-    """Decided approvals of high or critical risk, in the user's tenants."""
-    queryset = Approval.objects.filter(risk__in=RISKS_NEEDING_APPROVAL).exclude(
-        status=Approval.Status.PENDING
-    ).select_related("tenant", "session", "tool_call")
-    return scope_to_user(queryset, user).order_by("-created_at")
+def in_review_queue(queryset: QuerySet[Approval]) -> QuerySet[Approval]:
+    """Approvals the review queue holds: decided, of high or critical risk."""
+    return queryset.filter(risk__in=RISKS_NEEDING_APPROVAL).exclude(status=Approval.Status.PENDING)

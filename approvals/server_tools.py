@@ -46,7 +46,6 @@ Runner = Callable[..., Awaitable[Any]]
 class ServerToolDef:
     spec: ToolSpec  # origin="server"
     policy: str  # user / operator / user_and_operator
-    tool_id: int | None  # ServerTool pk; None for a code tool not configured in the database
     runner: Runner = field(repr=False, compare=False)
 
     @property
@@ -100,8 +99,7 @@ def _webhook_runner(row: ServerTool) -> Runner:
 def python_tool_def(name: str, *, policy: str = Policy.USER) -> ServerToolDef:
     """A registered Python tool as the agent runs it, without a database row."""
     tool = registered_tool(name)
-    return ServerToolDef(spec=tool.spec, policy=Policy(policy).value, tool_id=None,
-                         runner=_python_runner(tool))
+    return ServerToolDef(spec=tool.spec, policy=Policy(policy).value, runner=_python_runner(tool))
 
 
 def _def_for_row(row: ServerTool) -> ServerToolDef | None:
@@ -118,7 +116,7 @@ def _def_for_row(row: ServerTool) -> ServerToolDef | None:
         logger.warning("tenant %s: server tool %s skipped: no usable webhook url",
                        row.tenant_id, row.name)
         return None
-    return ServerToolDef(spec=spec, policy=row.approval_policy, tool_id=row.pk, runner=runner)
+    return ServerToolDef(spec=spec, policy=row.approval_policy, runner=runner)
 
 
 async def load_server_tools(tenant_id: int) -> list[ServerToolDef]:

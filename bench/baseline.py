@@ -47,11 +47,6 @@ ACK_TEXT = json.dumps(
 )
 
 
-def is_handshake_init(text: str) -> bool:
-    frame = _parse(text)
-    return frame is not None and frame.get("type") == "HANDSHAKE_INIT"
-
-
 def _parse(text: str) -> dict | None:
     try:
         frame = json.loads(text)

@@ -48,7 +48,6 @@ RAISED_LIMITS = {
 
 @dataclass(frozen=True)
 class RunEnvironment:
-    throwaway_database: bool
     database_dir: str = ""
     backend: str = "embedded"
     postgres_database: str = ""
@@ -115,7 +114,7 @@ def prepare(scratch: Path, backend: str = "embedded", *, postgres: str = DEFAULT
     )
     if backend == "embedded":
         os.environ["DATABASE_URL"] = f"sqlite:///{scratch / 'bench.sqlite3'}"
-        return RunEnvironment(throwaway_database=True, database_dir=str(scratch.parent))
+        return RunEnvironment(database_dir=str(scratch.parent))
     name = f"owl_bench_{os.getpid()}"
     server = postgres.rstrip("/")
     create_postgres_database(server, name)
@@ -123,7 +122,7 @@ def prepare(scratch: Path, backend: str = "embedded", *, postgres: str = DEFAULT
     os.environ["DATABASE_URL"] = f"{server}/{name}"
     os.environ["REDIS_URL"] = redis
     os.environ["OWLLAYER_CHANNEL_PREFIX"] = prefix
-    return RunEnvironment(throwaway_database=True, backend="postgres", postgres_database=name,
+    return RunEnvironment(backend="postgres", postgres_database=name,
                           postgres_server=server, redis_url=redis, channel_prefix=prefix)
 
 
@@ -196,17 +195,6 @@ def create_key(*, max_sessions: int):
                                     max_sessions=None)
     _key, raw_key = services.api_key_create(tenant=tenant, name="bench", max_sessions=max_sessions)
     return tenant, raw_key
-
-
-def remove_tenant(tenant) -> None:
-    """Delete the run's tenant (its keys, sessions and conversation go with it)."""
-    from django.db import DatabaseError
-
-    try:
-        tenant.delete()
-    except DatabaseError:
-        logger.warning("could not remove the benchmark tenant %s; delete it by hand", tenant.slug,
-                       exc_info=True)
 
 
 def close_connections() -> None:

@@ -43,7 +43,6 @@ import pprint
 
 logger = logging.getLogger(__name__)
 
-CLOSE_MESSAGE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
 # How often a connection whose reading is paused looks again (seconds).
 RESUME_CHECK_INTERVAL = 0.01

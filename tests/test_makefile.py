@@ -141,3 +141,14 @@ def test_requirements_changed_since_the_last_install_are_installed_again(tmp_pat
         os.utime(venv / stamp, (older, older))
 
     assert pip_installs(dry_run(target, venv)) == [file]
+
+
+@pytest.mark.parametrize("target", ["lint-only", "test"])
+def test_make_lint_and_make_test_check_style_types_and_dead_code(tmp_path, target):
+    venv = a_virtualenv(tmp_path, ".installed", ".installed-runtime")
+
+    joined = "\n".join(dry_run(target, venv))
+
+    for tool in (f"{venv}/bin/ruff check .", f"{venv}/bin/mypy", f"{venv}/bin/vulture "):
+        assert tool in joined
+    assert "tools/vulture_allow.py" in joined

@@ -9,7 +9,6 @@ that can go wrong leaves this module as an LlmError.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
 import logging
 import random
@@ -139,107 +138,61 @@ def should_retry(response: httpx2.Response) -> bool:
     return response.status_code in (408, 409, 429) or response.status_code >= 500
 
 
-# How many streams at once one client carries before the next stream goes to
-# another. Through httpx's own transport a client's connection pool probed
-# each of its idle connections (a poll(2) apiece) whenever a request started
-# or ended, so turns that start and end together stalled every page's frames
-# for a probe per open stream; small pools kept each probe short. Through
-# aiohttp's transport one client and clients of eight measured the same (the
-# streaming line, interleaved runs); the pools stay.
-STREAMS_PER_CLIENT = 8
+def new_client(config: AnthropicConfig) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(
+        api_key=config.api_key,
+        base_url=config.base_url,
+        # The retries are CappedRetries', so that each wait is ours.
+        max_retries=0,
+        middleware=[CappedRetries(max_retries=config.max_retries, max_wait=config.max_retry_wait)],
+        timeout=anthropic.Timeout(config.timeout, connect=min(CONNECT_TIMEOUT, config.timeout)),
+        open_telemetry=None if config.traces else False,
+        # The SDK's aiohttp transport: a streamed event costs the event loop
+        # far less than through httpx's default transport, which re-arms the
+        # socket's reader and a timeout scope on every read.
+        http_client=anthropic.DefaultAioHttpClient(verify=httpx2.create_ssl_context()),
+    )
 
 
-class ClientPool:
-    """The clients of one configuration on one event loop, sharing one TLS
-    context: a stream takes the least busy one, or a new one when every
-    client already carries STREAMS_PER_CLIENT streams. Clients are kept,
-    with their open connections, for the streams that follow."""
-
-    def __init__(self, config: AnthropicConfig) -> None:
-        self.config = config
-        self.clients: list[anthropic.AsyncAnthropic] = []
-        self.streams: list[int] = []
-        self._tls = httpx2.create_ssl_context()
-        self._add()
-
-    def _add(self) -> None:
-        config = self.config
-        self.clients.append(anthropic.AsyncAnthropic(
-            api_key=config.api_key,
-            base_url=config.base_url,
-            # The retries are CappedRetries', so that each wait is ours.
-            max_retries=0,
-            middleware=[CappedRetries(max_retries=config.max_retries,
-                                      max_wait=config.max_retry_wait)],
-            timeout=anthropic.Timeout(config.timeout, connect=min(CONNECT_TIMEOUT, config.timeout)),
-            open_telemetry=None if config.traces else False,
-            # The SDK's aiohttp transport: a streamed event costs the event
-            # loop far less than through httpx's default transport, which
-            # re-arms the socket's reader and a timeout scope on every read.
-            http_client=anthropic.DefaultAioHttpClient(verify=self._tls),
-        ))
-        self.streams.append(0)
-
-    def take(self) -> int:
-        """The index of the client a new stream uses; ``give_back`` it after."""
-        index = min(range(len(self.streams)), key=self.streams.__getitem__)
-        if self.streams[index] >= STREAMS_PER_CLIENT:
-            self._add()
-            index = len(self.clients) - 1
-        self.streams[index] += 1
-        return index
-
-    def give_back(self, index: int) -> None:
-        self.streams[index] -= 1
-
-    async def close(self) -> None:
-        for client in self.clients:
-            await client.close()
-
-
-# One pool per process, shared by every session. It is rebuilt when the
+# One client per process, shared by every session and kept with its open
+# connections for the streams that follow. It is rebuilt when the
 # configuration changes (tests point it at a fake server) or when it is used
-# from another event loop: pooled connections belong to the loop that opened
-# them.
+# from another event loop: its connections belong to the loop that opened them.
 _client_lock = threading.Lock()
 _client_key: tuple[AnthropicConfig, asyncio.AbstractEventLoop] | None = None
-_clients: ClientPool | None = None
-
-
-def client_pool(config: AnthropicConfig) -> ClientPool:
-    global _clients, _client_key
-    key = (config, asyncio.get_running_loop())
-    with _client_lock:
-        if _clients is None or _client_key != key:
-            # A replaced pool is dropped, not closed: it may belong to a
-            # loop that no longer runs.
-            _clients = ClientPool(config)
-            _client_key = key
-        return _clients
+_client: anthropic.AsyncAnthropic | None = None
 
 
 def get_client(config: AnthropicConfig) -> anthropic.AsyncAnthropic:
-    """The client a stream uses while no other runs."""
-    return client_pool(config).clients[0]
+    """The client of this configuration on the running loop."""
+    global _client, _client_key
+    key = (config, asyncio.get_running_loop())
+    with _client_lock:
+        if _client is None or _client_key != key:
+            # A replaced client is dropped, not closed: it may belong to a
+            # loop that no longer runs.
+            _client = new_client(config)
+            _client_key = key
+        return _client
 
 
 def reset_client() -> None:
-    global _clients, _client_key
+    global _client, _client_key
     with _client_lock:
-        _clients = None
+        _client = None
         _client_key = None
 
 
 async def close_client() -> None:
-    """Close the shared clients if they belong to the running loop (at shutdown, in tests)."""
-    global _clients, _client_key
+    """Close the shared client if it belongs to the running loop (at shutdown, in tests)."""
+    global _client, _client_key
     with _client_lock:
-        clients, key = _clients, _client_key
-        if clients is None or key is None or key[1] is not asyncio.get_running_loop():
+        client, key = _client, _client_key
+        if client is None or key is None or key[1] is not asyncio.get_running_loop():
             return
-        _clients = None
+        _client = None
         _client_key = None
-    await clients.close()
+    await client.close()
 
 
 class AnthropicBackend:
@@ -255,21 +208,11 @@ class AnthropicBackend:
         every page's frames wait for it: the shared client made (its HTTP
         stack imported, its TLS trust store loaded) and the async backend of
         its transport loaded. No request is sent."""
-        client_pool(self._config or AnthropicConfig.from_settings())
+        get_client(self._config or AnthropicConfig.from_settings())
         anyio.get_cancelled_exc_class()
 
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
-        clients = client_pool(self._config or AnthropicConfig.from_settings())
-        taken = clients.take()
-        try:
-            async with contextlib.aclosing(self._stream(clients.clients[taken], request)) as events:
-                async for event in events:
-                    yield event
-        finally:
-            clients.give_back(taken)
-
-    async def _stream(self, client: anthropic.AsyncAnthropic,
-                      request: LlmRequest) -> AsyncIterator[StreamEvent]:
+        client = get_client(self._config or AnthropicConfig.from_settings())
         began = False
         text_sent = False
         finished = False
@@ -362,7 +305,6 @@ def to_llm_error(exc: Exception, *, began: bool, text_sent: bool) -> LlmError:
         status = exc.status_code
         return LlmError(
             _status_code(status, str(exc.type or "")),
-            retry_after=_retry_after(exc.response.headers),
             status=status,
             detail=f"http {status} {exc.type or ''}".strip(),
         )

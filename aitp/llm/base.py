@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
 class LlmRequest:
     model: str
     # Anthropic system text blocks; they may carry cache_control.
-    system: list[dict]
+    system: list[dict[str, Any]]
     # Anthropic MessageParam dicts: {"role": ..., "content": [blocks] or "text"}.
-    messages: list[dict]
+    messages: list[dict[str, Any]]
     # Anthropic tool dicts (name, description, input_schema, maybe cache_control); may be [].
-    tools: list[dict]
+    tools: list[dict[str, Any]]
     max_tokens: int
     # e.g. {"type": "none"} to force an answer without tools.
-    tool_choice: dict | None = None
+    tool_choice: dict[str, Any] | None = None
 
 
 @dataclass
@@ -44,12 +44,12 @@ class MessageComplete:
     # the API: {"type": "text", "text": ...} and
     # {"type": "tool_use", "id": ..., "name": ..., "input": {...}}, in order,
     # without empty text blocks (the API rejects those when sent back).
-    content: list[dict]
+    content: list[dict[str, Any]]
     stop_reason: str
     usage: Usage = field(default_factory=Usage)
 
     @property
-    def tool_uses(self) -> list[dict]:
+    def tool_uses(self) -> list[dict[str, Any]]:
         return [block for block in self.content if block.get("type") == "tool_use"]
 
     @property
@@ -87,7 +87,6 @@ class LlmError(Exception):
         self,
         code: str,
         message: str | None = None,
-        retry_after: float | None = None,
         status: int | None = None,
         *,
         detail: str = "",
@@ -96,16 +95,9 @@ class LlmError(Exception):
             raise ValueError(f"unknown llm error code {code!r}")
         self.code = code
         self.message = message or ERROR_MESSAGES[code]
-        self.retry_after = retry_after
         self.status = status
         self.detail = detail
         super().__init__(f"{code}: {detail or self.message}")
-
-    @property
-    def retryable(self) -> bool:
-        """Whether the same request may succeed if sent again later."""
-        return self.code in ("rate_limited", "overloaded", "upstream_error", "timeout",
-                             "unreachable", "stream_interrupted")
 
 
 class LlmBackend(Protocol):

@@ -71,10 +71,6 @@ class SpeechError(Exception):
         self.data = data or {}
         super().__init__(f"{code}: {detail or self.message}")
 
-    @property
-    def retryable(self) -> bool:
-        return self.code in ("speech_failed", "speech_timeout", "speech_busy", "speech_rate_limited")
-
 
 class SpeechToText(Protocol):
     name: str

@@ -226,17 +226,6 @@ async def test_a_retry_after_ms_that_is_not_a_number_gives_way_to_retry_after(
     assert retry_waits == [3.0]
 
 
-async def test_the_error_after_the_last_retry_says_what_the_api_asked_to_wait(
-        model, settings, retry_waits):
-    settings.OWLLAYER_LLM_MAX_RETRIES = 0
-    model.enqueue(error_response(429, retry_after=0))
-
-    with pytest.raises(LlmError) as caught:
-        await run(AnthropicBackend())
-
-    assert caught.value.retry_after == 0
-
-
 async def test_every_session_of_a_process_shares_one_client_while_the_settings_hold(model, settings):
     first = get_client(AnthropicConfig.from_settings())
     second = get_client(AnthropicConfig.from_settings())

@@ -127,7 +127,7 @@ class Turn:
                  tool_on_server: bool = True) -> None:
         self.runs = runs or Runs()
         self.command = command
-        tool = ServerToolDef(spec=CANCEL_ORDER, policy=policy, tool_id=None, runner=self.runs)
+        tool = ServerToolDef(spec=CANCEL_ORDER, policy=policy, runner=self.runs)
         self.page = Page(ToolSurface.build([CANCEL_ORDER], []))
         self.runs.page = self.page
         self.agent = Agent(
@@ -500,8 +500,7 @@ def test_the_actor_of_a_decision_is_the_operator_who_made_it(session, olivia):
         arguments={"number": "A1"}, risk="high", origin="server", status=ToolCall.Status.PENDING,
     )
     approval = approvals.approval_request_server(
-        tool_call=call, tool=ServerToolDef(spec=CANCEL_ORDER, policy="operator", tool_id=None,
-                                           runner=Runs()),
+        tool_call=call, tool=ServerToolDef(spec=CANCEL_ORDER, policy="operator", runner=Runs()),
         args={"number": "A1"}, session_id=session.id, timeout=APPROVAL_TIMEOUT,
     )
     approvals.approval_decide_operator(approval_id=approval.pk, user=olivia, approved=True,

@@ -580,7 +580,7 @@ def test_a_code_tool_whose_risk_is_plain_text_keeps_that_risk(acme_session):
 
     spec = ToolSpec(name="wipe", description="Wipe", parameters=None, risk="critical",
                     origin="server")
-    tool = ServerToolDef(spec=spec, policy="operator", tool_id=None, runner=None)
+    tool = ServerToolDef(spec=spec, policy="operator", runner=None)
     call = make_call(acme_session, name="wipe", args={}, risk="low", origin="server")
 
     approval = services.approval_request_server(tool_call=call, tool=tool, args={},
