@@ -82,6 +82,16 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def env_backend(name: str, default: str, backends: dict[str, str]) -> str:
+    """A backend: a name from ``backends`` (name -> dotted path of its class)
+    or a dotted path of one's own; runtime/config.py imports it."""
+    value = os.environ.get(name) or default
+    if value not in backends and "." not in value:
+        raise ImproperlyConfigured(
+            f"{name} must be one of {', '.join(backends)} or a dotted path, got {value!r}")
+    return value
+
+
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
 if not SECRET_KEY:
@@ -433,8 +443,13 @@ OWLLAYER_FLOOD_LOG_INTERVAL = env_float("OWLLAYER_FLOOD_LOG_INTERVAL", 60.0, min
 # --- The agent turn -------------------------------------------------------
 ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
 ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
-OWLLAYER_LLM = env_choice(
-    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", ("anthropic", "offline")
+# The backends OWLLAYER_LLM may name (else it is a dotted path of one's own).
+OWLLAYER_LLM_BACKENDS = {
+    "anthropic": "aitp.llm.anthropic_backend.AnthropicBackend",
+    "offline": "aitp.llm.offline.OfflineBackend",
+}
+OWLLAYER_LLM = env_backend(
+    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", OWLLAYER_LLM_BACKENDS
 )
 if OWLLAYER_LLM == "anthropic" and not ANTHROPIC_API_KEY:
     raise ImproperlyConfigured("OWLLAYER_LLM=anthropic needs ANTHROPIC_API_KEY")
@@ -512,8 +527,17 @@ OWLLAYER_TOKEN_RESERVATION_SECONDS = env_float("OWLLAYER_TOKEN_RESERVATION_SECON
 OWLLAYER_VOICE = env_bool("OWLLAYER_VOICE", True)
 # Speech engines: offline PocketSphinx and eSpeak NG by default, or OpenAI's
 # audio endpoints (any server speaking them, at OWLLAYER_VOICE_BASE_URL).
-OWLLAYER_STT = env_choice("OWLLAYER_STT", "pocketsphinx", ("pocketsphinx", "openai"))
-OWLLAYER_TTS = env_choice("OWLLAYER_TTS", "espeak", ("espeak", "openai"))
+# Each is a name from its table or a dotted path of one's own.
+OWLLAYER_STT_BACKENDS = {
+    "pocketsphinx": "aitp.voice.offline.PocketSphinxStt",
+    "openai": "aitp.voice.hosted.HostedStt",
+}
+OWLLAYER_TTS_BACKENDS = {
+    "espeak": "aitp.voice.offline.EspeakTts",
+    "openai": "aitp.voice.hosted.HostedTts",
+}
+OWLLAYER_STT = env_backend("OWLLAYER_STT", "pocketsphinx", OWLLAYER_STT_BACKENDS)
+OWLLAYER_TTS = env_backend("OWLLAYER_TTS", "espeak", OWLLAYER_TTS_BACKENDS)
 OWLLAYER_VOICE_API_KEY = os.environ.get("OWLLAYER_VOICE_API_KEY", "")
 OWLLAYER_VOICE_BASE_URL = env_str("OWLLAYER_VOICE_BASE_URL", "https://api.openai.com/v1")
 if "openai" in (OWLLAYER_STT, OWLLAYER_TTS) and not OWLLAYER_VOICE_API_KEY:
