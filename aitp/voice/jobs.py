@@ -43,7 +43,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from aitp.conf import from_settings
+from runtime.config import config, derived
 
 from . import worker
 from .allowance import KeyLimits, SpeechAllowance
@@ -72,22 +72,26 @@ class PoolSettings:
     warm_up: tuple | None = None
 
 
-@from_settings
+@derived
 def settings_from_django() -> PoolSettings:
-    """The pool the settings ask for (built once; again after a setting changed)."""
-    from django.conf import settings
+    """The pool the configuration asks for (made once; again after it was rebuilt)."""
+    from django.utils.module_loading import import_string
 
+    from .offline import PocketSphinxStt
+
+    voice = config().voice
     warm_up = None
-    if settings.OWLLAYER_STT == "pocketsphinx":
-        from .sphinx import PocketSphinxConfig, load_decoder
+    if import_string(voice.stt_backend) is PocketSphinxStt:
+        from .sphinx import load_decoder
 
-        warm_up = (load_decoder, (PocketSphinxConfig.from_settings(),))
+        warm_up = (load_decoder, (voice.pocketsphinx,))
+    pool = voice.pool
     return PoolSettings(
-        workers=settings.OWLLAYER_VOICE_JOBS,
-        queue=settings.OWLLAYER_VOICE_QUEUE,
-        timeout=settings.OWLLAYER_VOICE_TIMEOUT,
-        per_key=KeyLimits(jobs_at_once=settings.OWLLAYER_VOICE_JOBS_PER_KEY,
-                          seconds_per_minute=settings.OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE),
+        workers=pool.workers,
+        queue=pool.queue,
+        timeout=pool.timeout,
+        per_key=KeyLimits(jobs_at_once=pool.jobs_per_key,
+                          seconds_per_minute=pool.seconds_per_key_per_minute),
         warm_up=warm_up,
     )
 

@@ -15,9 +15,10 @@ from aitp.voice import jobs
 from aitp.voice.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits
 from aitp.voice.base import SpeechError
 from aitp.voice.jobs import PoolSettings, SpeechPool
-from aitp.voice.sphinx import PocketSphinxConfig, load_decoder
+from aitp.voice.sphinx import load_decoder
 
 from . import speech_jobs
+from .conftest import sphinx_config
 
 # Bounds on waiting for a worker process to do something (start, answer,
 # exit) on a loaded machine: each wait ends as soon as it happens.
@@ -225,7 +226,7 @@ def test_closing_the_pool_fails_its_jobs_and_stops_every_worker(make_pool, folde
 
 
 def test_a_worker_loads_its_decoder_before_its_first_job_and_keeps_it_across_jobs():
-    config = PocketSphinxConfig()
+    config = sphinx_config()
     pool = SpeechPool(PoolSettings(workers=1, queue=1, timeout=PATIENCE, warm_up=(load_decoder, (config,))))
     try:
         first = pool.submit(speech_jobs.decoder_id, (config,)).result(PATIENCE)
