@@ -211,6 +211,8 @@ AXES_RESET_ON_SUCCESS = True
 # when its page says it does.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_ENABLED = env_bool("OWLLAYER_LOGIN_THROTTLING", True)
+# A locked-out login's answer: 429 Too Many Requests (django-axes' own choice, written here).
+AXES_HTTP_RESPONSE_CODE = 429
 
 ROOT_URLCONF = "owllayer_site.urls"
 ASGI_APPLICATION = "owllayer_site.asgi.application"
@@ -288,6 +290,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer --------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# How long a connection to Redis may take to open (the channel layer's, the
+# shared rate limits', the start-up check's).
+OWLLAYER_REDIS_CONNECT_TIMEOUT = env_float("OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 if REDIS_URL:
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
@@ -307,7 +312,6 @@ if REDIS_URL:
             "OWLLAYER_REDIS_SOCKET_TIMEOUT must be at least OWLLAYER_REDIS_BLOCKING_READ + 2 s, "
             f"got {OWLLAYER_REDIS_SOCKET_TIMEOUT} and {OWLLAYER_REDIS_BLOCKING_READ}"
         )
-    OWLLAYER_REDIS_CONNECT_TIMEOUT = env_float("OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0, minimum=0.1)
     OWLLAYER_REDIS_HEALTH_CHECK_INTERVAL = env_int("OWLLAYER_REDIS_HEALTH_CHECK_INTERVAL", 30)
     OWLLAYER_REDIS_RETRY_MAX = env_float("OWLLAYER_REDIS_RETRY_MAX", 2.0, minimum=0.1)
     CHANNEL_LAYERS = {

@@ -64,7 +64,7 @@ class LimitsConfig:
     session_opens_per_key_per_minute: int
     redis_url: str
     prefix: str
-    redis_timeout: float | None  # None without Redis
+    redis_timeout: float
     flood_log_interval: float
 
 
@@ -173,6 +173,7 @@ class VoiceConfig:
 class StoreConfig:
     """Sessions, keys and processes in the database."""
 
+    database_url: str
     db_threads: int
     key_hash_secret: str
     default_session_cap: int
@@ -225,7 +226,16 @@ class LoginConfig:
 
 
 @dataclass(frozen=True)
+class SiteConfig:
+    """The site itself: where it is installed, and the origins trusted besides its own host."""
+
+    base_dir: Path
+    trusted_origins: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Config:
+    site: SiteConfig
     protocol: ProtocolConfig
     limits: LimitsConfig
     agent: AgentConfig
@@ -254,6 +264,10 @@ def backend_path(choice: str, table: Mapping[str, str]) -> str:
 def build(s: Any) -> Config:
     """The configuration the settings ``s`` describe (every value read here, none defaulted)."""
     return Config(
+        site=SiteConfig(
+            base_dir=Path(s.BASE_DIR),
+            trusted_origins=tuple(s.CSRF_TRUSTED_ORIGINS),
+        ),
         protocol=ProtocolConfig(
             ws_path=s.OWLLAYER_WS_PATH,
             server_version=s.OWLLAYER_SERVER_VERSION,
@@ -276,8 +290,7 @@ def build(s: Any) -> Config:
             session_opens_per_key_per_minute=s.OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE,
             redis_url=s.REDIS_URL,
             prefix=s.OWLLAYER_LIMITS_PREFIX,
-            # Set in settings only with Redis.
-            redis_timeout=s.OWLLAYER_REDIS_CONNECT_TIMEOUT if s.REDIS_URL else None,
+            redis_timeout=s.OWLLAYER_REDIS_CONNECT_TIMEOUT,
             flood_log_interval=s.OWLLAYER_FLOOD_LOG_INTERVAL,
         ),
         agent=AgentConfig(
@@ -341,6 +354,7 @@ def build(s: Any) -> Config:
             ),
         ),
         store=StoreConfig(
+            database_url=s.DATABASE_URL,
             db_threads=s.OWLLAYER_DB_THREADS,
             key_hash_secret=s.OWLLAYER_KEY_HASH_SECRET,
             default_session_cap=s.OWLLAYER_DEFAULT_SESSION_CAP,

@@ -77,11 +77,9 @@ def settings_from_django() -> PoolSettings:
     """The pool the configuration asks for (made once; again after it was rebuilt)."""
     from django.utils.module_loading import import_string
 
-    from .offline import PocketSphinxStt
-
     voice = config().voice
     warm_up = None
-    if import_string(voice.stt_backend) is PocketSphinxStt:
+    if import_string(voice.stt_backend).name == "pocketsphinx":
         from .sphinx import load_decoder
 
         warm_up = (load_decoder, (voice.pocketsphinx,))
