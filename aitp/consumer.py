@@ -87,7 +87,7 @@ async def capabilities() -> tuple[str, ...]:
 
 
 @derived
-def limits_from_settings() -> Limits:
+def session_limits() -> Limits:
     protocol = config().protocol
     return Limits(
         max_message_bytes=protocol.max_message_bytes,
@@ -101,7 +101,7 @@ def limits_from_settings() -> Limits:
 
 
 @derived
-def agent_config_from_settings() -> AgentConfig:
+def agent_config() -> AgentConfig:
     return AgentConfig(**asdict(config().agent))
 
 
@@ -152,7 +152,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         headers = dict(self.scope.get("headers") or [])
         self.origin = headers.get(b"origin", b"").decode("latin-1")
         self.machine = SessionMachine(
-            limits=limits_from_settings(),
+            limits=session_limits(),
             server_version=config().protocol.server_version,
             capabilities=CAPABILITIES,
             query_api_key=(query.get("apiKey") or [None])[0],
@@ -307,7 +307,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             tenant_id=session.tenant_id,
             system_prompt=session.tenant.system_prompt,
             backend=get_backend(),
-            config=agent_config_from_settings(),
+            config=agent_config(),
             io=TurnPort(self),
             store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
             server_tools={tool.spec.name: tool for tool in server_tools},

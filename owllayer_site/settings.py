@@ -75,20 +75,14 @@ def env_networks(name: str) -> tuple:
     return tuple(networks)
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+def env_choice(name: str, default: str, choices: tuple[str, ...] | dict[str, str], *,
+               or_dotted_path: bool = False) -> str:
+    """One of ``choices``; with ``or_dotted_path``, a dotted path of one's own
+    is taken too (a backend's class, which runtime/config.py imports)."""
     value = os.environ.get(name) or default
-    if value not in choices:
-        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    return value
-
-
-def env_backend(name: str, default: str, backends: dict[str, str]) -> str:
-    """A backend: a name from ``backends`` (name -> dotted path of its class)
-    or a dotted path of one's own; runtime/config.py imports it."""
-    value = os.environ.get(name) or default
-    if value not in backends and "." not in value:
-        raise ImproperlyConfigured(
-            f"{name} must be one of {', '.join(backends)} or a dotted path, got {value!r}")
+    if value not in choices and not (or_dotted_path and "." in value):
+        also = " or a dotted path" if or_dotted_path else ""
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}{also}, got {value!r}")
     return value
 
 
@@ -452,8 +446,9 @@ OWLLAYER_LLM_BACKENDS = {
     "anthropic": "aitp.llm.anthropic_backend.AnthropicBackend",
     "offline": "aitp.llm.offline.OfflineBackend",
 }
-OWLLAYER_LLM = env_backend(
-    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", OWLLAYER_LLM_BACKENDS
+OWLLAYER_LLM = env_choice(
+    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", OWLLAYER_LLM_BACKENDS,
+    or_dotted_path=True,
 )
 if OWLLAYER_LLM == "anthropic" and not ANTHROPIC_API_KEY:
     raise ImproperlyConfigured("OWLLAYER_LLM=anthropic needs ANTHROPIC_API_KEY")
@@ -540,8 +535,8 @@ OWLLAYER_TTS_BACKENDS = {
     "espeak": "aitp.voice.offline.EspeakTts",
     "openai": "aitp.voice.hosted.HostedTts",
 }
-OWLLAYER_STT = env_backend("OWLLAYER_STT", "pocketsphinx", OWLLAYER_STT_BACKENDS)
-OWLLAYER_TTS = env_backend("OWLLAYER_TTS", "espeak", OWLLAYER_TTS_BACKENDS)
+OWLLAYER_STT = env_choice("OWLLAYER_STT", "pocketsphinx", OWLLAYER_STT_BACKENDS, or_dotted_path=True)
+OWLLAYER_TTS = env_choice("OWLLAYER_TTS", "espeak", OWLLAYER_TTS_BACKENDS, or_dotted_path=True)
 OWLLAYER_VOICE_API_KEY = os.environ.get("OWLLAYER_VOICE_API_KEY", "")
 OWLLAYER_VOICE_BASE_URL = env_str("OWLLAYER_VOICE_BASE_URL", "https://api.openai.com/v1")
 if "openai" in (OWLLAYER_STT, OWLLAYER_TTS) and not OWLLAYER_VOICE_API_KEY:

@@ -73,7 +73,7 @@ class PoolSettings:
 
 
 @derived
-def settings_from_django() -> PoolSettings:
+def pool_settings() -> PoolSettings:
     """The pool the configuration asks for (made once; again after it was rebuilt)."""
     from django.utils.module_loading import import_string
 
@@ -445,7 +445,7 @@ _pool: SpeechPool | None = None
 def get_pool() -> SpeechPool:
     """The process's pool, as the settings ask for it (a new one when they changed)."""
     global _pool
-    wanted = settings_from_django()
+    wanted = pool_settings()
     with _lock:
         if _pool is not None and _pool.settings == wanted:
             return _pool
