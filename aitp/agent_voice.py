@@ -36,6 +36,7 @@ from aitp.voice.base import SAMPLE_WIDTH, Audio, Transcription
 from aitp.voice.pipeline import SpeechPipeline
 from aitp.voice.speaking import SpokenProgress
 from aitp.voice.utterance import Utterance, UtteranceBuffer, VoiceLimits
+from runtime.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Listening:
         self._audio = audio
         # Whose speech allowance the turn's speech jobs count against (the API key).
         self.owner = owner
-        self.buffer = None if audio is not None else UtteranceBuffer(limits or VoiceLimits.from_settings(), _now())
+        self.buffer = None if audio is not None else UtteranceBuffer(limits or config().voice.limits, _now())
         self._changed = asyncio.Event()
         # Set once a turn has taken this utterance (the consumer's bookkeeping).
         self.claimed = False
@@ -136,9 +137,7 @@ class Speaker:
         # paced). Paced, a barge-in finds the rest of the answer unsent, and
         # what is stored as said is what was played, give or take this much.
         if ahead is None:
-            from django.conf import settings
-
-            ahead = settings.OWLLAYER_VOICE_SEND_AHEAD_SECONDS
+            ahead = config().voice.send_ahead_seconds
         self._ahead = ahead
         # When the page will have played everything sent so far.
         self._played_by: float | None = None

@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import asdict
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
@@ -35,7 +35,6 @@ from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.agent_voice import Listening
-from aitp.conf import from_settings
 from aitp.db import DbCallConsumer, db_call
 from aitp.group_write import GroupWrite
 from aitp.limits import connection_limits
@@ -65,8 +64,9 @@ from aitp.session import (
 )
 from aitp.tools import ToolSurface
 from aitp.turn_state import TurnState
-from aitp.voice.utterance import AudioBudget, VoiceLimits
+from aitp.voice.utterance import AudioBudget
 from aitp.watch_feed import WatcherFeed
+from runtime.config import config, derived
 
 logger = logging.getLogger(__name__)
 
@@ -81,36 +81,28 @@ VOICE_CAPABILITIES = ("text", "audio", "tools")
 async def capabilities() -> tuple[str, ...]:
     """What HANDSHAKE_ACK offers: "audio" only when voice is on and both
     speech engines work (checked once per process, in a speech worker)."""
-    if settings.OWLLAYER_VOICE and await voice.audio_available_async():
+    if config().voice.enabled and await voice.audio_available_async():
         return VOICE_CAPABILITIES
     return CAPABILITIES
 
 
-@from_settings
-def limits_from_settings() -> Limits:
+@derived
+def session_limits() -> Limits:
+    protocol = config().protocol
     return Limits(
-        max_message_bytes=settings.OWLLAYER_MAX_MESSAGE_BYTES,
-        max_active_tools=settings.OWLLAYER_MAX_ACTIVE_TOOLS,
-        max_context_bytes=settings.OWLLAYER_MAX_CONTEXT_BYTES,
-        max_invalid_frames=settings.OWLLAYER_MAX_INVALID_FRAMES,
-        max_input_chars=settings.OWLLAYER_MAX_INPUT_CHARS,
-        max_json_depth=settings.OWLLAYER_MAX_JSON_DEPTH,
-        max_audio_seconds=settings.OWLLAYER_VOICE_MAX_UTTERANCE_SECONDS,
+        max_message_bytes=protocol.max_message_bytes,
+        max_active_tools=protocol.max_active_tools,
+        max_context_bytes=protocol.max_context_bytes,
+        max_invalid_frames=protocol.max_invalid_frames,
+        max_input_chars=protocol.max_input_chars,
+        max_json_depth=protocol.max_json_depth,
+        max_audio_seconds=config().voice.limits.max_utterance_seconds,
     )
 
 
-@from_settings
-def agent_config_from_settings() -> AgentConfig:
-    return AgentConfig(
-        model=settings.OWLLAYER_MODEL,
-        max_tokens=settings.OWLLAYER_MAX_TOKENS,
-        tool_timeout=settings.OWLLAYER_TOOL_TIMEOUT,
-        approval_timeout=settings.OWLLAYER_APPROVAL_TIMEOUT,
-        max_tool_rounds=settings.OWLLAYER_MAX_TOOL_ROUNDS,
-        history_messages=settings.OWLLAYER_HISTORY_MESSAGES,
-        stream_interval=settings.OWLLAYER_STREAM_INTERVAL,
-        max_json_depth=settings.OWLLAYER_MAX_JSON_DEPTH,
-    )
+@derived
+def agent_config() -> AgentConfig:
+    return AgentConfig(**asdict(config().agent))
 
 
 def new_session_id() -> str:
@@ -160,8 +152,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         headers = dict(self.scope.get("headers") or [])
         self.origin = headers.get(b"origin", b"").decode("latin-1")
         self.machine = SessionMachine(
-            limits=limits_from_settings(),
-            server_version=settings.OWLLAYER_SERVER_VERSION,
+            limits=session_limits(),
+            server_version=config().protocol.server_version,
             capabilities=CAPABILITIES,
             query_api_key=(query.get("apiKey") or [None])[0],
         )
@@ -188,7 +180,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         # Timer handles, and the tasks they started: a connection waiting for
         # its deadline or its next heartbeat holds a timer, not a task.
         self.timers: list[asyncio.TimerHandle | asyncio.Task] = []
-        self._after(settings.OWLLAYER_HANDSHAKE_TIMEOUT, self._handshake_deadline, "handshake timer")
+        self._after(config().protocol.handshake_timeout, self._handshake_deadline, "handshake timer")
         await self._join_process()
 
     # --- frames in ----------------------------------------------------------
@@ -315,7 +307,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             tenant_id=session.tenant_id,
             system_prompt=session.tenant.system_prompt,
             backend=get_backend(),
-            config=agent_config_from_settings(),
+            config=agent_config(),
             io=TurnPort(self),
             store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
             server_tools={tool.spec.name: tool for tool in server_tools},
@@ -325,10 +317,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         )
         self.machine.capabilities = await capabilities()
         if self.machine.audio:
-            self.audio_budget = AudioBudget(settings.OWLLAYER_VOICE_BYTES_PER_SECOND,
+            self.audio_budget = AudioBudget(config().voice.limits.bytes_per_second,
                                             asyncio.get_running_loop().time())
         self.machine.accept_handshake(session.id)
-        self._after(settings.OWLLAYER_HEARTBEAT_INTERVAL, self._heartbeat, "heartbeat")
+        self._after(config().store.heartbeat_interval, self._heartbeat, "heartbeat")
         # One INFO line per session, at its close (with its tenant and length).
         logger.debug("session %s: opened for tenant %s", session.id, session.tenant_id)
         self.feed = WatcherFeed(session)
@@ -372,7 +364,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             self.rate_limits.audio_refused(self.machine)
             return
         if self.listening is None or self.listening.over:
-            self.listening = Listening(VoiceLimits.from_settings(), owner=self.session_row.api_key_id)
+            self.listening = Listening(config().voice.limits, owner=self.session_row.api_key_id)
         self.listening.add(pcm)
         self._next_voice_turn()
 
@@ -480,7 +472,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self._flush()
         _forget(self.timers, asyncio.current_task())
         if self.teardown_task is None:
-            self._after(settings.OWLLAYER_HEARTBEAT_INTERVAL, self._heartbeat, "heartbeat")
+            self._after(config().store.heartbeat_interval, self._heartbeat, "heartbeat")
 
     # --- teardown -------------------------------------------------------------------
 

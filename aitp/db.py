@@ -31,8 +31,9 @@ from typing import ParamSpec, TypeVar
 
 from channels.consumer import get_handler_name
 from channels.db import aclose_old_connections
-from django.conf import settings
 from django.db import close_old_connections
+
+from runtime.config import config
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -110,7 +111,7 @@ def threads() -> DatabaseThreads:
     if _threads is None:
         with _lock:
             if _threads is None:
-                _threads = DatabaseThreads(settings.OWLLAYER_DB_THREADS)
+                _threads = DatabaseThreads(config().store.db_threads)
                 if not _exit_hook_set:
                     threading._register_atexit(shutdown)
                     _exit_hook_set = True

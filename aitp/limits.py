@@ -50,11 +50,12 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.util import WindowStats
 
 from aitp import protocol as p
-from aitp.conf import from_settings
 from aitp.flood_log import FloodLog
 from aitp.group_write import Gathered
 from aitp.recent import RecentAnswers
 from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
+from runtime.config import LimitsConfig
+from runtime.config import config as current_config
 
 logger = logging.getLogger(__name__)
 
@@ -73,35 +74,8 @@ _NOTICE = RateLimitItemPerSecond(1)
 KEY_SHOWN = 16
 
 
-@dataclass(frozen=True)
-class LimitSettings:
-    """The limits, read from settings in one place (``from_django``); 0 = off."""
-
-    frames_per_second: int = 30
-    flood_close_drops: int = 600
-    user_inputs_per_minute: int = 20
-    approval_requests_per_call: int = 5
-    session_opens_per_key_per_minute: int = 600
-    redis_url: str = ""
-    prefix: str = "owllayer-limits"
-    redis_timeout: float = 3.0
-    flood_log_interval: float = 60.0
-
-    @classmethod
-    def from_django(cls) -> LimitSettings:
-        from django.conf import settings
-
-        return cls(
-            frames_per_second=settings.OWLLAYER_FRAMES_PER_SECOND,
-            flood_close_drops=settings.OWLLAYER_FLOOD_CLOSE_DROPS,
-            user_inputs_per_minute=settings.OWLLAYER_USER_INPUTS_PER_MINUTE,
-            approval_requests_per_call=settings.OWLLAYER_APPROVAL_REQUESTS_PER_CALL,
-            session_opens_per_key_per_minute=settings.OWLLAYER_SESSION_OPENS_PER_KEY_PER_MINUTE,
-            redis_url=settings.REDIS_URL,
-            prefix=settings.OWLLAYER_LIMITS_PREFIX,
-            redis_timeout=getattr(settings, "OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0),
-            flood_log_interval=settings.OWLLAYER_FLOOD_LOG_INTERVAL,
-        )
+# The limits: the configuration's part (0 = off).
+LimitSettings = LimitsConfig
 
 
 def _item(kind: type[RateLimitItem], amount: int) -> RateLimitItem | None:
@@ -442,9 +416,8 @@ def connection_limits() -> ConnectionLimits:
     return ConnectionLimits(config, shared_limits(config))
 
 
-@from_settings
 def _limit_settings() -> LimitSettings:
-    return LimitSettings.from_django()
+    return current_config().limits
 
 
 # --- the monthly token quota --------------------------------------------------
@@ -516,9 +489,7 @@ async def _quota_checked(tenant_id: int, session_id: str | None) -> QuotaVerdict
 
 
 def _usage_flush_interval() -> float:
-    from django.conf import settings
-
-    return settings.OWLLAYER_USAGE_FLUSH_INTERVAL
+    return current_config().store.usage_flush_interval
 
 
 # tenant id -> its quota and whether it is used up: the verdict of the last

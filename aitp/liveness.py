@@ -12,10 +12,10 @@ import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
 from aitp.models import ServerProcess
+from runtime.config import config
 
 # A pid running a process that started this long after the row was
 # registered is someone else's: the clock of /proc and ours may differ by
@@ -106,7 +106,7 @@ def is_gone(process: ServerProcess, *, now: datetime, this_host: str | None = No
     """The liveness rules of the module docstring, for one process row."""
     if process.stopped_at is not None:
         return True
-    if process.last_seen_at < now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL):
+    if process.last_seen_at < now - timedelta(seconds=3 * config().store.heartbeat_interval):
         return True
     if process.hostname == (this_host or hostname()):
         if process.id == _current_id:

@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
@@ -70,6 +69,7 @@ from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module o
     pid_state,
 )
 from aitp.models import ServerProcess, Session
+from runtime.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -273,11 +273,11 @@ def start_timers(loop: asyncio.AbstractEventLoop | None = None) -> None:
     every OWLLAYER_SWEEP_INTERVAL and write the usage counts added up every
     OWLLAYER_USAGE_FLUSH_INTERVAL, on the serving event loop."""
     loop = loop or asyncio.get_event_loop()
-    _timers.append(loop.create_task(_every(settings.OWLLAYER_HEARTBEAT_INTERVAL, _heartbeat)))
-    _timers.append(loop.create_task(_every(settings.OWLLAYER_SWEEP_INTERVAL, _sweep)))
-    if settings.OWLLAYER_USAGE_FLUSH_INTERVAL > 0:
+    _timers.append(loop.create_task(_every(config().store.heartbeat_interval, _heartbeat)))
+    _timers.append(loop.create_task(_every(config().store.sweep_interval, _sweep)))
+    if config().store.usage_flush_interval > 0:
         _timers.append(loop.create_task(
-            _every(settings.OWLLAYER_USAGE_FLUSH_INTERVAL, _usage_flush)))
+            _every(config().store.usage_flush_interval, _usage_flush)))
 
 
 async def _every(interval: float, job) -> None:
@@ -315,7 +315,7 @@ async def drain(timeout: float | None = None) -> None:
     process stopped."""
     global _draining
     _draining = True
-    timeout = settings.OWLLAYER_SHUTDOWN_DRAIN if timeout is None else timeout
+    timeout = config().store.shutdown_drain if timeout is None else timeout
     for timer in _timers:
         timer.cancel()
     for timer in _timers:

@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 
-from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -60,6 +59,7 @@ from aitp.limits import USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE
 from aitp.llm.base import LlmRequest, Usage
 from aitp.models import DailyUsage, ServerProcess, TokenReservation
 from aitp.statements import table_of
+from runtime.config import config
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def reserve(*, tenant_id: int, tokens: int, session_id: str = "", process: str =
     or None when the tenant's used and reserved tokens already reach its
     quota (nothing is kept then). A tenant without a quota always gets one."""
     now = now or timezone.now()
-    expires_at = now + timedelta(seconds=settings.OWLLAYER_TOKEN_RESERVATION_SECONDS)
+    expires_at = now + timedelta(seconds=config().store.token_reservation_seconds)
     with transaction.atomic():
         # The insert first: on SQLite it takes the write lock every other
         # reservation waits for; on PostgreSQL the tenant's row lock below

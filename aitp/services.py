@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -42,6 +41,7 @@ from aitp.models import (
     Session,
     ToolCall,
 )
+from runtime.config import config
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def tenant_create(*, slug: str, name: str = "", **fields) -> Tenant:
 
 
 def _key_hash(raw_key: str) -> str:
-    secret = settings.OWLLAYER_KEY_HASH_SECRET.encode()
+    secret = config().store.key_hash_secret.encode()
     return hmac.new(secret, raw_key.encode(), hashlib.sha256).hexdigest()
 
 
@@ -112,7 +112,7 @@ def api_key_create(
             prefix=raw_key[:LOOKUP_PREFIX_LENGTH],
             key_hash=_key_hash(raw_key),
             allowed_origins=list(allowed_origins),
-            max_sessions=max_sessions or settings.OWLLAYER_DEFAULT_SESSION_CAP,
+            max_sessions=max_sessions or config().store.default_session_cap,
             expires_at=expires_at,
         )
     return key, raw_key
@@ -277,7 +277,7 @@ def live_sessions_filter(now: datetime) -> dict:
 
 def _stale_before(now: datetime) -> datetime:
     """A session row not seen since this time is stale: its process stopped refreshing it."""
-    return now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
+    return now - timedelta(seconds=3 * config().store.heartbeat_interval)
 
 
 @dataclass(frozen=True)
@@ -556,7 +556,7 @@ def sessions_close_stale(*, now: datetime | None = None, closing: Closing | None
     key's cap; this ends their record, and their tool calls get a final
     status. Returns how many."""
     now = now or timezone.now()
-    stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
+    stale_before = now - timedelta(seconds=3 * config().store.heartbeat_interval)
     stale = Session.objects.filter(ended_at__isnull=True, last_seen_at__lt=stale_before)
     return _sessions_close(stale, now=now, code=1006, reason="server process lost", closing=closing)
 
@@ -695,7 +695,7 @@ class UsageBuffer:
             return {row: dict(amounts) for row, amounts in self._pending.items()}
 
     def due(self) -> bool:
-        interval = settings.OWLLAYER_USAGE_FLUSH_INTERVAL
+        interval = config().store.usage_flush_interval
         if interval <= 0:
             return True
         # Never from inside a transaction: the row lock would last until its commit.

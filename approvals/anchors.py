@@ -37,9 +37,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.conf import settings
-
 from approvals.audit_keys import AuditKey, current_key
+from runtime.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -143,18 +142,18 @@ def post_line(url: str, line: str, *, timeout: float) -> None:
 
 
 def enabled() -> bool:
-    return bool(settings.OWLLAYER_AUDIT_ANCHOR_FILE or settings.OWLLAYER_AUDIT_ANCHOR_URL)
+    return bool(config().audit.anchor_file or config().audit.anchor_url)
 
 
 def write_checkpoint(*, seq: int, hash: str, keyed_from: int) -> str:
     """Write one checkpoint to the file and the address now, raising what
     fails (``manage.py anchor_audit``). Returns the line."""
     line = checkpoint_line(seq=seq, hash=hash, keyed_from=keyed_from)
-    if settings.OWLLAYER_AUDIT_ANCHOR_FILE:
-        append_line(settings.OWLLAYER_AUDIT_ANCHOR_FILE, line)
-    if settings.OWLLAYER_AUDIT_ANCHOR_URL:
-        post_line(settings.OWLLAYER_AUDIT_ANCHOR_URL, line,
-                  timeout=settings.OWLLAYER_AUDIT_ANCHOR_TIMEOUT)
+    if config().audit.anchor_file:
+        append_line(config().audit.anchor_file, line)
+    if config().audit.anchor_url:
+        post_line(config().audit.anchor_url, line,
+                  timeout=config().audit.anchor_timeout)
     return line
 
 
@@ -191,7 +190,7 @@ class Anchorer:
                 self._thread.start()
             if not self._exit_hook:
                 # A clean exit anchors what this process appended last.
-                atexit.register(self.flush, timeout=settings.OWLLAYER_AUDIT_ANCHOR_TIMEOUT + 1)
+                atexit.register(self.flush, timeout=config().audit.anchor_timeout + 1)
                 self._exit_hook = True
             self._cond.notify_all()
 
@@ -226,9 +225,9 @@ class Anchorer:
         assert self._latest is not None
         if self._force or self._anchored == 0:
             return 0.0
-        if self._latest[0] - self._anchored >= settings.OWLLAYER_AUDIT_ANCHOR_EVENTS:
+        if self._latest[0] - self._anchored >= config().audit.anchor_events:
             return 0.0
-        return max(0.0, self._anchored_at + settings.OWLLAYER_AUDIT_ANCHOR_SECONDS - time.monotonic())
+        return max(0.0, self._anchored_at + config().audit.anchor_seconds - time.monotonic())
 
     def _run(self) -> None:
         while True:
@@ -255,7 +254,7 @@ class Anchorer:
         except Exception:
             logger.exception("audit checkpoint of event #%s could not be made", seq)
             return
-        path, url = settings.OWLLAYER_AUDIT_ANCHOR_FILE, settings.OWLLAYER_AUDIT_ANCHOR_URL
+        path, url = config().audit.anchor_file, config().audit.anchor_url
         if path:
             try:
                 append_line(path, line)
@@ -265,7 +264,7 @@ class Anchorer:
                 self._worked("file", f"appended to {path}")
         if url:
             try:
-                post_line(url, line, timeout=settings.OWLLAYER_AUDIT_ANCHOR_TIMEOUT)
+                post_line(url, line, timeout=config().audit.anchor_timeout)
             except Exception as exc:
                 self._failed("url", f"could not be posted to {url} ({type(exc).__name__}: {exc})")
             else:
@@ -274,7 +273,7 @@ class Anchorer:
     def _failed(self, target: str, what: str) -> None:
         now = time.monotonic()
         last = self._warned_at.get(target)
-        if last is None or now - last >= settings.OWLLAYER_AUDIT_ANCHOR_SECONDS:
+        if last is None or now - last >= config().audit.anchor_seconds:
             self._warned_at[target] = now
             logger.warning("audit checkpoint %s; approvals go on, the newest events stay "
                            "unanchored until a checkpoint succeeds", what)

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.conf import settings
-
 from approvals import anchors
 from approvals.anchors import AnchorLine
 from approvals.audit import ChainWalk, walk_chain
 from approvals.audit_keys import current_key, key_ring
 from approvals.models import AuditEvent
+from runtime.config import config
 
 LOOKUP_BATCH = 500
 
@@ -67,7 +66,7 @@ def audit_report(*, anchor_files: list[str] | None = None) -> AuditReport:
     one). The files are read before the database, so a checkpoint written
     while the check runs is always of an event the walk can see."""
     files = list(anchor_files) if anchor_files is not None else (
-        [settings.OWLLAYER_AUDIT_ANCHOR_FILE] if settings.OWLLAYER_AUDIT_ANCHOR_FILE else [])
+        [config().audit.anchor_file] if config().audit.anchor_file else [])
     ring = key_ring()
     read: dict[str, list[AnchorLine] | OSError] = {}
     for path in files:
@@ -109,8 +108,8 @@ def audit_report(*, anchor_files: list[str] | None = None) -> AuditReport:
             f"{after}. {'Its hash checks' if unanchored == 1 else 'Their hashes check'} out, but "
             f"{'its' if unanchored == 1 else 'their'} removal would not show until a checkpoint "
             f"covers {'it' if unanchored == 1 else 'them'} (one is written every "
-            f"{settings.OWLLAYER_AUDIT_ANCHOR_EVENTS} events or "
-            f"{settings.OWLLAYER_AUDIT_ANCHOR_SECONDS:g} seconds, and by "
+            f"{config().audit.anchor_events} events or "
+            f"{config().audit.anchor_seconds:g} seconds, and by "
             "`manage.py anchor_audit`)."
         )
     return AuditReport(tuple(found.items), walk.result.count, checkpoints, unanchored)

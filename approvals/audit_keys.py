@@ -15,7 +15,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass, field
 
-from django.conf import settings
+from runtime.config import config
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,13 @@ def derive_key(configured: str) -> AuditKey:
 
 def current_key() -> AuditKey:
     """The key new events are hashed and checkpoints signed with."""
-    return derive_key(settings.OWLLAYER_AUDIT_KEY)
+    return derive_key(config().audit.key)
 
 
 def key_ring() -> dict[str, AuditKey]:
     """Every key verification knows, by id: the old ones and the current one."""
     ring = {}
-    for configured in (*settings.OWLLAYER_AUDIT_OLD_KEYS, settings.OWLLAYER_AUDIT_KEY):
+    for configured in (*config().audit.old_keys, config().audit.key):
         key = derive_key(configured)
         ring[key.id] = key
     return ring

@@ -12,6 +12,7 @@ from django.utils import timezone
 from aitp.tools import RISK_CHOICES, TOOL_NAME_RE, Risk, ToolError
 from approvals.tool_specs import python_tool, spec_for_row
 from approvals.webhook_addresses import parse_networks, within
+from runtime.config import config
 
 GENESIS_HASH = "0" * 64
 
@@ -45,7 +46,7 @@ def generate_webhook_secret() -> str:
 
 
 def default_webhook_timeout() -> float:
-    return settings.OWLLAYER_WEBHOOK_TIMEOUT
+    return config().webhooks.timeout
 
 
 def validate_webhook_networks(text: str) -> None:
@@ -54,7 +55,7 @@ def validate_webhook_networks(text: str) -> None:
         entries = parse_networks(text)
     except ValueError as exc:
         raise ValidationError(str(exc)) from None
-    ceiling = settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS
+    ceiling = config().webhooks.allowed_networks
     outside = [str(entry) for entry in entries if not within(entry, ceiling)]
     if outside:
         raise ValidationError(

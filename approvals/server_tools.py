@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
 from aitp.db import db_call
@@ -31,6 +30,7 @@ from approvals.tool_specs import (
     spec_for_row,
 )
 from approvals.webhooks import ToolRunError, call_webhook, tool_networks
+from runtime.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def _python_runner(tool: PythonTool) -> Runner:
 
 def _webhook_runner(row: ServerTool) -> Runner:
     url, secret, timeout, name = row.webhook_url, row.webhook_secret, row.timeout_seconds, row.name
-    max_bytes = settings.OWLLAYER_WEBHOOK_MAX_BYTES
+    max_bytes = config().webhooks.max_bytes
     networks = tool_networks(row.webhook_networks)
 
     async def run(args: dict, *, session_id: str, tenant_id: int, call_id: str) -> Any:

@@ -26,7 +26,6 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
@@ -48,6 +47,7 @@ from aitp.services import LOST_CALL_ERROR
 from aitp.tools import args_hash as compute_args_hash
 from approvals.audit import append_event, lock_chain
 from approvals.models import Approval, AuditEvent, Policy, ServerTool, higher_risk, policy_parties
+from runtime.config import config
 from tenants.selectors import may_change_tenant
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def _why_call_cannot_run(approval: Approval, now) -> ApprovalError | None:
     if row is None or row[0] is not None:
         return ApprovalError("session_ended")
     _, process, last_seen_at = row
-    stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
+    stale_before = now - timedelta(seconds=3 * config().store.heartbeat_interval)
     if last_seen_at < stale_before or (process and liveness.gone_ids({process}, now=now)):
         return ApprovalError(SESSION_LOST, SESSION_LOST_MESSAGE)
     return None

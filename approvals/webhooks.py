@@ -36,10 +36,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import certifi
 import httpx
-from django.conf import settings
 
 from approvals import webhook_addresses
 from approvals.webhook_addresses import AllowedNetwork, IPAddress
+from runtime.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def address_allowed(address: IPAddress, *, port: int,
     that port) inside the operator's OWLLAYER_WEBHOOK_ALLOWED_NETWORKS."""
     return webhook_addresses.address_allowed(
         address, port=port, networks=networks,
-        ceiling=settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS,
+        ceiling=config().webhooks.allowed_networks,
     )
 
 
@@ -165,8 +165,8 @@ async def call_webhook(
     for a caller that passes no tool's networks, opens every network of
     OWLLAYER_WEBHOOK_ALLOWED_NETWORKS on every port."""
     check_url(url)
-    limit = settings.OWLLAYER_WEBHOOK_MAX_BYTES if max_bytes is None else max_bytes
-    networks = (tuple(AllowedNetwork(net) for net in settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS)
+    limit = config().webhooks.max_bytes if max_bytes is None else max_bytes
+    networks = (tuple(AllowedNetwork(net) for net in config().webhooks.allowed_networks)
                 if allowed_networks is None else tuple(allowed_networks))
     parts = urlsplit(url)
     body = json.dumps(
@@ -175,7 +175,7 @@ async def call_webhook(
     ).encode("utf-8")
     headers = {
         "Content-Type": "application/json",
-        "User-Agent": f"OwlLayer/{settings.OWLLAYER_SERVER_VERSION}",
+        "User-Agent": f"OwlLayer/{config().protocol.server_version}",
     }
     try:
         # httpx's timeout bounds each network step; asyncio.timeout bounds the
@@ -196,7 +196,7 @@ async def call_webhook(
             # certificate is checked for the url's host name (sni_hostname).
             async with httpx.AsyncClient(
                 timeout=timeout, follow_redirects=False, trust_env=False,
-                verify=_tls_context(settings.OWLLAYER_WEBHOOK_CA_FILE),
+                verify=_tls_context(config().webhooks.ca_file),
             ) as client:
                 async with client.stream("POST", target, content=body, headers=headers,
                                          extensions={"sni_hostname": server_name}) as response:

@@ -424,10 +424,12 @@ def spoken_utterance(text: str = VOICE_UTTERANCE) -> bytes:
     silence before and after: the voice line's microphone, made once per run."""
     from aitp.voice.audio import resample
     from aitp.voice.base import SpeechError
-    from aitp.voice.offline import EspeakConfig, EspeakTts
+    from aitp.voice.offline import EspeakTts
+    from runtime.config import EspeakConfig
 
     try:
-        spoken = EspeakTts(EspeakConfig(words_per_minute=MIC_WPM)).synthesize_now(text)
+        spoken = EspeakTts(EspeakConfig(voice="en-us", words_per_minute=MIC_WPM, timeout=30.0,
+                                          program="espeak-ng")).synthesize_now(text)
     except SpeechError as exc:
         raise BenchError(f"the voice line speaks its utterance with eSpeak NG: "
                          f"{exc.detail or exc.message} (make espeak installs it; --only "

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from django import forms
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import UserCreationForm
 from django.utils import timezone
 
 from console.origins import parse_origin_lines
+from runtime.config import config
 from tenants.models import TenantMembership
 
 MAX_SESSION_CAP = 10_000
@@ -45,7 +45,7 @@ def _cap_field() -> forms.IntegerField:
         label="Concurrent session cap",
         min_value=1,
         max_value=MAX_SESSION_CAP,
-        initial=settings.OWLLAYER_DEFAULT_SESSION_CAP,
+        initial=lambda: config().store.default_session_cap,
         help_text="Live sessions this key may hold at once; one more is refused.",
     )
 

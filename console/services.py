@@ -13,7 +13,6 @@ import logging
 import secrets
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import transaction
@@ -22,6 +21,7 @@ from django.utils.formats import date_format
 
 from aitp import services as aitp_services
 from aitp.models import ApiKey, OperatorAction
+from runtime.config import config
 from tenants.models import Invitation, Tenant, TenantMembership
 
 logger = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ def invitation_create(*, tenant: Tenant, email: str, role: str, by) -> tuple[Inv
         ).update(withdrawn_at=now)
         invitation = Invitation.objects.create(
             tenant=tenant, email=email, role=role, token_hash=_token_hash(token), invited_by=by,
-            created_at=now, expires_at=now + timedelta(days=settings.OWLLAYER_INVITATION_DAYS),
+            created_at=now, expires_at=now + timedelta(days=config().console.invitation_days),
         )
         OperatorAction.objects.create(tenant=tenant, user=by, action="member_invited", data={
             "email": email, "role": role, "invitation": invitation.pk, "replaced": replaced,
@@ -364,7 +364,7 @@ def invitation_sign_up(*, token: str, username: str, password: str):
         if refusal is not None:
             raise InvitationRefused(refusal)
         assert invitation is not None
-        if not settings.OWLLAYER_INVITATION_SIGN_UP:
+        if not config().console.invitation_sign_up:
             raise InvitationRefused("New accounts are not made here: ask the service's operators "
                                     "for an account, then sign in to accept.")
         if invitation_has_account(invitation):

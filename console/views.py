@@ -11,7 +11,6 @@ import smtplib
 from datetime import datetime, time
 from urllib.parse import urlencode
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
@@ -40,6 +39,7 @@ from console.forms import (
     MemberRoleForm,
 )
 from console.usage import bar_chart, daily_usage, day_label, day_title
+from runtime.config import config
 from tenants.models import Invitation, TenantMembership
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def embed_snippet(request: HttpRequest, raw_key: str) -> str:
     """The lines a page needs to talk to this server with the new key: the
     browser client from this server and the socket's address, filled in."""
     scheme = "wss" if request.is_secure() else "ws"
-    endpoint = f"{scheme}://{request.get_host()}{settings.OWLLAYER_WS_PATH}"
+    endpoint = f"{scheme}://{request.get_host()}{config().protocol.ws_path}"
     script = request.build_absolute_uri(static("owllayer/owllayer-client.js"))
     return (
         '<script type="module">\n'
@@ -301,7 +301,7 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
                                     "server did not take it); nothing changed. Try again later.")
             return redirect("console:members", slug=access.tenant.slug)
         messages.success(request, f"Invitation sent to {invitation.email}. The link works once, for "
-                                  f"{_days(settings.OWLLAYER_INVITATION_DAYS)}; they become a "
+                                  f"{_days(config().console.invitation_days)}; they become a "
                                   f"{invitation.get_role_display().lower()} when they accept.")
         return redirect("console:members", slug=access.tenant.slug)
     rows = (
@@ -382,7 +382,7 @@ def invitation(request: HttpRequest) -> HttpResponse:
     refusal = console_services.invitation_refusal(found, user)
     usable = console_services.invitation_refusal(found) is None
     has_account = usable and console_services.invitation_has_account(found)
-    if usable and user is None and not has_account and settings.OWLLAYER_INVITATION_SIGN_UP:
+    if usable and user is None and not has_account and config().console.invitation_sign_up:
         sign_up = sign_up or InvitationSignUpForm()
     else:
         sign_up = None
@@ -392,7 +392,7 @@ def invitation(request: HttpRequest) -> HttpResponse:
         "refusal": refusal,
         "has_account": has_account,
         "sign_up": sign_up,
-        "sign_up_allowed": settings.OWLLAYER_INVITATION_SIGN_UP,
+        "sign_up_allowed": config().console.invitation_sign_up,
     }, status=200 if usable else 404)
 
 

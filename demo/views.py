@@ -13,7 +13,6 @@ import logging
 from decimal import Decimal
 from pathlib import Path
 
-from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -21,11 +20,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from demo import catalog, services
 from demo.catalog import Cart, CartError
+from runtime.config import config as current_config
 
 logger = logging.getLogger(__name__)
 
 # Written by `manage.py ensure_demo` (run by `make run`): .demo-key.
-DEMO_KEY_FILE = settings.OWLLAYER_DEMO_KEY_FILE
+DEMO_KEY_FILE = current_config().console.demo_key_file
 # A key given in a page's URL is remembered for the visitor's later pages.
 SESSION_KEY = "owl_demo_api_key"
 SESSION_CART = "owl_demo_cart"
@@ -73,8 +73,8 @@ def store_config(request: HttpRequest) -> dict:
     return {
         "apiKey": api_key,
         "demoKey": bool(api_key) and api_key == read_demo_key(DEMO_KEY_FILE),
-        "wsPath": settings.OWLLAYER_WS_PATH,
-        "agent": settings.OWLLAYER_LLM,
+        "wsPath": current_config().protocol.ws_path,
+        "agent": current_config().llm.name,
         "urls": {
             "home": reverse("demo:home"),
             "cart": reverse("demo:cart"),
@@ -94,7 +94,7 @@ def render_page(request: HttpRequest, template: str, *, cart: Cart, title: str, 
         "page": page,
         "title": title,
         "has_key": bool(config["apiKey"]),
-        "offline_agent": settings.OWLLAYER_LLM == "offline",
+        "offline_agent": current_config().llm.name == "offline",
         "cart": cart,
         **(extra or {}),
     })

@@ -28,12 +28,12 @@ import logging
 from urllib.parse import urlsplit
 
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
 from aitp import live, notify, processes
 from aitp.db import DbCallConsumer, db_call
 from operators import selectors
 from operators.access import user_watch_group
+from runtime.config import config
 from tenants.selectors import tenant_ids_for_user
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def origin_allowed(scope) -> bool:
     origin = headers.get(b"origin", b"").decode("latin-1")
     if not origin:
         return True
-    if origin in settings.CSRF_TRUSTED_ORIGINS:
+    if origin in config().site.trusted_origins:
         return True
     host = headers.get(b"host", b"").decode("latin-1")
     return bool(host) and urlsplit(origin).netloc == host
@@ -96,7 +96,7 @@ class OperatorWatchConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         if processes.draining():
             await self.shutdown(processes.SHUTDOWN_MESSAGE)
             return
-        self.recheck_task = asyncio.create_task(self._recheck_every(settings.OWLLAYER_HEARTBEAT_INTERVAL))
+        self.recheck_task = asyncio.create_task(self._recheck_every(config().store.heartbeat_interval))
         self.recheck_task.add_done_callback(_log_failure)
         logger.info("watch socket opened for user %s (%d groups)", user.pk, len(groups))
 

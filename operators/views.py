@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -26,6 +25,7 @@ from approvals.models import Approval
 from operators import selectors
 from operators.forms import SessionCommandForm
 from operators.routing import WATCH_PATH
+from runtime.config import config
 from tenants.selectors import may_change_tenant
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def live_list(request: HttpRequest) -> HttpResponse:
         "config": _page_config(
             # Without a "closed" notice (its process died) a row only goes
             # away when the list is read again: once per heartbeat interval.
-            refreshSeconds=settings.OWLLAYER_HEARTBEAT_INTERVAL,
+            refreshSeconds=config().store.heartbeat_interval,
         ),
     }
     return TemplateResponse(request, "operators/live_list.html", context)

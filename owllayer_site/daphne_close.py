@@ -72,10 +72,10 @@ def inbound_backlog(queue) -> tuple[int, int]:
 
 
 def _limits() -> tuple[int, int]:
-    from django.conf import settings
+    from runtime.config import config
 
-    return (getattr(settings, "OWLLAYER_MAX_INBOUND_BYTES", 4 * 1024 * 1024),
-            getattr(settings, "OWLLAYER_MAX_OUTBOUND_BYTES", 4 * 1024 * 1024))
+    protocol = config().protocol
+    return (protocol.max_inbound_bytes, protocol.max_outbound_bytes)
 
 # RFC 6455 section 7.4: 1004, 1005, 1006 and 1015 must never be sent.
 SENDABLE_CODES = frozenset({1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014})

@@ -22,12 +22,13 @@ from axes.attempts import get_cool_off_threshold
 from axes.handlers.database import AxesDatabaseHandler
 from axes.helpers import get_client_ip_address, get_client_username, get_cool_off
 from axes.models import AccessAttempt
-from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
+
+from runtime.config import config
 
 
 def _failures(attempts) -> list[tuple[datetime, int]]:
@@ -51,8 +52,8 @@ class LoginThrottlingHandler(AxesDatabaseHandler):
         locked pair, whichever username it tries next."""
         pair = super().get_failures(request, credentials)
         address = sum(count for _, count in _failures(_address_attempts(request)))
-        if address >= settings.OWLLAYER_LOGIN_ADDRESS_FAILURE_LIMIT:
-            return max(pair, settings.AXES_FAILURE_LIMIT)
+        if address >= config().login.address_failure_limit:
+            return max(pair, config().login.failure_limit)
         return pair
 
 
@@ -98,13 +99,13 @@ def current_lock(request: HttpRequest, username: str) -> Lock:
     address = getattr(request, "axes_ip_address", None) or get_client_ip_address(request) or ""
     cool_off = get_cool_off(request) or timedelta(0)
     pair = _failures(_address_attempts(request).filter(username=username))
-    if sum(count for _, count in pair) >= settings.AXES_FAILURE_LIMIT:
+    if sum(count for _, count in pair) >= config().login.failure_limit:
         return Lock(username=username, address=address, whole_address=False, lasts=duration(cool_off),
-                    ends_at=lock_ends(pair, settings.AXES_FAILURE_LIMIT, cool_off),
+                    ends_at=lock_ends(pair, config().login.failure_limit, cool_off),
                     command=f"manage.py axes_reset_ip_username {address} {username}")
     everywhere = _failures(_address_attempts(request))
     return Lock(username=username, address=address, whole_address=True, lasts=duration(cool_off),
-                ends_at=lock_ends(everywhere, settings.OWLLAYER_LOGIN_ADDRESS_FAILURE_LIMIT, cool_off),
+                ends_at=lock_ends(everywhere, config().login.address_failure_limit, cool_off),
                 command=f"manage.py axes_reset_ip {address}")
 
 
@@ -116,11 +117,11 @@ def lockout_response(request: HttpRequest, *args, **kwargs) -> HttpResponse:
     credentials = getattr(request, "axes_credentials", None)
     username = get_client_username(request, credentials) or ""
     lock = current_lock(request, username)
-    context = {"lock": lock, "failure_limit": settings.AXES_FAILURE_LIMIT,
-               "address_failure_limit": settings.OWLLAYER_LOGIN_ADDRESS_FAILURE_LIMIT}
+    context = {"lock": lock, "failure_limit": config().login.failure_limit,
+               "address_failure_limit": config().login.address_failure_limit}
     if request.path.startswith(reverse("admin:index")):
         context.update(admin.site.each_context(request), title="Too many failed sign-ins")
         template = "lockout/admin.html"
     else:
         template = "lockout/console.html"
-    return render(request, template, context, status=settings.AXES_HTTP_RESPONSE_CODE)
+    return render(request, template, context, status=config().login.lockout_status)

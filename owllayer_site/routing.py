@@ -9,13 +9,13 @@ closed with 1008, which the client takes as final and shows.
 """
 import logging
 
-from django.conf import settings
 from django.urls import path, re_path
 
 from aitp import protocol as p
 from aitp.consumer import AitpConsumer
 from aitp.session import CLOSE_POLICY
 from operators.routing import websocket_urlpatterns as operator_websocket_urlpatterns
+from runtime.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ async def unknown_endpoint(scope, receive, send) -> None:
             refusal = p.error_event(
                 "unknown_endpoint",
                 f"There is no OwlLayer endpoint at {shown}; "
-                f"the endpoint is {settings.OWLLAYER_WS_PATH}.",
+                f"the endpoint is {config().protocol.ws_path}.",
             )
             await send({"type": "websocket.send", "text": p.serialize(refusal)})
             await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": "unknown endpoint"})
@@ -43,7 +43,7 @@ async def unknown_endpoint(scope, receive, send) -> None:
 
 
 websocket_urlpatterns = [
-    path(settings.OWLLAYER_WS_PATH.lstrip("/"), AitpConsumer.as_asgi()),
+    path(config().protocol.ws_path.lstrip("/"), AitpConsumer.as_asgi()),
     *operator_websocket_urlpatterns,
     # Last: whatever no route above took.
     re_path(r"", unknown_endpoint),

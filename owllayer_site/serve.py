@@ -116,12 +116,11 @@ def _load_engines_early() -> None:
     import) before serving, and check the speech engines while daphne starts
     (in a speech worker process, waited for on a thread of their own): the
     first pages would otherwise wait for both."""
-    from django.conf import settings
-
     from aitp import llm
+    from runtime.config import config
 
     llm.get_backend()
-    if not settings.OWLLAYER_VOICE:
+    if not config().voice.enabled:
         return
     import threading
 
@@ -177,14 +176,14 @@ def _quiet_garbage_collector() -> None:
 
 
 def _serve(args: argparse.Namespace, extra: list[str]) -> None:
-    from django.conf import settings
     from django.db import DatabaseError, connections
 
     from aitp import processes
+    from runtime.config import config
 
     _raise_open_files_limit()
     _install_graceful_shutdown()
-    ceiling = str(settings.OWLLAYER_WS_FRAME_CEILING_BYTES)
+    ceiling = str(config().protocol.frame_ceiling_bytes)
     from daphne.cli import CommandLineInterface
 
     from owllayer_site import access_log

@@ -75,10 +75,14 @@ def env_networks(name: str) -> tuple:
     return tuple(networks)
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+def env_choice(name: str, default: str, choices: tuple[str, ...] | dict[str, str], *,
+               or_dotted_path: bool = False) -> str:
+    """One of ``choices``; with ``or_dotted_path``, a dotted path of one's own
+    is taken too (a backend's class, which runtime/config.py imports)."""
     value = os.environ.get(name) or default
-    if value not in choices:
-        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    if value not in choices and not (or_dotted_path and "." in value):
+        also = " or a dotted path" if or_dotted_path else ""
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}{also}, got {value!r}")
     return value
 
 
@@ -201,6 +205,8 @@ AXES_RESET_ON_SUCCESS = True
 # when its page says it does.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_ENABLED = env_bool("OWLLAYER_LOGIN_THROTTLING", True)
+# A locked-out login's answer: 429 Too Many Requests (django-axes' own choice, written here).
+AXES_HTTP_RESPONSE_CODE = 429
 
 ROOT_URLCONF = "owllayer_site.urls"
 ASGI_APPLICATION = "owllayer_site.asgi.application"
@@ -278,6 +284,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer --------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# How long a connection to Redis may take to open (the channel layer's, the
+# shared rate limits', the start-up check's).
+OWLLAYER_REDIS_CONNECT_TIMEOUT = env_float("OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 if REDIS_URL:
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
@@ -297,7 +306,6 @@ if REDIS_URL:
             "OWLLAYER_REDIS_SOCKET_TIMEOUT must be at least OWLLAYER_REDIS_BLOCKING_READ + 2 s, "
             f"got {OWLLAYER_REDIS_SOCKET_TIMEOUT} and {OWLLAYER_REDIS_BLOCKING_READ}"
         )
-    OWLLAYER_REDIS_CONNECT_TIMEOUT = env_float("OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0, minimum=0.1)
     OWLLAYER_REDIS_HEALTH_CHECK_INTERVAL = env_int("OWLLAYER_REDIS_HEALTH_CHECK_INTERVAL", 30)
     OWLLAYER_REDIS_RETRY_MAX = env_float("OWLLAYER_REDIS_RETRY_MAX", 2.0, minimum=0.1)
     CHANNEL_LAYERS = {
@@ -433,8 +441,14 @@ OWLLAYER_FLOOD_LOG_INTERVAL = env_float("OWLLAYER_FLOOD_LOG_INTERVAL", 60.0, min
 # --- The agent turn -------------------------------------------------------
 ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
 ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
+# The backends OWLLAYER_LLM may name (else it is a dotted path of one's own).
+OWLLAYER_LLM_BACKENDS = {
+    "anthropic": "aitp.llm.anthropic_backend.AnthropicBackend",
+    "offline": "aitp.llm.offline.OfflineBackend",
+}
 OWLLAYER_LLM = env_choice(
-    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", ("anthropic", "offline")
+    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", OWLLAYER_LLM_BACKENDS,
+    or_dotted_path=True,
 )
 if OWLLAYER_LLM == "anthropic" and not ANTHROPIC_API_KEY:
     raise ImproperlyConfigured("OWLLAYER_LLM=anthropic needs ANTHROPIC_API_KEY")
@@ -512,8 +526,17 @@ OWLLAYER_TOKEN_RESERVATION_SECONDS = env_float("OWLLAYER_TOKEN_RESERVATION_SECON
 OWLLAYER_VOICE = env_bool("OWLLAYER_VOICE", True)
 # Speech engines: offline PocketSphinx and eSpeak NG by default, or OpenAI's
 # audio endpoints (any server speaking them, at OWLLAYER_VOICE_BASE_URL).
-OWLLAYER_STT = env_choice("OWLLAYER_STT", "pocketsphinx", ("pocketsphinx", "openai"))
-OWLLAYER_TTS = env_choice("OWLLAYER_TTS", "espeak", ("espeak", "openai"))
+# Each is a name from its table or a dotted path of one's own.
+OWLLAYER_STT_BACKENDS = {
+    "pocketsphinx": "aitp.voice.offline.PocketSphinxStt",
+    "openai": "aitp.voice.hosted.HostedStt",
+}
+OWLLAYER_TTS_BACKENDS = {
+    "espeak": "aitp.voice.offline.EspeakTts",
+    "openai": "aitp.voice.hosted.HostedTts",
+}
+OWLLAYER_STT = env_choice("OWLLAYER_STT", "pocketsphinx", OWLLAYER_STT_BACKENDS, or_dotted_path=True)
+OWLLAYER_TTS = env_choice("OWLLAYER_TTS", "espeak", OWLLAYER_TTS_BACKENDS, or_dotted_path=True)
 OWLLAYER_VOICE_API_KEY = os.environ.get("OWLLAYER_VOICE_API_KEY", "")
 OWLLAYER_VOICE_BASE_URL = env_str("OWLLAYER_VOICE_BASE_URL", "https://api.openai.com/v1")
 if "openai" in (OWLLAYER_STT, OWLLAYER_TTS) and not OWLLAYER_VOICE_API_KEY:

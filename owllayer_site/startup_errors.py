@@ -83,9 +83,9 @@ def _is_redis_error(exc: BaseException) -> bool:
 
 
 def database_url() -> str:
-    from django.conf import settings
+    from runtime.config import config
 
-    return hide_password(getattr(settings, "DATABASE_URL", "") or "")
+    return hide_password(config().store.database_url)
 
 
 def database_unreachable() -> str | None:
@@ -117,9 +117,9 @@ def database_unreachable() -> str | None:
 
 
 def redis_unreachable_message(reason: str) -> str:
-    from django.conf import settings
+    from runtime.config import config
 
-    url = hide_password(getattr(settings, "REDIS_URL", "") or "")
+    url = hide_password(config().limits.redis_url)
     return (
         f"Cannot reach Redis at REDIS_URL={url}: {reason}\n"
         "Start it, or correct REDIS_URL (unset, one process runs with an in-memory "
@@ -129,14 +129,14 @@ def redis_unreachable_message(reason: str) -> str:
 
 def redis_unreachable() -> str | None:
     """None when REDIS_URL is unset or answers a PING; otherwise the paragraph."""
-    from django.conf import settings
+    from runtime.config import config
 
-    url = getattr(settings, "REDIS_URL", "")
+    url = config().limits.redis_url
     if not url:
         return None
     import redis
 
-    timeout = float(getattr(settings, "OWLLAYER_REDIS_CONNECT_TIMEOUT", 3.0))
+    timeout = config().limits.redis_timeout
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         try:

@@ -16,15 +16,17 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from runtime.config import config
+
 
 def default_session_ceiling() -> int | None:
     """A new tenant's ceiling on live sessions (OWLLAYER_DEFAULT_TENANT_SESSION_CAP; 0: none)."""
-    return settings.OWLLAYER_DEFAULT_TENANT_SESSION_CAP or None
+    return config().store.default_tenant_session_cap or None
 
 
 def default_key_ceiling() -> int | None:
     """A new tenant's ceiling on API keys (OWLLAYER_DEFAULT_TENANT_KEY_CAP; 0: none)."""
-    return settings.OWLLAYER_DEFAULT_TENANT_KEY_CAP or None
+    return config().store.default_tenant_key_cap or None
 
 
 class Tenant(models.Model):

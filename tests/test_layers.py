@@ -1,7 +1,9 @@
 """The layers of the tree, read from the source (ast, nothing imported).
 
-``aitp`` is the ground floor: it imports none of the apps built on it (what a
-turn needs from them is declared in ``aitp.ports``). No two apps depend on
+``runtime`` (the configuration) is below everything: it imports no other
+package of the project, and the site and every app may import it. ``aitp``
+is the ground floor of the apps: it imports none of the apps built on it
+(what a turn needs from them is declared in ``aitp.ports``). No two apps depend on
 each other, and no module imports another that imports it back -- not even
 through an import inside a function.
 """
@@ -12,6 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 APPS_ABOVE_AITP = {"approvals", "console", "operators", "demo"}
+# Imported by the site and the apps; imports none of them.
+LOW_LAYERS = {"runtime"}
 
 
 def packages() -> list[str]:
@@ -140,6 +144,17 @@ def test_the_protocol_app_imports_none_of_the_apps_built_on_it():
     assert offending == []
 
 
+def test_the_low_layers_import_no_other_package_of_the_project():
+    offending = sorted(
+        f"{name} imports {imported}"
+        for name, imports in import_graph(top_level_only=False).items()
+        if name.split(".")[0] in LOW_LAYERS
+        for imported in imports
+        if imported.split(".")[0] != name.split(".")[0]
+    )
+    assert offending == []
+
+
 def test_no_two_apps_depend_on_each_other():
     assert cycles(app_graph()) == []
 
@@ -159,4 +174,5 @@ def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = app_graph()
     assert "aitp" in graph["approvals"] and "approvals" in graph["operators"]
+    assert "runtime" in graph["aitp"] and "runtime" in graph["owllayer_site"]
     assert not graph.get("aitp", set()) & APPS_ABOVE_AITP

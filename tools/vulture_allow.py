@@ -33,7 +33,7 @@ _ = _Names()
 
 # Django by convention: app configs, URLconfs, the ASGI entry point,
 # management commands, model Meta options, form hooks.
-(_.AitpConfig, _.ApprovalsConfig, _.ConsoleConfig, _.DemoConfig, _.OperatorsConfig, _.TenantsConfig,
+(_.AitpConfig, _.ApprovalsConfig, _.DemoConfig, _.OperatorsConfig, _.TenantsConfig,
  _.verbose_name, _.default_auto_field)
 (_.urlpatterns, _.app_name, _.application)
 (_.Command, _.help, _.add_arguments)
@@ -71,7 +71,7 @@ _ = _Names()
 
 # Named by a dotted path in the settings, or by name in an engine table.
 (_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response)
-(_.HostedStt, _.HostedTts, _.PocketSphinxStt)
+(_.AnthropicBackend, _.OfflineBackend)
 
 # Hooks of libraries: the Anthropic SDK's middleware, autobahn's protocol
 # attributes, and parameters a signature we implement must take.

@@ -1,8 +1,9 @@
 """LLM backends behind one small interface (see base.py).
 
-get_backend() picks the backend named by settings.OWLLAYER_LLM ("anthropic" or
-"offline"). Django and the SDK are imported only when a backend is asked for,
-so importing the shapes from here stays cheap and works without settings.
+get_backend() makes the backend the configuration names (``config().llm.backend``,
+a dotted path; OWLLAYER_LLM=anthropic or offline stand for the two here). Django
+and the SDK are imported only when a backend is asked for, so importing the
+shapes from here stays cheap and works without settings.
 """
 from __future__ import annotations
 
@@ -33,34 +34,30 @@ __all__ = [
 
 _lock = threading.Lock()
 _backend: LlmBackend | None = None
+_made_for: object = None  # the llm part _backend was made with
 
 
 def get_backend() -> LlmBackend:
-    """The process-wide backend for settings.OWLLAYER_LLM (rebuilt if that setting changes)."""
-    global _backend
-    from django.conf import settings
+    """The process-wide backend for the configuration's llm part (made again
+    when that part changes): its class, imported by dotted path, is given the part."""
+    global _backend, _made_for
+    from django.utils.module_loading import import_string
 
-    choice = settings.OWLLAYER_LLM
+    from runtime.config import config
+
+    llm = config().llm
     with _lock:
-        if _backend is None or _backend.name != choice:
-            if choice == "anthropic":
-                from .anthropic_backend import AnthropicBackend
-
-                _backend = AnthropicBackend()
-            elif choice == "offline":
-                from .offline import OfflineBackend
-
-                _backend = OfflineBackend()
-            else:
-                raise ValueError(f"unknown llm backend {choice!r}")
+        if _backend is None or _made_for != llm:
+            _backend = import_string(llm.backend)(llm)
+            _made_for = llm
         return _backend
 
 
 def reset_backend() -> None:
     """Forget the backend and the shared SDK client (tests that change settings call this)."""
-    global _backend
+    global _backend, _made_for
     with _lock:
-        _backend = None
+        _backend = _made_for = None
     # Only when the SDK was ever loaded: resetting must not import it.
     module = sys.modules.get(f"{__name__}.anthropic_backend")
     if module is not None:

@@ -15,13 +15,14 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import anthropic
 import anyio
 import httpx2
 from anthropic.lib.streaming._messages import accumulate_event
+
+from runtime.config import LlmConfig
 
 from .base import LlmError, LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 
@@ -49,29 +50,8 @@ ERROR_TYPE_CODES = {
 }
 
 
-@dataclass(frozen=True)
-class AnthropicConfig:
-    api_key: str
-    base_url: str | None
-    max_retries: int
-    timeout: float
-    max_retry_wait: float = 8.0
-    # The SDK's OpenTelemetry spans per call (its ANTHROPIC_OPEN_TELEMETRY*
-    # variables apply); off, no span attributes are worked out per request.
-    traces: bool = False
-
-    @classmethod
-    def from_settings(cls) -> AnthropicConfig:
-        from django.conf import settings
-
-        return cls(
-            api_key=settings.ANTHROPIC_API_KEY,
-            base_url=settings.ANTHROPIC_BASE_URL or None,
-            max_retries=settings.OWLLAYER_LLM_MAX_RETRIES,
-            timeout=settings.OWLLAYER_LLM_TIMEOUT,
-            max_retry_wait=settings.OWLLAYER_LLM_MAX_RETRY_WAIT,
-            traces=settings.OWLLAYER_LLM_TRACES,
-        )
+# The configuration's llm part is what a client is made from.
+AnthropicConfig = LlmConfig
 
 
 class CappedRetries(anthropic.Middleware):
@@ -199,8 +179,12 @@ class AnthropicBackend:
     name = "anthropic"
 
     def __init__(self, config: AnthropicConfig | None = None) -> None:
-        # Without an explicit config the settings are read on every request,
-        # so a changed setting takes effect with a new client.
+        # Read once, here: get_backend makes a new backend when the
+        # configuration changes, never a request.
+        if config is None:
+            from runtime.config import config as current
+
+            config = current().llm
         self._config = config
 
     async def warm_up(self) -> None:
@@ -208,11 +192,11 @@ class AnthropicBackend:
         every page's frames wait for it: the shared client made (its HTTP
         stack imported, its TLS trust store loaded) and the async backend of
         its transport loaded. No request is sent."""
-        get_client(self._config or AnthropicConfig.from_settings())
+        get_client(self._config)
         anyio.get_cancelled_exc_class()
 
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
-        client = get_client(self._config or AnthropicConfig.from_settings())
+        client = get_client(self._config)
         began = False
         text_sent = False
         finished = False

@@ -43,6 +43,9 @@ _WORD = re.compile(r"\s*\S+\s*")
 class OfflineBackend:
     name = "offline"
 
+    def __init__(self, config: object = None) -> None:
+        """Made with the configuration's llm part, as every backend is; it needs none of it."""
+
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
         content, stop_reason = answer(request)
         text = "".join(block["text"] for block in content if block["type"] == "text")

@@ -1,8 +1,9 @@
 """Speech engines behind two small interfaces (base.py), and the pure pieces of a voice turn.
 
-get_stt() and get_tts() give the process-wide engines named by
-settings.OWLLAYER_STT ("pocketsphinx" or "openai") and OWLLAYER_TTS ("espeak"
-or "openai"). audio_available_async() says whether both work, which decides
+get_stt() and get_tts() give the process-wide engines the configuration
+names by dotted path (``config().voice.stt_backend``, ``tts_backend``;
+OWLLAYER_STT=pocketsphinx or openai and OWLLAYER_TTS=espeak or openai stand
+for the engines here). audio_available_async() says whether both work, which decides
 the `audio` capability of HANDSHAKE_ACK (checked in a speech worker, once per
 process). The modules:
 
@@ -39,47 +40,42 @@ logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _stt: SpeechToText | None = None
 _tts: TextToSpeech | None = None
+_stt_path = _tts_path = ""  # the dotted paths they were made from
 _problems: dict[tuple[str, str], list[str]] = {}
 # The offline engines' check under way, per configuration.
 _checks: dict[tuple[str, str], concurrent.futures.Future] = {}
 
 
-# The engines each setting may name: (module in this package, class).
-_STT_ENGINES = {"pocketsphinx": (".offline", "PocketSphinxStt"), "openai": (".hosted", "HostedStt")}
-_TTS_ENGINES = {"espeak": (".offline", "EspeakTts"), "openai": (".hosted", "HostedTts")}
+def _engine(path: str):
+    from django.utils.module_loading import import_string
 
-
-def _make(engines: dict[str, tuple[str, str]], choice: str, what: str):
-    if choice not in engines:
-        raise ValueError(f"unknown {what} engine {choice!r}")
-    import importlib
-
-    module, name = engines[choice]
-    return getattr(importlib.import_module(module, __name__), name)()
+    return import_string(path)()
 
 
 def get_stt() -> SpeechToText:
-    """The process-wide speech-to-text engine for settings.OWLLAYER_STT."""
-    global _stt
-    from django.conf import settings
-
-    choice = settings.OWLLAYER_STT
+    """The process-wide speech-to-text engine the configuration names."""
+    global _stt, _stt_path
+    path = _voice().stt_backend
     with _lock:
-        if _stt is None or _stt.name != choice:
-            _stt = _make(_STT_ENGINES, choice, "speech-to-text")
+        if _stt is None or _stt_path != path:
+            _stt, _stt_path = _engine(path), path
         return _stt
 
 
 def get_tts() -> TextToSpeech:
-    """The process-wide text-to-speech engine for settings.OWLLAYER_TTS."""
-    global _tts
-    from django.conf import settings
-
-    choice = settings.OWLLAYER_TTS
+    """The process-wide text-to-speech engine the configuration names."""
+    global _tts, _tts_path
+    path = _voice().tts_backend
     with _lock:
-        if _tts is None or _tts.name != choice:
-            _tts = _make(_TTS_ENGINES, choice, "text-to-speech")
+        if _tts is None or _tts_path != path:
+            _tts, _tts_path = _engine(path), path
         return _tts
+
+
+def _voice():
+    from runtime.config import config
+
+    return config().voice
 
 
 def _known(key: tuple[str, str]) -> list[str] | None:
@@ -99,11 +95,11 @@ def _offline_check(key: tuple[str, str]) -> concurrent.futures.Future | None:
     """The offline engines' check, run in a speech worker (one at a time per
     configuration: callers meanwhile share it); None when neither engine is offline."""
     from . import jobs
-    from .offline import EspeakConfig, offline_problems
-    from .sphinx import PocketSphinxConfig
+    from .offline import EspeakTts, PocketSphinxStt, offline_problems
 
-    stt = PocketSphinxConfig.from_settings() if key[0] == "pocketsphinx" else None
-    tts = EspeakConfig.from_settings() if key[1] == "espeak" else None
+    voice = _voice()
+    stt = voice.pocketsphinx if _is(key[0], PocketSphinxStt) else None
+    tts = voice.espeak if _is(key[1], EspeakTts) else None
     if stt is None and tts is None:
         return None
     with _lock:
@@ -113,18 +109,24 @@ def _offline_check(key: tuple[str, str]) -> concurrent.futures.Future | None:
         return running
 
 
-def _hosted_problems(key: tuple[str, str]) -> list[str]:
-    from django.conf import settings
+def _is(path: str, engine: type) -> bool:
+    from django.utils.module_loading import import_string
 
-    if "openai" in key and not settings.OWLLAYER_VOICE_API_KEY:
+    return import_string(path) is engine
+
+
+def _hosted_problems(key: tuple[str, str]) -> list[str]:
+    from .hosted import HostedStt, HostedTts
+
+    hosted = _is(key[0], HostedStt) or _is(key[1], HostedTts)
+    if hosted and not _voice().hosted.api_key:
         return ["OWLLAYER_VOICE_API_KEY is not set"]
     return []
 
 
 def _settings_key() -> tuple[str, str]:
-    from django.conf import settings
-
-    return (settings.OWLLAYER_STT, settings.OWLLAYER_TTS)
+    voice = _voice()
+    return (voice.stt_backend, voice.tts_backend)
 
 
 def audio_problems() -> list[str]:
@@ -180,8 +182,9 @@ async def audio_available_async() -> bool:
 
 def reset_engines() -> None:
     """Forget the engines and the availability check (tests that change settings call this)."""
-    global _stt, _tts
+    global _stt, _tts, _stt_path, _tts_path
     with _lock:
         _stt = _tts = None
+        _stt_path = _tts_path = ""
         _problems.clear()
         _checks.clear()

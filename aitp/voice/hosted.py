@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 import httpx
+
+from runtime.config import HostedConfig
+from runtime.config import config as current_config
 
 from .audio import AGENT_RATE, encode_wav
 from .base import SAMPLE_WIDTH, Audio, SpeechError, Transcription
@@ -30,32 +32,6 @@ logger = logging.getLogger(__name__)
 # is not one sentence of speech or one transcript.
 MAX_SPEECH_BYTES = 60 * AGENT_RATE * SAMPLE_WIDTH
 MAX_TRANSCRIPT_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class HostedConfig:
-    api_key: str
-    base_url: str = "https://api.openai.com/v1"
-    stt_model: str = "gpt-4o-mini-transcribe"
-    tts_model: str = "gpt-4o-mini-tts"
-    tts_voice: str = "alloy"
-    timeout: float = 30.0
-
-    @classmethod
-    def from_settings(cls) -> HostedConfig:
-        from django.conf import settings
-
-        return cls(
-            api_key=settings.OWLLAYER_VOICE_API_KEY,
-            base_url=settings.OWLLAYER_VOICE_BASE_URL,
-            stt_model=settings.OWLLAYER_STT_MODEL,
-            tts_model=settings.OWLLAYER_TTS_MODEL,
-            tts_voice=settings.OWLLAYER_TTS_VOICE,
-            timeout=settings.OWLLAYER_VOICE_TIMEOUT,
-        )
-
-    def url(self, path: str) -> str:
-        return self.base_url.rstrip("/") + path
 
 
 async def _post(config: HostedConfig, path: str, *, max_bytes: int, **kwargs) -> bytes:
@@ -103,7 +79,7 @@ class HostedStt:
     name = "openai"
 
     def __init__(self, config: HostedConfig | None = None) -> None:
-        self.config = config or HostedConfig.from_settings()
+        self.config = config or current_config().voice.hosted
 
     async def transcribe(self, audio: Audio, *, owner: Hashable | None = None) -> Transcription:
         body = await _post(
@@ -124,7 +100,7 @@ class HostedTts:
     name = "openai"
 
     def __init__(self, config: HostedConfig | None = None) -> None:
-        self.config = config or HostedConfig.from_settings()
+        self.config = config or current_config().voice.hosted
 
     async def synthesize(self, text: str, *, owner: Hashable | None = None) -> Audio:
         pcm = await _post(

@@ -43,7 +43,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from aitp.conf import from_settings
+from runtime.config import config, derived
 
 from . import worker
 from .allowance import KeyLimits, SpeechAllowance
@@ -72,22 +72,24 @@ class PoolSettings:
     warm_up: tuple | None = None
 
 
-@from_settings
-def settings_from_django() -> PoolSettings:
-    """The pool the settings ask for (built once; again after a setting changed)."""
-    from django.conf import settings
+@derived
+def pool_settings() -> PoolSettings:
+    """The pool the configuration asks for (made once; again after it was rebuilt)."""
+    from django.utils.module_loading import import_string
 
+    voice = config().voice
     warm_up = None
-    if settings.OWLLAYER_STT == "pocketsphinx":
-        from .sphinx import PocketSphinxConfig, prepare
+    if import_string(voice.stt_backend).name == "pocketsphinx":
+        from .sphinx import prepare
 
-        warm_up = (prepare, (PocketSphinxConfig.from_settings(),))
+        warm_up = (prepare, (voice.pocketsphinx,))
+    pool = voice.pool
     return PoolSettings(
-        workers=settings.OWLLAYER_VOICE_JOBS,
-        queue=settings.OWLLAYER_VOICE_QUEUE,
-        timeout=settings.OWLLAYER_VOICE_TIMEOUT,
-        per_key=KeyLimits(jobs_at_once=settings.OWLLAYER_VOICE_JOBS_PER_KEY,
-                          seconds_per_minute=settings.OWLLAYER_VOICE_SECONDS_PER_KEY_PER_MINUTE),
+        workers=pool.workers,
+        queue=pool.queue,
+        timeout=pool.timeout,
+        per_key=KeyLimits(jobs_at_once=pool.jobs_per_key,
+                          seconds_per_minute=pool.seconds_per_key_per_minute),
         warm_up=warm_up,
     )
 
@@ -443,7 +445,7 @@ _pool: SpeechPool | None = None
 def get_pool() -> SpeechPool:
     """The process's pool, as the settings ask for it (a new one when they changed)."""
     global _pool
-    wanted = settings_from_django()
+    wanted = pool_settings()
     with _lock:
         if _pool is not None and _pool.settings == wanted:
             return _pool

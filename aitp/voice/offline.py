@@ -19,7 +19,9 @@ import os
 import shutil
 import subprocess
 from collections.abc import Hashable
-from dataclasses import dataclass
+
+from runtime.config import EspeakConfig
+from runtime.config import config as current_config
 
 from .audio import AGENT_RATE, CLIENT_RATE, AudioRefused, decode_wav, resample
 from .base import Audio, SpeechError, Transcription
@@ -27,14 +29,13 @@ from .sphinx import PocketSphinxConfig, transcribe_blocking
 
 logger = logging.getLogger(__name__)
 
-ESPEAK = "espeak-ng"
 
 
 class PocketSphinxStt:
     name = "pocketsphinx"
 
     def __init__(self, config: PocketSphinxConfig | None = None) -> None:
-        self.config = config or PocketSphinxConfig.from_settings()
+        self.config = config or current_config().voice.pocketsphinx
 
     async def transcribe(self, audio: Audio, *, owner: Hashable | None = None) -> Transcription:
         from . import jobs
@@ -46,30 +47,11 @@ class PocketSphinxStt:
         return transcribe_blocking(self.config, audio)
 
 
-@dataclass(frozen=True)
-class EspeakConfig:
-    voice: str = "en-us"
-    words_per_minute: int = 175
-    timeout: float = 30.0
-    # The program: found on the serving process's PATH when the settings are
-    # read ("" when it is not there), so that every worker runs the same one.
-    program: str = ESPEAK
-
-    @classmethod
-    def from_settings(cls) -> EspeakConfig:
-        from django.conf import settings
-
-        return cls(voice=settings.OWLLAYER_ESPEAK_VOICE,
-                   words_per_minute=settings.OWLLAYER_ESPEAK_WPM,
-                   timeout=settings.OWLLAYER_VOICE_TIMEOUT,
-                   program=shutil.which(ESPEAK) or "")
-
-
 class EspeakTts:
     name = "espeak"
 
     def __init__(self, config: EspeakConfig | None = None) -> None:
-        self.config = config or EspeakConfig.from_settings()
+        self.config = config or current_config().voice.espeak
 
     async def synthesize(self, text: str, *, owner: Hashable | None = None) -> Audio:
         from . import jobs

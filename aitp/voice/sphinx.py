@@ -7,26 +7,11 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+
+from runtime.config import PocketSphinxConfig
 
 from .audio import CLIENT_RATE, resample
 from .base import Audio, SpeechError, Transcription
-
-
-@dataclass(frozen=True)
-class PocketSphinxConfig:
-    grammar: str = ""  # path of a JSGF grammar file, or "" for the full language model
-    # Seconds of vowels the phone-by-phone pass must hear for the words to
-    # count (0: no such pass, whatever is heard counts).
-    min_voiced_seconds: float = 0.0
-
-    @classmethod
-    def from_settings(cls) -> PocketSphinxConfig:
-        from django.conf import settings
-
-        return cls(grammar=settings.OWLLAYER_STT_GRAMMAR,
-                   min_voiced_seconds=settings.OWLLAYER_STT_MIN_VOICED_SECONDS)
-
 
 # A decoder is not thread-safe and takes most of a second to load: one per
 # configuration and thread, kept (a worker process has one thread, and keeps

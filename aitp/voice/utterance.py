@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.config import VoiceLimits
+
 from .audio import CLIENT_RATE
 from .base import SAMPLE_WIDTH, Audio
 from .vad import EndOfSpeech
@@ -25,27 +27,6 @@ from .vad import EndOfSpeech
 END_REASONS = ("user_stop", "vad", "timeout")
 # How many seconds of the allowed rate a connection may send at once.
 BURST_SECONDS = 4.0
-
-
-@dataclass(frozen=True)
-class VoiceLimits:
-    max_utterance_seconds: float
-    bytes_per_second: int
-    idle_seconds: float
-    server_vad: bool
-    vad_silence_seconds: float
-
-    @classmethod
-    def from_settings(cls) -> VoiceLimits:
-        from django.conf import settings
-
-        return cls(
-            max_utterance_seconds=settings.OWLLAYER_VOICE_MAX_UTTERANCE_SECONDS,
-            bytes_per_second=settings.OWLLAYER_VOICE_BYTES_PER_SECOND,
-            idle_seconds=settings.OWLLAYER_VOICE_IDLE_SECONDS,
-            server_vad=settings.OWLLAYER_SERVER_VAD,
-            vad_silence_seconds=settings.OWLLAYER_VAD_SILENCE_SECONDS,
-        )
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -26,6 +27,7 @@ from aitp.models import DailyUsage, Session
 from aitp.session import Limits, SessionMachine, State
 from aitp_client import AitpClient, AitpRefused
 from approvals.models import AuditEvent
+from runtime.config import config
 from tenants.models import Tenant
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN, Page, in_db, open_page
 from tests.support.daphne import free_port
@@ -80,8 +82,8 @@ def error_codes(frames: list[dict]) -> list[str]:
 def quiet(**overrides) -> LimitSettings:
     """Every limit off but the ones a test sets."""
     off = {"frames_per_second": 0, "flood_close_drops": 0, "user_inputs_per_minute": 0,
-           "approval_requests_per_call": 0, "session_opens_per_key_per_minute": 0}
-    return LimitSettings(**{**off, **overrides})
+           "approval_requests_per_call": 0, "session_opens_per_key_per_minute": 0, "redis_url": ""}
+    return replace(config().limits, **{**off, **overrides})
 
 
 # --- the limiter, in memory ------------------------------------------------------------

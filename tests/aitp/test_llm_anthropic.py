@@ -7,6 +7,7 @@ import json
 import socket
 import ssl
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,7 @@ from aitp.llm.anthropic_backend import (
     reset_client,
 )
 from aitp.llm.offline import OfflineBackend
+from runtime.config import config
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
     broken_stream,
@@ -35,6 +37,11 @@ API_KEY = "sk-ant-test-0123456789"
 def fake():
     with FakeAnthropicServer() as server:
         yield server
+
+
+def llm_config(**changes) -> AnthropicConfig:
+    """The configured llm part with a key, no retries and a 1 s timeout, and these changes."""
+    return replace(config().llm, api_key=API_KEY, max_retries=0, timeout=1.0, **changes)
 
 
 @pytest.fixture
@@ -231,7 +238,7 @@ async def test_reports_a_server_error_as_upstream_error(backend, fake, settings)
     settings.OWLLAYER_LLM_MAX_RETRIES = 0
     fake.enqueue(error_response(500, message="Internal server error"))
 
-    _, error = await failure(backend)
+    _, error = await failure(AnthropicBackend())
 
     assert error.code == "upstream_error"
     assert error.status == 500
@@ -306,7 +313,7 @@ async def test_reports_a_first_token_slower_than_the_read_timeout_as_timeout(bac
     settings.OWLLAYER_LLM_TIMEOUT = 0.3
     fake.enqueue(text_response("Too late.", first_event_delay=30))
 
-    _, error = await failure(backend)
+    _, error = await failure(AnthropicBackend())
 
     assert error.code == "timeout"
 
@@ -318,7 +325,7 @@ async def test_reports_a_refused_connection_as_unreachable(backend, settings):
     settings.ANTHROPIC_BASE_URL = f"http://127.0.0.1:{closed_port}"
     settings.OWLLAYER_LLM_MAX_RETRIES = 0
 
-    _, error = await failure(backend)
+    _, error = await failure(AnthropicBackend())
 
     assert error.code == "unreachable"
 
@@ -419,8 +426,8 @@ async def test_refuses_a_model_api_whose_certificate_is_not_trusted(tls_fake, mo
 
 
 async def test_builds_a_new_client_when_the_base_url_changes():
-    first = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0, timeout=1.0)
-    second = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:10", max_retries=0, timeout=1.0)
+    first = llm_config(base_url="http://127.0.0.1:9")
+    second = llm_config(base_url="http://127.0.0.1:10")
     try:
         client = get_client(first)
         assert get_client(first) is client
@@ -431,9 +438,8 @@ async def test_builds_a_new_client_when_the_base_url_changes():
 
 
 async def test_the_sdk_client_makes_open_telemetry_spans_only_when_traces_are_turned_on():
-    quiet = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0, timeout=1.0)
-    traced = AnthropicConfig(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0,
-                             timeout=1.0, traces=True)
+    quiet = llm_config(base_url="http://127.0.0.1:9")
+    traced = llm_config(base_url="http://127.0.0.1:9", traces=True)
     try:
         assert get_client(quiet)._tracer is None
         assert get_client(traced)._tracer is not None
@@ -443,9 +449,18 @@ async def test_the_sdk_client_makes_open_telemetry_spans_only_when_traces_are_tu
 
 def test_the_traces_setting_reaches_the_backend_configuration(settings):
     settings.OWLLAYER_LLM_TRACES = False
-    assert AnthropicConfig.from_settings().traces is False
+    assert config().llm.traces is False
     settings.OWLLAYER_LLM_TRACES = True
-    assert AnthropicConfig.from_settings().traces is True
+    assert config().llm.traces is True
+
+
+async def test_a_backend_reads_its_configuration_once_not_on_every_request(backend, fake, settings):
+    settings.ANTHROPIC_BASE_URL = "http://127.0.0.1:9"  # nothing listens there
+    fake.enqueue(text_response("Hello.", chunks=1))
+
+    deltas, complete = await collect(backend)
+
+    assert ("".join(deltas), complete.stop_reason, len(fake.requests)) == ("Hello.", "end_turn", 1)
 
 
 def test_get_backend_follows_the_llm_setting_and_keeps_one_instance(settings):

@@ -33,10 +33,10 @@ from aitp.llm.anthropic_backend import (
     FIRST_RETRY_WAIT,
     LONGEST_BACKOFF,
     AnthropicBackend,
-    AnthropicConfig,
     close_client,
     get_client,
 )
+from runtime.config import config
 from tests.support.fake_anthropic import FakeAnthropicServer, error_response, text_response
 
 API_KEY = "sk-ant-settings-promises"
@@ -147,7 +147,7 @@ async def test_the_client_the_backend_builds_carries_every_bound_from_the_settin
 
     await run(AnthropicBackend())
     # The backend's client for these settings on this loop: the one that served.
-    client = get_client(AnthropicConfig.from_settings())
+    client = get_client(config().llm)
 
     assert len(model.requests) == 5
     assert retry_waits == [1.25] * 4
@@ -163,7 +163,7 @@ async def test_a_timeout_shorter_than_the_connect_timeout_bounds_the_connect_too
     settings.ANTHROPIC_BASE_URL = "http://127.0.0.1:9"
     settings.OWLLAYER_LLM_TIMEOUT = CONNECT_TIMEOUT / 2
     try:
-        client = get_client(AnthropicConfig.from_settings())
+        client = get_client(config().llm)
         assert client.timeout.connect == CONNECT_TIMEOUT / 2
         assert client.timeout.read == CONNECT_TIMEOUT / 2
     finally:
@@ -173,13 +173,13 @@ async def test_a_timeout_shorter_than_the_connect_timeout_bounds_the_connect_too
 async def test_a_changed_setting_takes_effect_with_a_new_client(model, settings, retry_waits):
     settings.OWLLAYER_LLM_MAX_RETRIES = 1
     settings.OWLLAYER_LLM_MAX_RETRY_WAIT = 1.0
-    first = get_client(AnthropicConfig.from_settings())
+    first = get_client(config().llm)
     settings.OWLLAYER_LLM_MAX_RETRY_WAIT = 2.0
     model.enqueue(error_response(429, retry_after=RETRY_AFTER), text_response("Done."))
 
     await run(AnthropicBackend())
 
-    assert get_client(AnthropicConfig.from_settings()) is not first
+    assert get_client(config().llm) is not first
     assert retry_waits == [2.0]
 
 
@@ -190,8 +190,8 @@ def test_the_environment_sets_the_llm_bounds():
            "OWLLAYER_LLM_MAX_RETRIES": "5", "OWLLAYER_LLM_TIMEOUT": "12.5"}
     code = (
         "import json, django; django.setup();"
-        "from aitp.llm.anthropic_backend import AnthropicConfig as C;"
-        "c = C.from_settings();"
+        "from runtime.config import config;"
+        "c = config().llm;"
         "print(json.dumps([c.max_retry_wait, c.max_retries, c.timeout]))"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -227,8 +227,8 @@ async def test_a_retry_after_ms_that_is_not_a_number_gives_way_to_retry_after(
 
 
 async def test_every_session_of_a_process_shares_one_client_while_the_settings_hold(model, settings):
-    first = get_client(AnthropicConfig.from_settings())
-    second = get_client(AnthropicConfig.from_settings())
+    first = get_client(config().llm)
+    second = get_client(config().llm)
 
     assert second is first
 

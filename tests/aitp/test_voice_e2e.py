@@ -14,10 +14,10 @@ import pytest
 
 from aitp.models import ConversationMessage, Session, ToolCall
 from aitp.voice.audio import agent_chunks
-from aitp.voice.offline import EspeakConfig, EspeakTts
+from aitp.voice.offline import EspeakTts
 from aitp_client import AitpClient, final_text, system_event
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN
-from tests.aitp.voice.conftest import needs_espeak, room_noise, silence, speak
+from tests.aitp.voice.conftest import espeak_config, needs_espeak, room_noise, silence, speak
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
     StreamedMessage,
@@ -139,7 +139,7 @@ async def frames_for(client: AitpClient, seconds: float) -> list[dict]:
 
 def frames_of_speech(sentence: str) -> int:
     """How many AUDIO_STREAM frames the server's eSpeak NG makes of this sentence."""
-    audio = EspeakTts(EspeakConfig(words_per_minute=WPM)).synthesize_now(sentence)
+    audio = EspeakTts(espeak_config(words_per_minute=WPM)).synthesize_now(sentence)
     return len(agent_chunks(audio))
 
 

@@ -16,6 +16,7 @@ which only the turn knows, on a real Agent whose page is a stand-in.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from django.test import override_settings
@@ -23,10 +24,11 @@ from django.test import override_settings
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
-from aitp.limits import ConnectionLimits, LimitSettings
+from aitp.limits import ConnectionLimits
 from aitp.llm.offline import OfflineBackend
 from aitp.tools import ToolSurface, parse_client_tools
 from approvals.models import AuditEvent
+from runtime.config import config
 from tests.aitp.conftest import api_key, connect, in_db, open_page, open_session_row, tenant  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -145,7 +147,7 @@ async def waiting_payment():
         config=AgentConfig(model="offline", tool_timeout=PATIENCE, approval_timeout=2 * PATIENCE,
                            stream_interval=0.001),
         io=page, store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
-        limits=ConnectionLimits(LimitSettings(approval_requests_per_call=0)),
+        limits=ConnectionLimits(replace(config().limits, approval_requests_per_call=0)),
     )
     task = asyncio.ensure_future(agent.run_turn(PAY_COMMAND))
     await asyncio.wait_for(page.called.wait(), PATIENCE)

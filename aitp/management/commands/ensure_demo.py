@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
 from aitp import ports, services
 from aitp.models import ApiKey
+from runtime.config import config
 from tenants.models import Tenant
 
 DEMO_SLUG = "demo"
@@ -140,7 +140,7 @@ def _read_logins(logins_file: Path) -> dict[str, str]:
 def is_the_demo_pages_key(key: ApiKey, key_file: Path | None = None) -> bool:
     """Whether ``key`` is the one saved in the demo key file
     (``OWLLAYER_DEMO_KEY_FILE``, .demo-key), which the demo store's pages use."""
-    raw_key = _read_key(key_file or settings.OWLLAYER_DEMO_KEY_FILE)
+    raw_key = _read_key(key_file or config().console.demo_key_file)
     if not raw_key.startswith(key.prefix):
         return False
     found = services.api_key_lookup(raw_key)
@@ -182,12 +182,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument(
             "--key-file",
-            default=str(settings.OWLLAYER_DEMO_KEY_FILE),
+            default=str(config().console.demo_key_file),
             help="where the demo key's plaintext is kept (default: $OWLLAYER_DEMO_KEY_FILE or .demo-key)",
         )
         parser.add_argument(
             "--logins-file",
-            default=str(Path(settings.BASE_DIR) / ".demo-logins"),
+            default=str(config().site.base_dir / ".demo-logins"),
             help="where the local sign-ins' generated passwords are kept (default: .demo-logins)",
         )
         parser.add_argument(
@@ -207,18 +207,18 @@ class Command(BaseCommand):
         # The shop's server-side tools (order lookup; cancelling needs approval).
         ports.demo_tools()(tenant=demo.tenant)
         base = f"127.0.0.1:{port_number}"
-        ws_url = f"ws://{base}{settings.OWLLAYER_WS_PATH}?apiKey={quote(demo.raw_key, safe='')}"
+        ws_url = f"ws://{base}{config().protocol.ws_path}?apiKey={quote(demo.raw_key, safe='')}"
         state = f"new, saved to {key_file}" if demo.created else f"from {key_file}"
         self.stdout.write(f"demo tenant:  {demo.tenant.slug} ({demo.tenant.name})")
         self.stdout.write(f"demo key:     {demo.raw_key}  ({state})")
         self.stdout.write(f"websocket:    {ws_url}")
-        if settings.OWLLAYER_LLM == "offline":
+        if config().llm.name == "offline":
             self.stdout.write(
                 "agent:        offline (no ANTHROPIC_API_KEY): no model answers, but page and "
                 'server tools run on request, e.g. /tool add_to_cart {"quantity": 2}'
             )
         else:
-            self.stdout.write(f"agent:        {settings.OWLLAYER_MODEL} (Anthropic)")
+            self.stdout.write(f"agent:        {config().agent.model} (Anthropic)")
         admin, owner = ensure_logins(tenant=demo.tenant, logins_file=Path(logins_file))
         self.stdout.write("")
         self.stdout.write(f"store:        http://{base}/demo/  (no sign-in; its chat uses the demo key)")

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from aitp.voice.audio import CLIENT_RATE, resample
 from aitp.voice.base import Audio
+from runtime.config import EspeakConfig, PocketSphinxConfig, config
 
 # Skipped on a laptop without it; in CI (which `make setup` provisions) the
 # tests run anyway and fail, so a missing engine is never a quiet skip.
@@ -18,11 +20,22 @@ needs_espeak = pytest.mark.skipif(
 )
 
 
+def espeak_config(**changes) -> EspeakConfig:
+    """The configured eSpeak NG, with these changes."""
+    return replace(config().voice.espeak, **changes)
+
+
+def sphinx_config(**changes) -> PocketSphinxConfig:
+    """PocketSphinx with the full language model and no phone-by-phone pass
+    (whatever it hears counts), with these changes."""
+    return replace(config().voice.pocketsphinx, **{"grammar": "", "min_voiced_seconds": 0.0, **changes})
+
+
 def speak(text: str, *, rate: int = CLIENT_RATE, words_per_minute: int = 150) -> Audio:
     """`text` spoken by eSpeak NG, as PCM at `rate` (the microphone's 16 kHz by default)."""
-    from aitp.voice.offline import EspeakConfig, EspeakTts
+    from aitp.voice.offline import EspeakTts
 
-    spoken = EspeakTts(EspeakConfig(words_per_minute=words_per_minute)).synthesize_now(text)
+    spoken = EspeakTts(espeak_config(words_per_minute=words_per_minute)).synthesize_now(text)
     return resample(spoken, rate)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import socket
 import wave
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from aitp import voice
 from aitp.voice.audio import AGENT_RATE
 from aitp.voice.base import Audio, SpeechError
 from aitp.voice.hosted import HostedConfig, HostedStt, HostedTts
+from runtime.config import config as current
 from tests.support.fake_speech import SECONDS_PER_CHAR, FakeSpeechServer
 
 KEY = "sk-test-voice"
@@ -23,7 +25,7 @@ def fake():
 
 
 def config(server: FakeSpeechServer, **overrides) -> HostedConfig:
-    return HostedConfig(api_key=overrides.pop("api_key", KEY), base_url=server.base_url, **overrides)
+    return replace(current().voice.hosted, **{"api_key": KEY, "base_url": server.base_url, **overrides})
 
 
 UTTERANCE = Audio(b"\1\0\2\0" * 8000, 16000)  # one second
@@ -97,7 +99,7 @@ async def test_a_service_that_cannot_be_reached_is_unavailable():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    stt = HostedStt(HostedConfig(api_key=KEY, base_url=f"http://127.0.0.1:{port}/v1"))
+    stt = HostedStt(replace(current().voice.hosted, api_key=KEY, base_url=f"http://127.0.0.1:{port}/v1"))
     with pytest.raises(SpeechError) as caught:
         await stt.transcribe(UTTERANCE)
     assert caught.value.code == "speech_unavailable"

@@ -14,10 +14,10 @@ import pytest
 from aitp.voice import jobs
 from aitp.voice.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits
 from aitp.voice.base import SpeechError
-from aitp.voice.jobs import PoolSettings, SpeechPool, settings_from_django
-from aitp.voice.sphinx import PocketSphinxConfig
+from aitp.voice.jobs import PoolSettings, SpeechPool, pool_settings
 
 from . import speech_jobs
+from .conftest import sphinx_config
 
 # Bounds on waiting for a worker process to do something (start, answer,
 # exit) on a loaded machine: each wait ends as soon as it happens.
@@ -226,8 +226,8 @@ def test_closing_the_pool_fails_its_jobs_and_stops_every_worker(make_pool, folde
 
 def test_a_worker_loads_its_decoder_before_its_first_job_and_keeps_it_across_jobs(settings, caplog):
     settings.OWLLAYER_STT = "pocketsphinx"
-    config = PocketSphinxConfig.from_settings()
-    pool = SpeechPool(settings_from_django())
+    config = sphinx_config()
+    pool = SpeechPool(pool_settings())
     try:
         first = pool.submit(speech_jobs.decoder_id, (config,)).result(PATIENCE)
         second = pool.submit(speech_jobs.decoder_id, (config,)).result(PATIENCE)

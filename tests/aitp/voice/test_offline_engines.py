@@ -11,16 +11,16 @@ from aitp.voice import jobs
 from aitp.voice.audio import AGENT_RATE, CLIENT_RATE, resample
 from aitp.voice.base import Audio, Transcription
 from aitp.voice.offline import (
-    EspeakConfig,
     EspeakTts,
     PocketSphinxStt,
     synthesize_blocking,
 )
-from aitp.voice.sphinx import PocketSphinxConfig, voiced_seconds
+from aitp.voice.sphinx import voiced_seconds
 from aitp.voice.utterance import UtteranceBuffer, VoiceLimits
 from aitp.voice.vad import EndOfSpeech
+from runtime.config import config
 
-from .conftest import needs_espeak, room_noise, silence, speak
+from .conftest import espeak_config, needs_espeak, room_noise, silence, speak, sphinx_config
 
 pytestmark = needs_espeak
 
@@ -39,14 +39,14 @@ def grammar(tmp_path):
 
 
 async def test_espeak_speech_is_24_khz_pcm_as_long_as_the_sentence():
-    audio = await EspeakTts(EspeakConfig()).synthesize("Your headphones are in the cart.")
+    audio = await EspeakTts(espeak_config()).synthesize("Your headphones are in the cart.")
     assert audio.rate == AGENT_RATE
     assert len(audio.pcm) % 2 == 0
     assert 1.0 < audio.seconds < 5.0
 
 
 async def test_a_sentence_starting_with_a_dash_is_spoken_not_taken_as_an_option():
-    audio = await EspeakTts(EspeakConfig()).synthesize("--version two")
+    audio = await EspeakTts(espeak_config()).synthesize("--version two")
     assert audio.seconds > 0.3
 
 
@@ -54,7 +54,7 @@ async def test_a_sentence_starting_with_a_dash_is_spoken_not_taken_as_an_option(
 # this model; a person speaking a command is nearer 130-150.
 @pytest.mark.parametrize("words_per_minute", [130, 150])
 async def test_spoken_words_are_understood_against_a_grammar(grammar, words_per_minute):
-    stt = PocketSphinxStt(PocketSphinxConfig(grammar=grammar))
+    stt = PocketSphinxStt(sphinx_config(grammar=grammar))
     spoken = speak("add two headphones to my cart", words_per_minute=words_per_minute)
     result = await stt.transcribe(spoken)
     assert result.text == "add two headphones to my cart"
@@ -62,18 +62,18 @@ async def test_spoken_words_are_understood_against_a_grammar(grammar, words_per_
 
 
 async def test_the_same_words_at_another_rate_are_resampled_before_they_are_understood(grammar):
-    stt = PocketSphinxStt(PocketSphinxConfig(grammar=grammar))
+    stt = PocketSphinxStt(sphinx_config(grammar=grammar))
     result = await stt.transcribe(speak("remove three speakers to my cart", rate=22050))
     assert result.text == "remove three speakers to my cart"
 
 
 async def test_the_full_english_model_answers_with_some_words():
-    result = await PocketSphinxStt(PocketSphinxConfig()).transcribe(speak("hello, what is in my cart"))
+    result = await PocketSphinxStt(sphinx_config()).transcribe(speak("hello, what is in my cart"))
     assert isinstance(result.text, str) and result.text.strip()
 
 
 async def test_silence_is_understood_as_nothing(grammar):
-    stt = PocketSphinxStt(PocketSphinxConfig(grammar=grammar))
+    stt = PocketSphinxStt(sphinx_config(grammar=grammar))
     result = await stt.transcribe(voice.Audio(silence(1.0), CLIENT_RATE))
     assert result.text == ""
 
@@ -160,7 +160,7 @@ def test_voice_is_not_available_when_espeak_ng_is_missing(settings, monkeypatch,
 
 
 async def test_a_long_transcription_leaves_the_event_loop_free():
-    stt = PocketSphinxStt(PocketSphinxConfig())
+    stt = PocketSphinxStt(sphinx_config())
     long_utterance = speak("the quick brown fox jumps over the lazy dog and then runs away " * 2)
     assert long_utterance.seconds > 5
     transcription = asyncio.create_task(stt.transcribe(long_utterance))
@@ -179,9 +179,9 @@ async def test_a_long_transcription_leaves_the_event_loop_free():
 async def test_four_seconds_of_room_noise_are_heard_as_no_words(colour):
     noise = room_noise(colour, seconds=4.0, seed=6)
     # The full language model alone makes a word or two of it ("thank", "up")...
-    assert PocketSphinxStt(PocketSphinxConfig()).transcribe_now(noise).text
+    assert PocketSphinxStt(sphinx_config()).transcribe_now(noise).text
     # ...which the configured floor of voiced audio drops.
-    heard = await PocketSphinxStt(PocketSphinxConfig.from_settings()).transcribe(noise)
+    heard = await PocketSphinxStt(config().voice.pocketsphinx).transcribe(noise)
     assert heard == Transcription("", 4.0, noise=True)
 
 
@@ -192,9 +192,9 @@ async def test_four_seconds_of_room_noise_are_heard_as_no_words(colour):
     ("what is in my cart", "en-us", 175),
 ])
 async def test_short_quick_words_are_still_heard_above_the_noise_floor(text, voice, words_per_minute):
-    spoken = resample(synthesize_blocking(EspeakConfig(voice=voice, words_per_minute=words_per_minute), text),
+    spoken = resample(synthesize_blocking(espeak_config(voice=voice, words_per_minute=words_per_minute), text),
                       CLIENT_RATE)
     utterance = Audio(silence(0.3) + spoken.pcm + silence(0.3), CLIENT_RATE)
-    assert voiced_seconds(utterance.pcm) >= PocketSphinxConfig.from_settings().min_voiced_seconds
-    heard = await PocketSphinxStt(PocketSphinxConfig.from_settings()).transcribe(utterance)
+    assert voiced_seconds(utterance.pcm) >= config().voice.pocketsphinx.min_voiced_seconds
+    heard = await PocketSphinxStt(config().voice.pocketsphinx).transcribe(utterance)
     assert heard.text and not heard.noise

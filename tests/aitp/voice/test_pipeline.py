@@ -7,11 +7,11 @@ import pytest
 
 from aitp.voice.audio import AGENT_RATE
 from aitp.voice.base import Audio, SpeechError
-from aitp.voice.offline import EspeakConfig, EspeakTts
+from aitp.voice.offline import EspeakTts
 from aitp.voice.pipeline import SpeechPipeline
 from aitp.voice.speaking import SpokenProgress
 
-from .conftest import needs_espeak
+from .conftest import espeak_config, needs_espeak
 
 
 class ScriptedTts:
@@ -133,7 +133,7 @@ async def test_the_cut_point_follows_the_audio_sent_from_the_pipeline():
 
 @needs_espeak
 async def test_espeak_speaks_the_first_sentence_while_the_model_is_still_writing():
-    pipeline = SpeechPipeline(EspeakTts(EspeakConfig()))
+    pipeline = SpeechPipeline(EspeakTts(espeak_config()))
     spoken = pipeline.spoken()
     for word in ["I", "added", "two", "Pro", "Headphones", "to", "your", "cart.", "Anything"]:
         pipeline.feed(word + " ")

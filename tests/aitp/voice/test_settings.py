@@ -10,21 +10,19 @@ import pytest
 
 CODE = (
     "import json, django; django.setup();"
-    "from aitp.voice.utterance import VoiceLimits; from aitp.voice.hosted import HostedConfig;"
-    "from aitp.voice.offline import EspeakConfig; from aitp.voice.sphinx import PocketSphinxConfig;"
-    "from django.conf import settings as s;"
-    "l = VoiceLimits.from_settings(); h = HostedConfig.from_settings(); e = EspeakConfig.from_settings();"
+    "from runtime.config import config; from django.conf import settings as s;"
+    "v = config().voice; l = v.limits; h = v.hosted; e = v.espeak;"
     "print(json.dumps([s.OWLLAYER_STT, s.OWLLAYER_TTS, s.OWLLAYER_VOICE_JOBS, l.max_utterance_seconds,"
     " l.bytes_per_second, l.idle_seconds, l.server_vad, l.vad_silence_seconds, h.base_url, h.stt_model,"
     " h.tts_model, h.tts_voice, h.timeout, e.voice, e.words_per_minute,"
-    " PocketSphinxConfig.from_settings().grammar]))"
+    " v.pocketsphinx.grammar]))"
 )
 POOL = (
     "import json, django; django.setup();"
-    "from aitp.voice.jobs import settings_from_django; from aitp.voice.sphinx import PocketSphinxConfig;"
-    "p = settings_from_django();"
+    "from aitp.voice.jobs import pool_settings; from runtime.config import config;"
+    "p = pool_settings();"
     "print(json.dumps([p.workers, p.queue, p.timeout, p.per_key.jobs_at_once, p.per_key.seconds_per_minute,"
-    " PocketSphinxConfig.from_settings().min_voiced_seconds]))"
+    " config().voice.pocketsphinx.min_voiced_seconds]))"
 )
 
 
