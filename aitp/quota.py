@@ -59,7 +59,7 @@ from aitp.db import db_call
 from aitp.limits import USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE
 from aitp.llm.base import LlmRequest, Usage
 from aitp.models import DailyUsage, ServerProcess, TokenReservation
-from aitp.statements import table_of
+from aitp.store.statements import table_of
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -147,12 +147,12 @@ def settle(*, reservation_id: int, tenant_id: int, input_tokens: int, output_tok
            now: datetime | None = None) -> None:
     """A request is over: count the tokens it used in the tenant's day and
     release its reservation, in one transaction."""
-    from aitp import services
+    from aitp.store import usage
 
     now = now or timezone.now()
     with transaction.atomic():
-        services.usage_write_now(tenant_id, now, input_tokens=input_tokens,
-                                 output_tokens=output_tokens)
+        usage.usage_write_now(tenant_id, now, input_tokens=input_tokens,
+                              output_tokens=output_tokens)
         TokenReservation.objects.filter(pk=reservation_id).delete()
 
 

@@ -29,6 +29,7 @@ from aitp import selectors, services
 from aitp.limits import tenant_quota_status
 from aitp.management.commands.ensure_demo import is_the_demo_pages_key
 from aitp.models import ApiKey, OperatorAction, Session, ToolCall
+from aitp.store import admission
 from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
 from console.access import Access, render_page, tenant_view
@@ -48,7 +49,7 @@ RECENT_SESSIONS = 50
 
 
 def _live_q(prefix: str = "") -> Q:
-    live = services.live_sessions_filter(timezone.now())
+    live = admission.live_sessions_filter(timezone.now())
     return Q(**{prefix + field: value for field, value in live.items()})
 
 
