@@ -4,7 +4,6 @@ the store in use; ``use()`` puts another in its place (the contract tests
 run the same promises against both)."""
 from __future__ import annotations
 
-from aitp.store.fast import FastStore
 from aitp.store.port import HandshakeInfo, SessionStore
 
 __all__ = ["HandshakeInfo", "SessionStore", "current", "use"]
@@ -16,6 +15,8 @@ def current() -> SessionStore:
     """The store in use: the fast one unless another was put in its place."""
     global _current
     if _current is None:
+        from aitp.store.fast import FastStore  # it needs the quota, which needs the statements here
+
         _current = FastStore()
     return _current
 

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from aitp import limits, liveness
+from aitp import liveness, quota
 from aitp.models import ApiKey, Session
 
 
@@ -22,8 +22,8 @@ class Refusal:
     reason: str  # the WebSocket close reason, short
 
 
-QUOTA_REFUSAL = Refusal(limits.USAGE_LIMIT_CODE, limits.USAGE_LIMIT_MESSAGE,
-                        limits.USAGE_LIMIT_REASON)
+QUOTA_REFUSAL = Refusal(quota.USAGE_LIMIT_CODE, quota.USAGE_LIMIT_MESSAGE,
+                        quota.USAGE_LIMIT_REASON)
 SESSION_LIMIT_REFUSAL = Refusal("session_limit", "Too many concurrent sessions for this API key.",
                                 "session limit reached")
 # The tenant's own ceiling, over all its keys: refused as the key's cap is.
@@ -68,7 +68,7 @@ def refusal(key: ApiKey | None, *, origin: str, now: datetime, key_live: Callabl
     refused = api_key_refusal(key, origin=origin, now=now)
     if refused is not None:
         return refused
-    if limits.token_quota_used_up(key.tenant, now=now):
+    if quota.token_quota_used_up(key.tenant, now=now):
         return QUOTA_REFUSAL
     if key_live() > key.max_sessions and \
             live_without_gone_processes(now, api_key=key) > key.max_sessions:

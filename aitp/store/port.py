@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aitp.models import ApiKey, Session
-from aitp.store.admission import Refusal
+
+if TYPE_CHECKING:
+    from aitp.store.admission import Refusal
 
 # The page history keeps this many entries, the newest.
 PAGE_HISTORY_LIMIT = 500
