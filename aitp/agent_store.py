@@ -1,6 +1,6 @@
 """Where the agent turn writes: the conversation, the ledger, usage, approvals.
 
-Each method is one ``db_call`` into a service (on the process's database
+Each method is one ``db_call`` into the session store (``aitp.store``) (on the process's database
 threads, see ``aitp.db``), so the turn never touches the ORM from the event
 loop; the checkpoints (and the progress marks) of turns that meet in time
 share one (``aitp.group_write``). Progress marks and final outcomes of tool
@@ -20,7 +20,7 @@ import logging
 
 from django.utils import timezone
 
-from aitp import ports, services, statements
+from aitp import ports, store
 from aitp.db import db_call
 from aitp.group_write import GroupWrite
 from aitp.ledger import Outcome, PendingCall
@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 # The checkpoints, and the progress marks, of every turn of this process: those
 # asked for while one is on its way go together, in one transaction
 # (aitp.group_write).
-CHECKPOINTS = GroupWrite(services.turn_checkpoints)
-MARKS = GroupWrite(services.tool_call_marks)
+CHECKPOINTS = GroupWrite(lambda writes: store.current().turn_checkpoints(writes))
+MARKS = GroupWrite(lambda writes: store.current().tool_call_marks(writes))
 
 
 class AgentStore:
@@ -103,7 +103,7 @@ class AgentStore:
         """Start writing a call's progress (an open state) and return: the turn does not wait
         for it (the frame is out, the page is answering). It lands whatever
         happens to the turn, before any later write of this store, and never
-        undoes a final status (``tool_call_mark``)."""
+        undoes a final status (``SessionStore.tool_call_mark``)."""
         self._marks = [task for task in self._marks if not task.done()]
         task = asyncio.get_running_loop().create_task(MARKS.write(
             call_id=call.call_id, status=status, sent=sent, risk=call.risk.value, origin=call.origin,
@@ -140,7 +140,7 @@ class AgentStore:
         await self._marks_written()
         finished = list(self._finished)
         if finished:
-            await db_call(_finish_calls, finished)
+            await db_call(store.current().tool_calls_finish, finished)
             self._forget(finished)
 
     def _forget(self, written: list[dict]) -> None:
@@ -227,9 +227,3 @@ class AgentStore:
         self._ended_by_approval.add(call.call_id)
         if not await write():
             self._ended_by_approval.discard(call.call_id)
-
-
-def _finish_calls(finished: list[dict]) -> None:
-    with statements.together():
-        for outcome in finished:
-            services.tool_call_finish(**outcome)

@@ -30,7 +30,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 from django.utils import timezone
 
-from aitp import ids, live, notify, ports, processes, services, voice
+from aitp import ids, live, notify, ports, processes, services, store, voice
 from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
@@ -72,7 +72,7 @@ logger = logging.getLogger(__name__)
 
 # The session rows this process's connections close: closes that meet in time
 # go to the database together (aitp.group_write).
-SESSION_CLOSES = GroupWrite(services.sessions_close)
+SESSION_CLOSES = GroupWrite(lambda closes: store.current().sessions_close(closes))
 
 CAPABILITIES = ("text", "tools")
 VOICE_CAPABILITIES = ("text", "audio", "tools")
@@ -258,7 +258,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         # The session's groups (and its key's, when this process knows the
         # key) are joined while the opens of the key are counted: a page
         # refused leaves them in its teardown.
-        known_key_id = services.remembered_key_id(event.api_key)
+        known_key_id = store.current().remembered_key_id(event.api_key)
         groups = [notify.session_group(session_id)]
         if known_key_id is not None:
             groups.append(notify.key_group(known_key_id))
@@ -273,7 +273,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         if not allowed:
             return
         init = event.init
-        info = services.HandshakeInfo(
+        info = store.HandshakeInfo(
             session_id=session_id,
             origin=self.origin,
             user_agent=init.userAgent or "",
@@ -284,7 +284,7 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             process=processes.current_id(),
         )
         session, refusal = await db_call(
-            services.session_open, raw_key=event.api_key, info=info
+            store.current().session_open, raw_key=event.api_key, info=info
         )
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)

@@ -16,7 +16,7 @@ pool after every call instead of closing it, so a
 thread holds a connection only while it works; with SQLite each thread keeps
 its own connection open (``CONN_MAX_AGE`` None) and only drops a broken one.
 
-Usage: ``await db_call(services.session_open, raw_key=..., info=...)``.
+Usage: ``await db_call(store.current().session_open, raw_key=..., info=...)``.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ waits for its write), so a group never reorders a session's writes.
 of the group, and returns, in order, None or the exception of each: when
 the database refuses the group (a value of one session it cannot store),
 it writes each alone, so that only that write fails
-(``services._together_or_alone``).
+(``aitp.store.fast``).
 
 ``Gathered`` is the same gathering for any coroutine that sends many
 requests at once (the Redis layer's group memberships: one round trip for

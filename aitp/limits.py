@@ -41,7 +41,6 @@ import time
 import weakref
 from collections import Counter, deque
 from dataclasses import dataclass
-from datetime import date, datetime
 from functools import lru_cache
 
 from limits import RateLimitItem, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
@@ -52,6 +51,7 @@ from limits.util import WindowStats
 from aitp import protocol as p
 from aitp.flood_log import FloodLog
 from aitp.group_write import Gathered
+from aitp.quota import USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE, token_quota_used_up
 from aitp.recent import RecentAnswers
 from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
 from runtime.config import LimitsConfig
@@ -61,10 +61,6 @@ logger = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limited"
 TOO_MANY_FRAMES = "too_many_frames"
-# docs/protocol.md §8: the protocol's own words for a used-up quota.
-USAGE_LIMIT_CODE = "usage_limit_exceeded"
-USAGE_LIMIT_MESSAGE = "API key usage limit exceeded."
-USAGE_LIMIT_REASON = "usage limit exceeded"
 
 # At most one rate_limited answer a second, however many frames are dropped:
 # answering each would double the flood on the way out.
@@ -421,51 +417,6 @@ def _limit_settings() -> LimitSettings:
 
 
 # --- the monthly token quota --------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QuotaStatus:
-    quota: int  # 0: unlimited
-    used: int
-    month: date
-
-    @property
-    def unlimited(self) -> bool:
-        return not self.quota
-
-    @property
-    def used_up(self) -> bool:
-        return bool(self.quota) and self.used >= self.quota
-
-    @property
-    def remaining(self) -> int | None:
-        return None if self.unlimited else max(0, self.quota - self.used)
-
-    @property
-    def percent(self) -> int | None:
-        return None if self.unlimited else min(100, self.used * 100 // self.quota)
-
-
-def tenant_quota_status(tenant, *, now: datetime | None = None) -> QuotaStatus:
-    """The tenant's quota and the tokens (input + output) counted this
-    calendar month, in the project's time zone (DailyUsage's days)."""
-    from django.db.models import F, Sum
-    from django.utils import timezone
-
-    from aitp.models import DailyUsage
-
-    month = timezone.localdate(now or timezone.now()).replace(day=1)
-    used = DailyUsage.objects.filter(tenant_id=tenant.pk, date__gte=month).aggregate(
-        tokens=Sum(F("input_tokens") + F("output_tokens"))
-    )["tokens"] or 0
-    return QuotaStatus(quota=tenant.monthly_token_quota or 0, used=int(used), month=month)
-
-
-def token_quota_used_up(tenant, *, now: datetime | None = None) -> bool:
-    """True when the tenant has a quota and this month's tokens reached it."""
-    if not tenant.monthly_token_quota:
-        return False
-    return tenant_quota_status(tenant, now=now).used_up
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ cancelled with every tool call given its final status; the speech worker
 processes are stopped; then the rows left are closed and the process is
 marked stopped.
 
-The tenants' usage counts this process added up (``services.UsageBuffer``)
+The tenants' usage counts this process added up (``aitp.store.usage``)
 are written every ``OWLLAYER_USAGE_FLUSH_INTERVAL`` by a timer and at the
 clean stop, before the process is marked stopped.
 
@@ -57,7 +57,7 @@ from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
 
-from aitp import liveness, ports, quota, services
+from aitp import liveness, ports, quota, services, store
 from aitp.db import db_call
 from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module offered them)
     START_TIME_TOLERANCE,
@@ -109,7 +109,7 @@ def mark_stopped(*, reason: str = "server shutting down") -> int:
     sessions. Returns how many session rows were still open."""
     global _stopped
     # The usage counts this process added up and has not written yet.
-    services.usage_flush_logged()
+    store.current().usage_flush_logged()
     if not current_id():
         return 0
 
@@ -298,8 +298,8 @@ async def _heartbeat() -> None:
 
 async def _usage_flush() -> None:
     # Only when something is pending: an idle process makes no database call.
-    if services.usage_pending():
-        await db_call(services.usage_flush)
+    if store.current().usage_pending():
+        await db_call(store.current().usage_flush)
 
 
 async def _sweep() -> None:

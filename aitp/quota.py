@@ -46,23 +46,70 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from functools import cache
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from aitp import liveness
 from aitp.db import db_call
-from aitp.limits import USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE
 from aitp.llm.base import LlmRequest, Usage
 from aitp.models import DailyUsage, ServerProcess, TokenReservation
-from aitp.statements import table_of
+from aitp.store.statements import table_of
 from runtime.config import config
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
+
+# docs/protocol.md §8: the protocol's own words for a used-up quota.
+USAGE_LIMIT_CODE = "usage_limit_exceeded"
+USAGE_LIMIT_MESSAGE = "API key usage limit exceeded."
+USAGE_LIMIT_REASON = "usage limit exceeded"
+
+
+# --- the month's tokens ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    quota: int  # 0: unlimited
+    used: int
+    month: date
+
+    @property
+    def unlimited(self) -> bool:
+        return not self.quota
+
+    @property
+    def used_up(self) -> bool:
+        return bool(self.quota) and self.used >= self.quota
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.unlimited else max(0, self.quota - self.used)
+
+    @property
+    def percent(self) -> int | None:
+        return None if self.unlimited else min(100, self.used * 100 // self.quota)
+
+
+def tenant_quota_status(tenant, *, now: datetime | None = None) -> QuotaStatus:
+    """The tenant's quota and the tokens (input + output) counted this
+    calendar month, in the project's time zone (DailyUsage's days)."""
+    month = timezone.localdate(now or timezone.now()).replace(day=1)
+    used = DailyUsage.objects.filter(tenant_id=tenant.pk, date__gte=month).aggregate(
+        tokens=Sum(F("input_tokens") + F("output_tokens"))
+    )["tokens"] or 0
+    return QuotaStatus(quota=tenant.monthly_token_quota or 0, used=int(used), month=month)
+
+
+def token_quota_used_up(tenant, *, now: datetime | None = None) -> bool:
+    """True when the tenant has a quota and this month's tokens reached it."""
+    if not tenant.monthly_token_quota:
+        return False
+    return tenant_quota_status(tenant, now=now).used_up
 
 # The input estimate: characters of the request's JSON per token. Claude's
 # tokens average about four characters of English or JSON.
@@ -147,12 +194,11 @@ def settle(*, reservation_id: int, tenant_id: int, input_tokens: int, output_tok
            now: datetime | None = None) -> None:
     """A request is over: count the tokens it used in the tenant's day and
     release its reservation, in one transaction."""
-    from aitp import services
+    from aitp.store.usage import usage_write_now
 
     now = now or timezone.now()
     with transaction.atomic():
-        services.usage_write_now(tenant_id, now, input_tokens=input_tokens,
-                                 output_tokens=output_tokens)
+        usage_write_now(tenant_id, now, input_tokens=input_tokens, output_tokens=output_tokens)
         TokenReservation.objects.filter(pk=reservation_id).delete()
 
 

@@ -1,5 +1,9 @@
-"""Answers reused while they are fresh, and asked for once however many
-need them at the same moment."""
+"""The one small cache of the process: answers reused while they are fresh
+(a time to live, in seconds), and asked for once however many need them at
+the same moment. Every once-a-second read of the server uses it: a key read
+for an open (``aitp.store.keys``), a tenant's quota verdict
+(``aitp.limits``), a tenant's server tools (the consumer), a watch group's
+presence (``aitp.live``)."""
 from __future__ import annotations
 
 import asyncio
@@ -37,6 +41,16 @@ class RecentAnswers(Generic[T]):
         if known is not None and time.monotonic() - known[0] < self._fresh_for():
             return known[1]
         return default
+
+    def remembered(self, key: Hashable, default: T) -> T:
+        """The last answer learned, however old, else ``default`` (for what
+        never changes once learned, e.g. a row's id)."""
+        known = self._known.get(key)
+        return default if known is None else known[1]
+
+    def forget(self, key: Hashable) -> None:
+        """The answer changed: the next ``get`` asks again."""
+        self._known.pop(key, None)
 
     async def get(self, key: Hashable, ask: Callable[[], Awaitable[T]]) -> T:
         known = self._known.get(key)

@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 from django.utils import timezone
 
-from aitp import services
+from aitp import store
 from aitp.group_write import GroupWrite
 from aitp.session import ContextChanged
-from aitp.statements import JsonText
+from aitp.store.statements import JsonText
 
 # The session row (page snapshot, turn state) is written at most this often;
 # the connection holds the live values, the row is for watchers and the record.
@@ -37,7 +37,7 @@ ROW_WRITE_INTERVAL = 1.0
 
 # The writes of every connection of this process: those asked for while one
 # is on its way go together, in one database call.
-LIVE_ROWS = GroupWrite(services.sessions_write_live)
+LIVE_ROWS = GroupWrite(lambda writes: store.current().sessions_write_live(writes))
 
 
 class SessionRowWriter:

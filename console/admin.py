@@ -21,8 +21,8 @@ from django.utils.html import format_html
 
 from aitp import services as aitp_services
 from aitp.admin import TenantScopedAdmin, VisibleTenantFilter
-from aitp.limits import tenant_quota_status
 from aitp.models import ApiKey
+from aitp.quota import tenant_quota_status
 from console import services
 from console.forms import MAX_SESSION_CAP
 from console.origins import MAX_ORIGINS, InvalidOrigin, normalize_origin

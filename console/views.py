@@ -25,9 +25,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from aitp import selectors, services
-from aitp.limits import tenant_quota_status
 from aitp.management.commands.ensure_demo import is_the_demo_pages_key
 from aitp.models import ApiKey, OperatorAction, Session, ToolCall
+from aitp.quota import tenant_quota_status
+from aitp.store import admission
 from aitp.transcript import message_blocks, pretty_json
 from console import services as console_services
 from console.access import Access, render_page, tenant_view
@@ -48,7 +49,7 @@ RECENT_SESSIONS = 50
 
 
 def _live_q(prefix: str = "") -> Q:
-    live = services.live_sessions_filter(timezone.now())
+    live = admission.live_sessions_filter(timezone.now())
     return Q(**{prefix + field: value for field, value in live.items()})
 
 
@@ -246,7 +247,7 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
                                section="keys", form=form, key=key, creating=False, ending=ending,
                                live_sessions=Session.objects.filter(_live_q(), api_key=key).count())
         if changes:
-            services.api_key_update(key=key, user=request.user, **changes)
+            console_services.key_update(key=key, by=request.user, changes=changes)
             messages.success(request, f"Key {key.prefix} updated." + (
                 f" {ending} live session{'s' if ending != 1 else ''} from removed origins "
                 f"{'are' if ending != 1 else 'is'} being ended." if ending else ""))

@@ -9,7 +9,7 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from aitp import services as aitp_services
+from aitp.store import admission, keys
 from demo.models import DemoOrder
 from tenants.models import Tenant
 
@@ -29,8 +29,8 @@ def order_tenant(*, raw_key: str, origin: str) -> Tenant | None:
     """The tenant whose assistant the page uses, when its key may be used from
     `origin`; None for a page without a usable key (the order is then only in
     the visitor's session)."""
-    key = aitp_services.api_key_lookup(raw_key)
-    if aitp_services.api_key_refusal(key, origin=origin, now=timezone.now()) is not None:
+    key = keys.api_key_lookup(raw_key)
+    if admission.api_key_refusal(key, origin=origin, now=timezone.now()) is not None:
         return None
     return key.tenant
 

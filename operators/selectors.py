@@ -15,7 +15,7 @@ from django.utils.dateparse import parse_datetime
 
 from aitp.models import OperatorAction, Session
 from aitp.selectors import session_conversation
-from aitp.services import live_sessions_filter
+from aitp.store.admission import live_sessions_filter
 from aitp.transcript import conversation_rows, pretty_json
 from approvals.models import Approval, AuditEvent
 from tenants.selectors import scope_to_user

@@ -514,6 +514,10 @@ OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0
 # at most this many seconds later (and when it stops); 0 writes every count
 # at once. A process killed outright loses at most this long of counts.
 OWLLAYER_USAGE_FLUSH_INTERVAL = env_float("OWLLAYER_USAGE_FLUSH_INTERVAL", 1.0, minimum=0.0)
+# How sessions' rows are written (aitp/store): "fast" (statements prepared
+# once, writes of several sessions together, usage written behind) or
+# "plain" (the ORM, one transaction per write), the same promises either way.
+OWLLAYER_STORE = env_choice("OWLLAYER_STORE", "fast", ("fast", "plain"))
 # A model request's tokens reserved against its tenant's monthly quota count
 # at most this long (aitp.quota): a reservation of a process that died stops
 # counting then, or when the sweep finds the process gone, whichever is first.

@@ -174,6 +174,7 @@ class StoreConfig:
     """Sessions, keys and processes in the database."""
 
     database_url: str
+    implementation: str  # "fast" or "plain" (aitp.store)
     db_threads: int
     key_hash_secret: str
     default_session_cap: int
@@ -355,6 +356,7 @@ def build(s: Any) -> Config:
         ),
         store=StoreConfig(
             database_url=s.DATABASE_URL,
+            implementation=s.OWLLAYER_STORE,
             db_threads=s.OWLLAYER_DB_THREADS,
             key_hash_secret=s.OWLLAYER_KEY_HASH_SECRET,
             default_session_cap=s.OWLLAYER_DEFAULT_SESSION_CAP,

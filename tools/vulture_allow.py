@@ -46,7 +46,7 @@ _ = _Names()
 (_.has_module_permission, _.has_view_permission, _.change_view, _.form_url, _.save_model,
  _.delete_model, _.delete_queryset, _.lookups, _.field_choices)
 # Refused on the audit log's manager: no bulk write bypasses the chain.
-(_.bulk_create, _.bulk_update)
+(_.bulk_update,)
 
 # Columns and choices that the database, the admin and the templates read.
 (_.updated_at, _.max_keys, _.token_hash, _.accepted_by, _.decided_at, _.user_decided_at,
@@ -87,4 +87,4 @@ _ = _Names()
 (_.verify_chain, _.wait_until_anchored, _.reset, _.load, _.jobs_of, _.transcribe_now,
  _.speech_end_seconds, _.close_client, _.parse_server_frame, _.db)
 # Written for the tests beside the fast session writes.
-(_.conversation_append, _.tool_calls_record, _.USAGE_FIELDS)
+(_.tool_calls_record, _.USAGE_FIELDS)

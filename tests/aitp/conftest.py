@@ -6,6 +6,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from aitp import store
+
 ORIGIN = "https://shop.example"
 
 # How long a real consumer may take to accept, or to tear down after the page
@@ -145,7 +147,7 @@ def open_session_row():
 
     tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
     _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
-    session, refusal = services.session_open(raw_key=raw, info=services.HandshakeInfo(
+    session, refusal = store.current().session_open(raw_key=raw, info=store.HandshakeInfo(
         session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
         viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0", channel_name="test.x",
     ))

@@ -1,12 +1,13 @@
-"""A session open is admitted by one rule written twice: in Python
-(``services._session_open_locked``, SQLite and PostgreSQL's slow path) and
-in SQL (``open_statements.session_admit``, PostgreSQL's one query). Each case
-here runs through both, and both must decide alike: the key's status and
-expiry, its session cap, its tenant's ceiling over all its keys, which
-sessions count (ended, silent, of a process known to be gone) and, when
-both limits are reached, which refusal the page gets.
+"""A session open is admitted by one rule (``aitp.store.admission.refusal``)
+over what each way of opening reads and counts under the key's and its
+tenant's row locks: the plain store's ORM, the fast store's transaction of
+statements (SQLite) and its one query (PostgreSQL). Each case here runs
+through every way, and all must decide alike: the key's status and expiry,
+its session cap, its tenant's ceiling over all its keys, which sessions
+count (ended, silent, of a process known to be gone) and, when both limits
+are reached, which refusal the page gets.
 
-The SQL path exists on PostgreSQL only; on SQLite its cases are skipped.
+The one query exists on PostgreSQL only; on SQLite its cases are skipped.
 """
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from aitp import services
+from aitp import services, store
 from aitp.models import ApiKey, ServerProcess, Session
+from aitp.store import keys
+from aitp.store.fast import FastStore
+from aitp.store.plain import PlainStore
 from tests.aitp.conftest import ORIGIN
 
 pytestmark = pytest.mark.django_db
@@ -77,8 +81,8 @@ def heartbeat(settings):
     settings.OWLLAYER_HEARTBEAT_INTERVAL = HEARTBEAT
 
 
-def handshake() -> services.HandshakeInfo:
-    return services.HandshakeInfo(
+def handshake() -> store.HandshakeInfo:
+    return store.HandshakeInfo(
         session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
         viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0",
         channel_name=f"test.{secrets.token_hex(4)}",
@@ -118,22 +122,24 @@ def arrange(case: Case) -> tuple[ApiKey, str]:
 
 def open_by(path: str, raw: str) -> tuple[Session | None, services.Refusal | None]:
     now = timezone.now()
-    key = services.api_key_lookup(raw)  # the first, unlocked read, as session_open makes it
+    key = keys.api_key_lookup(raw)  # the first, unlocked read, as session_open makes it
     info = handshake()
-    if path == "python":
-        return services._session_open_locked(key, raw, info, now)
-    return services._session_open_in_one_query(key, raw, info, now)
+    if path == "plain":
+        return PlainStore().session_open(raw_key=raw, info=info)
+    if path == "statements":
+        return FastStore()._open_locked(key, raw, info, now)
+    return FastStore()._open_in_one_query(key, raw, info, now)
 
 
-@pytest.fixture(params=["python", "sql"])
+@pytest.fixture(params=["plain", "statements", "one query"])
 def path(request) -> str:
-    if request.param == "sql" and connection.vendor != "postgresql":
+    if request.param == "one query" and connection.vendor != "postgresql":
         pytest.skip("the one-query admission is PostgreSQL's (the second test pass)")
     return request.param
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_both_admission_paths_decide_each_case_alike(path, case):
+def test_every_way_of_opening_decides_each_case_alike(path, case):
     key, raw = arrange(case)
     before = Session.objects.filter(api_key=key).count()
 
@@ -154,9 +160,9 @@ def test_the_tenants_ceiling_refuses_in_its_own_words(tenant):
     tenant.save(update_fields=["max_sessions"])
     _, first = services.api_key_create(tenant=tenant)
     _, second = services.api_key_create(tenant=tenant)
-    assert services.session_open(raw_key=first, info=handshake())[1] is None
+    assert store.current().session_open(raw_key=first, info=handshake())[1] is None
 
-    session, refusal = services.session_open(raw_key=second, info=handshake())
+    session, refusal = store.current().session_open(raw_key=second, info=handshake())
 
     assert session is None
     assert refusal == services.Refusal(

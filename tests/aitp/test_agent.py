@@ -1013,16 +1013,16 @@ async def test_an_approval_nobody_decides_in_time_expires(llm, connect, api_key,
 def written_behind(monkeypatch) -> list[str]:
     """The call ids whose final outcome the turn writes behind (the path of
     a call that has no approval)."""
-    from aitp import services
+    from aitp import store
 
     written: list[str] = []
-    original = services.tool_call_finish
+    original = store.current().tool_call_finish
 
     def tool_call_finish(**outcome):
         written.append(outcome["call_id"])
         return original(**outcome)
 
-    monkeypatch.setattr(services, "tool_call_finish", tool_call_finish)
+    monkeypatch.setattr(store.current(), "tool_call_finish", tool_call_finish)
     return written
 
 

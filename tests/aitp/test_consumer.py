@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from aitp import row_writer, services
+from aitp import row_writer, services, store
 from aitp.models import ApiKey, Session, ToolCall
 from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, ORIGIN, in_db, open_page
 from tests.support.pages import patient
@@ -335,7 +335,7 @@ async def test_a_database_outage_at_handshake_asks_the_client_to_retry_later(con
     def down(**kwargs):
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(services, "session_open", down)
+    monkeypatch.setattr(store.current(), "session_open", down)
     page = await connect()
     error = await page.handshake(api_key.raw)
     assert error["payload"]["data"]["code"] == "temporarily_unavailable"

@@ -9,7 +9,8 @@ import threading
 import pytest
 from django.db import connection
 
-from aitp import db, services
+from aitp import db
+from aitp import store as session_store
 from aitp.agent_store import AgentStore
 from aitp.ledger import DISCONNECTED, SUCCESS, Outcome, PendingCall
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
@@ -97,8 +98,8 @@ async def test_a_sent_mark_still_queued_when_the_page_answers_is_withdrawn_and_i
     db.shutdown()
     settings.OWLLAYER_DB_THREADS = 1
     marks = []
-    real_mark = services.tool_call_mark
-    monkeypatch.setattr(services, "tool_call_mark",
+    real_mark = session_store.current().tool_call_mark
+    monkeypatch.setattr(session_store.current(), "tool_call_mark",
                         lambda **kwargs: (marks.append(kwargs), real_mark(**kwargs)))
     try:
         session = await db.db_call(open_session_row)

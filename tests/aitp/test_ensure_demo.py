@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from aitp import services
 from aitp.models import ApiKey
+from aitp.store import keys
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
@@ -37,7 +38,7 @@ def test_a_first_run_creates_the_demo_store_and_saves_its_key_readable_only_by_t
     output = run(key_file)
 
     raw = key_file.read_text().strip()
-    key = services.api_key_lookup(raw)
+    key = keys.api_key_lookup(raw)
     assert Tenant.objects.get(slug="demo").name == "Demo Store"
     assert key is not None and key.name == "demo" and key.status == ApiKey.Status.ACTIVE
     assert key.allowed_origins == ["http://localhost:8000", "http://127.0.0.1:8000"]
@@ -63,26 +64,26 @@ def test_a_revoked_demo_key_is_replaced_by_a_new_one(tmp_path):
     key_file = tmp_path / ".demo-key"
     run(key_file)
     old_raw = key_file.read_text().strip()
-    services.api_key_revoke(key=services.api_key_lookup(old_raw))
+    services.api_key_revoke(key=keys.api_key_lookup(old_raw))
 
     run(key_file)
 
     new_raw = key_file.read_text().strip()
     assert new_raw != old_raw
-    assert list(active_demo_keys()) == [services.api_key_lookup(new_raw)]
+    assert list(active_demo_keys()) == [keys.api_key_lookup(new_raw)]
 
 
 def test_a_lost_key_file_revokes_the_old_demo_key_so_only_one_stays_active(tmp_path):
     key_file = tmp_path / ".demo-key"
     run(key_file)
-    old_key = services.api_key_lookup(key_file.read_text().strip())
+    old_key = keys.api_key_lookup(key_file.read_text().strip())
     key_file.unlink()
 
     run(key_file)
 
     old_key.refresh_from_db()
     assert old_key.status == ApiKey.Status.REVOKED
-    assert list(active_demo_keys()) == [services.api_key_lookup(key_file.read_text().strip())]
+    assert list(active_demo_keys()) == [keys.api_key_lookup(key_file.read_text().strip())]
 
 
 def test_a_saved_key_of_another_tenant_is_left_alone(tmp_path):
@@ -94,7 +95,7 @@ def test_a_saved_key_of_another_tenant_is_left_alone(tmp_path):
     run(key_file)
 
     assert key_file.read_text().strip() != other_raw
-    assert services.api_key_lookup(other_raw).status == ApiKey.Status.ACTIVE
+    assert keys.api_key_lookup(other_raw).status == ApiKey.Status.ACTIVE
     assert active_demo_keys().count() == 1
 
 
@@ -105,7 +106,7 @@ def test_a_run_on_another_port_adds_its_origins_and_keeps_the_first_servers(tmp_
 
     output = run(key_file)
 
-    key = services.api_key_lookup(key_file.read_text().strip())
+    key = keys.api_key_lookup(key_file.read_text().strip())
     assert key.allowed_origins == [
         "http://localhost:8000", "http://127.0.0.1:8000",
         "http://localhost:9001", "http://127.0.0.1:9001",
@@ -120,7 +121,7 @@ def test_a_replaced_demo_key_still_allows_the_ports_the_old_one_served(tmp_path)
 
     run(key_file, "--port", "9001")
 
-    key = services.api_key_lookup(key_file.read_text().strip())
+    key = keys.api_key_lookup(key_file.read_text().strip())
     assert {"http://127.0.0.1:8000", "http://127.0.0.1:9001"} <= set(key.allowed_origins)
 
 
@@ -177,7 +178,7 @@ def test_the_demo_store_gets_its_server_tools_and_says_which_agent_answers(tmp_p
 
 
 def the_saved_key(key_file) -> ApiKey:
-    return services.api_key_lookup(key_file.read_text().strip())
+    return keys.api_key_lookup(key_file.read_text().strip())
 
 
 def test_a_demo_key_revoked_in_the_console_then_deleted_is_replaced_by_one_allowing_both_ports(tmp_path):

@@ -1,6 +1,6 @@
 """Writes of many connections that go together (aitp.group_write): live rows
-(services.sessions_write_live) and turn checkpoints
-(services.turn_checkpoints). Writes asked for while one is on its way go in
+(store.current().sessions_write_live) and turn checkpoints
+(store.current().turn_checkpoints). Writes asked for while one is on its way go in
 one call; a write the database refuses fails alone."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import connection
 
-from aitp import services
+from aitp import store
 from aitp.group_write import GroupWrite
 from aitp.models import DailyUsage, Session
 from tests.aitp.conftest import open_session_row, queries_sent
@@ -71,7 +71,7 @@ async def test_a_write_that_fails_raises_for_its_caller_only():
 
 def test_a_value_the_database_refuses_fails_its_own_write_and_the_others_land():
     good, bad = open_session_row(), open_session_row()
-    outcomes = services.sessions_write_live([
+    outcomes = store.current().sessions_write_live([
         {"session_id": good.id, "state": "thinking",
          "snapshot": {"url": "/cart", "title": "Cart", "context": {"n": 1}, "tools": []}},
         # A lone surrogate: valid in a Python string, refused on its way to UTF-8.
@@ -89,7 +89,7 @@ def test_on_postgresql_the_writes_of_a_group_are_one_query():
         pytest.skip("PostgreSQL only (the second test pass)")
     sessions = [open_session_row() for _ in range(3)]
     with queries_sent() as sent:
-        outcomes = services.sessions_write_live(
+        outcomes = store.current().sessions_write_live(
             [{"session_id": session.id, "state": "thinking"} for session in sessions])
     assert outcomes == [None, None, None]
     assert len(sent) == 1
@@ -104,9 +104,9 @@ def _checkpoint(session, seq: int, role: str = "user") -> dict:
 
 def test_turn_checkpoints_written_together_land_with_their_usage_counted_once():
     first, second = open_session_row(), open_session_row()
-    outcomes = services.turn_checkpoints([_checkpoint(first, 1), _checkpoint(second, 1)])
+    outcomes = store.current().turn_checkpoints([_checkpoint(first, 1), _checkpoint(second, 1)])
     assert outcomes == [None, None]
-    services.usage_flush()
+    store.current().usage_flush()
     for session in (first, second):
         row = Session.objects.get(pk=session.pk)
         assert [m.seq for m in row.messages.all()] == [1]
@@ -117,9 +117,9 @@ def test_turn_checkpoints_written_together_land_with_their_usage_counted_once():
 
 def test_a_turn_checkpoint_the_database_refuses_fails_alone_and_counts_no_usage():
     good, bad = open_session_row(), open_session_row()
-    outcomes = services.turn_checkpoints([_checkpoint(good, 1), _checkpoint(bad, 1, role="\ud800")])
+    outcomes = store.current().turn_checkpoints([_checkpoint(good, 1), _checkpoint(bad, 1, role="\ud800")])
     assert outcomes[0] is None and outcomes[1] is not None
-    services.usage_flush()
+    store.current().usage_flush()
     assert Session.objects.get(pk=good.pk).messages.count() == 1
     assert Session.objects.get(pk=bad.pk).messages.count() == 0
     assert Session.objects.get(pk=bad.pk).input_tokens == 0
@@ -141,7 +141,7 @@ async def test_a_write_whose_caller_stopped_waiting_before_it_left_is_not_sent()
 
 def test_sessions_closed_together_each_end_with_their_own_code():
     first, second = open_session_row(), open_session_row()
-    outcomes = services.sessions_close([
+    outcomes = store.current().sessions_close([
         {"session_id": first.id, "code": 1000, "reason": "bye"},
         {"session_id": second.id, "code": 1001, "reason": "going away"},
     ])
@@ -153,7 +153,7 @@ def test_sessions_closed_together_each_end_with_their_own_code():
 
 def test_a_close_carrying_the_last_live_values_writes_them_and_ends_the_row():
     session = open_session_row()
-    outcomes = services.sessions_close([{
+    outcomes = store.current().sessions_close([{
         "session_id": session.id, "code": 1000, "reason": "bye",
         "live": {"snapshot": {"url": "/cart", "title": "Cart", "context": {"n": 1}, "tools": []},
                  "state": "idle", "visits": [{"url": "/cart", "title": "Cart", "at": "t"}]},
@@ -166,7 +166,7 @@ def test_a_close_carrying_the_last_live_values_writes_them_and_ends_the_row():
 
 def test_a_close_whose_last_live_values_the_database_refuses_still_ends_the_row():
     good, bad = open_session_row(), open_session_row()
-    outcomes = services.sessions_close([
+    outcomes = store.current().sessions_close([
         {"session_id": good.id, "code": 1000, "live": {
             "snapshot": {"url": "/cart", "title": "Cart", "context": {}, "tools": []}}},
         # A lone surrogate: valid in a Python string, refused on its way to UTF-8.
@@ -183,7 +183,7 @@ def test_a_close_whose_last_live_values_the_database_refuses_still_ends_the_row(
 def test_a_close_carrying_live_values_without_new_visits_is_one_statement():
     session = open_session_row()
     with queries_sent() as sent:
-        outcomes = services.sessions_close([{
+        outcomes = store.current().sessions_close([{
             "session_id": session.id, "code": 1000,
             "live": {"snapshot": {"url": "/cart", "title": "Cart", "context": {}, "tools": []},
                      "state": "idle"}}])

@@ -26,7 +26,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from aitp import consumer as consumer_module
-from aitp import notify, services
+from aitp import notify, services, store
 from aitp.models import Session, ToolCall
 from aitp.session import SessionMachine
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db
@@ -196,13 +196,13 @@ async def test_a_failure_after_the_key_lookup_refuses_the_handshake_and_ends_the
 async def test_a_handshake_whose_lookup_outlasts_the_deadline_times_out_and_its_row_ends(
         connect, api_key, monkeypatch):
     timeout = 0.5
-    original = services.session_open
+    original = store.current().session_open
 
     def slow_open(**kw):
         time.sleep(3 * timeout)
         return original(**kw)
 
-    monkeypatch.setattr(services, "session_open", slow_open)
+    monkeypatch.setattr(store.current(), "session_open", slow_open)
     with override_settings(OWLLAYER_HANDSHAKE_TIMEOUT=timeout):
         page = await connect()
         error = await page.handshake(api_key.raw)

@@ -22,8 +22,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from aitp import services
+from aitp import services, store
 from aitp.models import ApiKey, Session
+from aitp.store import admission, keys
 from tests.aitp.conftest import ORIGIN, queries_sent
 from tests.support.people import make_session
 
@@ -41,8 +42,8 @@ LOOKALIKES = [
 ]
 
 
-def handshake(origin: str = ORIGIN, session_id: str | None = None) -> services.HandshakeInfo:
-    return services.HandshakeInfo(
+def handshake(origin: str = ORIGIN, session_id: str | None = None) -> store.HandshakeInfo:
+    return store.HandshakeInfo(
         session_id=session_id or f"ses_{secrets.token_hex(6)}", origin=origin,
         user_agent="pytest", viewport="1440x900", sdk_version="0.4.0",
         protocol_version="1.0.0", channel_name=f"test.{secrets.token_hex(4)}",
@@ -94,14 +95,14 @@ def test_a_key_without_allowed_origins_accepts_any_origin_or_none(tenant):
 
 def test_a_key_with_allowed_origins_opens_no_session_without_origin(tenant):
     _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
-    session, refusal = services.session_open(raw_key=raw, info=handshake(origin=""))
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake(origin=""))
     assert session is None and refusal.code == "origin_not_allowed"
     assert not Session.objects.exists()
 
 
 def test_a_key_with_allowed_origins_opens_no_session_from_a_prefix_lookalike(tenant):
     _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
-    session, refusal = services.session_open(raw_key=raw, info=handshake(origin=ORIGIN + ".evil.test"))
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake(origin=ORIGIN + ".evil.test"))
     assert session is None and refusal.code == "origin_not_allowed"
     assert not Session.objects.exists()
 
@@ -149,7 +150,7 @@ def test_a_key_is_refused_from_the_moment_it_expires(tenant):
 
 def test_a_key_is_found_by_its_full_secret(tenant):
     key, raw = services.api_key_create(tenant=tenant)
-    assert services.api_key_lookup(raw) == key
+    assert keys.api_key_lookup(raw) == key
 
 
 def test_a_wrong_key_with_the_right_prefix_is_refused(tenant):
@@ -158,25 +159,25 @@ def test_a_wrong_key_with_the_right_prefix_is_refused(tenant):
     # Same prefix, same length, one character of the secret changed.
     wrong = raw[:-1] + ("a" if raw[-1] != "a" else "b")
     assert wrong[:services.LOOKUP_PREFIX_LENGTH] == prefix
-    assert services.api_key_lookup(wrong) is None
-    assert services.api_key_lookup(prefix) is None
-    assert services.api_key_lookup(raw + "x") is None
-    session, refusal = services.session_open(raw_key=wrong, info=handshake())
+    assert keys.api_key_lookup(wrong) is None
+    assert keys.api_key_lookup(prefix) is None
+    assert keys.api_key_lookup(raw + "x") is None
+    session, refusal = store.current().session_open(raw_key=wrong, info=handshake())
     assert session is None and refusal.code == "invalid_api_key"
 
 
 def test_the_key_hash_is_compared_in_constant_time(tenant, monkeypatch):
     key, raw = services.api_key_create(tenant=tenant)
     compared = []
-    real = services.hmac.compare_digest
+    real = keys.hmac.compare_digest
 
     def spy(a, b):
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(services.hmac, "compare_digest", spy)
-    assert services.api_key_lookup(raw) == key
-    assert services.api_key_lookup(raw[:-1] + ("a" if raw[-1] != "a" else "b")) is None
+    monkeypatch.setattr(keys.hmac, "compare_digest", spy)
+    assert keys.api_key_lookup(raw) == key
+    assert keys.api_key_lookup(raw[:-1] + ("a" if raw[-1] != "a" else "b")) is None
     assert len(compared) == 2
     assert all(key.key_hash in pair for pair in compared)
 
@@ -184,10 +185,10 @@ def test_the_key_hash_is_compared_in_constant_time(tenant, monkeypatch):
 def test_an_unknown_prefix_is_hashed_like_a_wrong_key(tenant, monkeypatch):
     # So the time a refusal takes does not tell whether the prefix exists.
     hashed = []
-    real = services._key_hash
-    monkeypatch.setattr(services, "_key_hash", lambda raw: hashed.append(raw) or real(raw))
+    real = keys.key_hash
+    monkeypatch.setattr(keys, "key_hash", lambda raw: hashed.append(raw) or real(raw))
     unknown = services.KEY_PREFIX + "z" * 32
-    assert services.api_key_lookup(unknown) is None
+    assert keys.api_key_lookup(unknown) is None
     assert hashed == [unknown]
 
 
@@ -196,31 +197,31 @@ def test_the_stored_hash_is_keyed_by_the_server_secret(tenant, settings):
     assert raw not in key.key_hash
     settings.OWLLAYER_KEY_HASH_SECRET = settings.OWLLAYER_KEY_HASH_SECRET + "-rotated"
     # The same plaintext under another server secret is a different hash.
-    assert services.api_key_lookup(raw) is None
+    assert keys.api_key_lookup(raw) is None
 
 
 @pytest.mark.parametrize("raw", ["", "pk_live_", "pk_live_1234567", None])
 def test_a_key_shorter_than_its_lookup_prefix_finds_nothing(tenant, raw):
     services.api_key_create(tenant=tenant)
-    assert services.api_key_lookup(raw) is None
+    assert keys.api_key_lookup(raw) is None
 
 
 def test_an_oversized_key_is_refused_without_a_lookup(tenant, django_assert_num_queries):
     _, raw = services.api_key_create(tenant=tenant)
     with django_assert_num_queries(0):
-        assert services.api_key_lookup(raw + "x" * 200) is None
+        assert keys.api_key_lookup(raw + "x" * 200) is None
 
 
 def test_a_key_of_the_longest_accepted_length_is_still_looked_up(tenant, django_assert_num_queries):
     _, raw = services.api_key_create(tenant=tenant)
     with django_assert_num_queries(1):
-        assert services.api_key_lookup(raw + "x" * (200 - len(raw))) is None
+        assert keys.api_key_lookup(raw + "x" * (200 - len(raw))) is None
 
 
 def test_a_key_of_exactly_the_lookup_prefix_length_is_looked_up(tenant, django_assert_num_queries):
     _, raw = services.api_key_create(tenant=tenant)
     with django_assert_num_queries(1):
-        assert services.api_key_lookup(raw[:services.LOOKUP_PREFIX_LENGTH]) is None
+        assert keys.api_key_lookup(raw[:services.LOOKUP_PREFIX_LENGTH]) is None
 
 
 # --- the session cap ----------------------------------------------------------------------
@@ -228,9 +229,9 @@ def test_a_key_of_exactly_the_lookup_prefix_length_is_looked_up(tenant, django_a
 
 def test_a_key_admits_exactly_max_sessions_and_refuses_the_next(tenant):
     _, raw = services.api_key_create(tenant=tenant, max_sessions=3)
-    opened = [services.session_open(raw_key=raw, info=handshake()) for _ in range(3)]
+    opened = [store.current().session_open(raw_key=raw, info=handshake()) for _ in range(3)]
     assert all(session is not None and refusal is None for session, refusal in opened)
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None
     assert refusal == services.Refusal(
         "session_limit", "Too many concurrent sessions for this API key.", "session limit reached"
@@ -273,24 +274,24 @@ async def test_a_page_past_its_tenants_ceiling_over_two_keys_is_refused_with_its
 
 def test_a_closed_session_frees_its_slot_for_the_next(tenant):
     _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
-    first, _ = services.session_open(raw_key=raw, info=handshake())
-    assert services.session_open(raw_key=raw, info=handshake())[1].code == "session_limit"
-    services.session_close(session_id=first.id, code=1000)
-    second, refusal = services.session_open(raw_key=raw, info=handshake())
+    first, _ = store.current().session_open(raw_key=raw, info=handshake())
+    assert store.current().session_open(raw_key=raw, info=handshake())[1].code == "session_limit"
+    store.current().session_close(session_id=first.id, code=1000)
+    second, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert refusal is None and second is not None
 
 
 def test_the_cap_counts_only_the_keys_own_sessions(tenant):
     _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
     _, other_raw = services.api_key_create(tenant=tenant, max_sessions=1)
-    assert services.session_open(raw_key=other_raw, info=handshake())[1] is None
-    assert services.session_open(raw_key=raw, info=handshake())[1] is None
+    assert store.current().session_open(raw_key=other_raw, info=handshake())[1] is None
+    assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
 
 
 def test_an_opened_session_records_its_handshake_and_the_keys_use(tenant):
     key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
     info = handshake(session_id="ses_recorded")
-    session, refusal = services.session_open(raw_key=raw, info=info)
+    session, refusal = store.current().session_open(raw_key=raw, info=info)
     assert refusal is None
     stored = Session.objects.get(id="ses_recorded")
     assert (stored.api_key_id, stored.tenant_id, stored.origin) == (key.pk, tenant.pk, ORIGIN)
@@ -306,7 +307,7 @@ def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
     # The key can change while a handshake is on its way (revoked
     # meanwhile): the row read under the lock decides.
     key, raw = services.api_key_create(tenant=tenant)
-    real = services.api_key_lookup
+    real = keys.api_key_lookup
 
     def read_before_it_was_revoked(raw_key, *, for_update=False):
         loaded = real(raw_key, for_update=for_update)
@@ -315,15 +316,15 @@ def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
         return loaded
 
     services.api_key_revoke(key=key)
-    monkeypatch.setattr(services, "api_key_lookup", read_before_it_was_revoked)
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    monkeypatch.setattr(keys, "api_key_lookup", read_before_it_was_revoked)
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "api_key_revoked"
     assert not Session.objects.exists()
 
 
 def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tenant, monkeypatch):
     key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
-    real = services.api_key_lookup
+    real = keys.api_key_lookup
 
     def read_before_the_origin_was_removed(raw_key, *, for_update=False):
         loaded = real(raw_key, for_update=for_update)
@@ -332,8 +333,8 @@ def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tena
         return loaded
 
     services.api_key_update(key=key, allowed_origins=["https://other.example"])
-    monkeypatch.setattr(services, "api_key_lookup", read_before_the_origin_was_removed)
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    monkeypatch.setattr(keys, "api_key_lookup", read_before_the_origin_was_removed)
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "origin_not_allowed"
     assert not Session.objects.exists()
 
@@ -344,43 +345,43 @@ def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tena
 def test_an_open_soon_after_another_of_the_same_key_does_not_read_the_key_again(
         tenant, monkeypatch):
     _, raw = services.api_key_create(tenant=tenant)
-    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
-    services.session_open(raw_key=raw, info=handshake())
+    monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
+    store.current().session_open(raw_key=raw, info=handshake())
     with queries_sent() as soon_after:
-        session, refusal = services.session_open(raw_key=raw, info=handshake())
+        session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert refusal is None and session is not None
-    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 0)  # every open reads the key
+    monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 0)  # every open reads the key
     with queries_sent() as reading_again:
-        services.session_open(raw_key=raw, info=handshake())
+        store.current().session_open(raw_key=raw, info=handshake())
     assert len(reading_again) == len(soon_after) + 1
 
 
 def test_a_key_revoked_elsewhere_just_after_an_open_refuses_the_next_open_at_once(tenant, monkeypatch):
-    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
+    monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
     # Another process revokes it: this one's recent read of the key is stale.
     key, raw = services.api_key_create(tenant=tenant)
-    assert services.session_open(raw_key=raw, info=handshake())[1] is None
+    assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
     ApiKey.objects.filter(pk=key.pk).update(status=ApiKey.Status.REVOKED)
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "api_key_revoked"
     assert Session.objects.count() == 1
 
 
 def test_a_session_opened_just_after_its_tenant_changed_its_prompt_gets_the_new_one(tenant, monkeypatch):
-    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
+    monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
     _, raw = services.api_key_create(tenant=tenant)
-    services.session_open(raw_key=raw, info=handshake())
+    store.current().session_open(raw_key=raw, info=handshake())
     type(tenant).objects.filter(pk=tenant.pk).update(system_prompt="Answer in French.")
-    session, _ = services.session_open(raw_key=raw, info=handshake())
+    session, _ = store.current().session_open(raw_key=raw, info=handshake())
     assert session.tenant.system_prompt == "Answer in French."
 
 
 def test_a_wrong_secret_with_a_recently_read_prefix_is_still_refused(tenant, monkeypatch):
-    monkeypatch.setattr(services, "KEY_READ_FRESH_FOR", 3600)
+    monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
     key, raw = services.api_key_create(tenant=tenant)
-    services.session_open(raw_key=raw, info=handshake())
+    store.current().session_open(raw_key=raw, info=handshake())
     wrong = raw[:services.LOOKUP_PREFIX_LENGTH] + "x" * (len(raw) - services.LOOKUP_PREFIX_LENGTH)
-    session, refusal = services.session_open(raw_key=wrong, info=handshake())
+    session, refusal = store.current().session_open(raw_key=wrong, info=handshake())
     assert session is None and refusal.code == "invalid_api_key"
 
 
@@ -401,7 +402,7 @@ def silent_session(tenant, now, seconds: float) -> Session:
 
 
 def live_ids(now) -> set[str]:
-    return set(Session.objects.filter(**services.live_sessions_filter(now)).values_list("id", flat=True))
+    return set(Session.objects.filter(**admission.live_sessions_filter(now)).values_list("id", flat=True))
 
 
 def test_a_session_silent_for_just_under_three_heartbeats_still_counts(tenant, heartbeat):
@@ -459,7 +460,7 @@ def test_a_silent_session_no_longer_holds_a_slot(tenant, heartbeat):
         id="ses_silent", tenant=tenant, api_key=key,
         last_seen_at=timezone.now() - timedelta(seconds=10 * heartbeat),
     )
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert refusal is None and session is not None
 
 
@@ -470,7 +471,7 @@ def test_a_recently_seen_session_still_holds_its_slot(tenant, heartbeat):
         id="ses_quiet", tenant=tenant, api_key=key,
         last_seen_at=timezone.now() - timedelta(seconds=heartbeat),
     )
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "session_limit"
 
 
@@ -490,14 +491,14 @@ def test_a_heartbeat_refreshes_only_an_open_session(tenant, heartbeat):
 
 def test_a_closed_session_records_how_it_ended(tenant):
     _, raw = services.api_key_create(tenant=tenant)
-    session, _ = services.session_open(raw_key=raw, info=handshake())
-    services.session_close(session_id=session.id, code=4001, reason="r" * 300)
+    session, _ = store.current().session_open(raw_key=raw, info=handshake())
+    store.current().session_close(session_id=session.id, code=4001, reason="r" * 300)
     session.refresh_from_db()
     assert session.close_code == 4001 and session.close_reason == "r" * 200
     assert session.state == Session.State.ENDED and session.ended_at == session.last_seen_at
     # Closing again changes nothing.
     first_end = session.ended_at
-    services.session_close(session_id=session.id, code=1000)
+    store.current().session_close(session_id=session.id, code=1000)
     session.refresh_from_db()
     assert (session.close_code, session.ended_at) == (4001, first_end)
 
@@ -537,17 +538,17 @@ def test_an_unknown_key_is_refused_in_its_own_words():
 
 def test_a_key_that_expires_later_opens_a_session(tenant):
     _, raw = services.api_key_create(tenant=tenant, expires_at=timezone.now() + timedelta(days=1))
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert refusal is None and session is not None
 
 
 def test_an_opened_session_keeps_long_handshake_fields_to_their_column_size(tenant):
     _, raw = services.api_key_create(tenant=tenant)
-    info = services.HandshakeInfo(
+    info = store.HandshakeInfo(
         session_id="ses_long", origin="o" * 600, user_agent="u" * 600, viewport="v" * 60,
         sdk_version="s" * 60, protocol_version="p" * 60, channel_name="test.long",
         process="proc-long")
-    session, refusal = services.session_open(raw_key=raw, info=info)
+    session, refusal = store.current().session_open(raw_key=raw, info=info)
     assert refusal is None
     stored = Session.objects.get(id="ses_long")
     assert (stored.origin, stored.user_agent) == ("o" * 500, "u" * 500)
@@ -562,8 +563,8 @@ def test_each_opened_session_is_counted_once_in_the_days_usage(tenant):
 
     _, raw = services.api_key_create(tenant=tenant)
     for _ in range(2):
-        assert services.session_open(raw_key=raw, info=handshake())[1] is None
-    assert services.session_open(raw_key="pk_live_" + "z" * 32, info=handshake())[0] is None
+        assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
+    assert store.current().session_open(raw_key="pk_live_" + "z" * 32, info=handshake())[0] is None
     [usage] = DailyUsage.objects.filter(tenant=tenant)
     assert usage.sessions == 2 and usage.date == timezone.localdate()
 
@@ -572,7 +573,7 @@ def test_a_key_one_character_over_the_longest_is_refused_without_a_lookup(
         tenant, django_assert_num_queries):
     _, raw = services.api_key_create(tenant=tenant)
     with django_assert_num_queries(0):
-        assert services.api_key_lookup(raw + "x" * (201 - len(raw))) is None
+        assert keys.api_key_lookup(raw + "x" * (201 - len(raw))) is None
 
 
 def test_a_tenant_whose_token_quota_is_used_up_opens_no_session(tenant):
@@ -582,7 +583,7 @@ def test_a_tenant_whose_token_quota_is_used_up_opens_no_session(tenant):
     tenant.save(update_fields=["monthly_token_quota"])
     DailyUsage.objects.create(tenant=tenant, date=timezone.localdate(), input_tokens=100)
     _, raw = services.api_key_create(tenant=tenant)
-    session, refusal = services.session_open(raw_key=raw, info=handshake())
+    session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and not Session.objects.exists()
     assert refusal == services.Refusal(
         "usage_limit_exceeded", "API key usage limit exceeded.", "usage limit exceeded")
@@ -592,11 +593,11 @@ def test_a_keys_last_use_is_rewritten_only_once_it_is_older_than_a_minute(tenant
     key, raw = services.api_key_create(tenant=tenant)
     recent = timezone.now() - timedelta(seconds=50)
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=recent)
-    services.session_open(raw_key=raw, info=handshake())
+    store.current().session_open(raw_key=raw, info=handshake())
     key.refresh_from_db()
     assert key.last_used_at == recent
 
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=recent - timedelta(seconds=20))
-    opened, _ = services.session_open(raw_key=raw, info=handshake())
+    opened, _ = store.current().session_open(raw_key=raw, info=handshake())
     key.refresh_from_db()
     assert key.last_used_at == Session.objects.get(id=opened.id).started_at

@@ -19,7 +19,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from aitp import processes, services
+from aitp import processes, services, store
 from aitp.models import ServerProcess, Session, ToolCall
 from aitp_client import AitpClient, AitpRefused
 from approvals import services as approvals
@@ -426,13 +426,13 @@ def test_a_handshake_does_not_count_sessions_of_a_gone_process_against_the_cap(r
     gone = process_row(pid=reaped_pid)
     Session.objects.create(id="ses_dead", tenant=tenant, api_key=key, process=gone.id)
 
-    session, refusal = services.session_open(raw_key=raw, info=services.HandshakeInfo(
+    session, refusal = store.current().session_open(raw_key=raw, info=store.HandshakeInfo(
         session_id="ses_new", origin=ORIGIN, user_agent="pytest", viewport="", sdk_version="",
         protocol_version="1.0.0", channel_name="test", process="",
     ))
     assert refusal is None and session.id == "ses_new"
 
-    _, refused = services.session_open(raw_key=raw, info=services.HandshakeInfo(
+    _, refused = store.current().session_open(raw_key=raw, info=store.HandshakeInfo(
         session_id="ses_third", origin=ORIGIN, user_agent="pytest", viewport="", sdk_version="",
         protocol_version="1.0.0", channel_name="test",
     ))
@@ -460,7 +460,7 @@ def test_an_operator_cannot_approve_an_approval_whose_session_has_ended():
     tenant = services.tenant_create(slug="ended", name="Ended")
     operator = make_user("olivia", tenant=tenant)
     session, approval = pending_payment(tenant, policy_operator=True)
-    services.session_close(session_id=session.id, code=1006, reason="server process lost")
+    store.current().session_close(session_id=session.id, code=1006, reason="server process lost")
 
     with pytest.raises(ApprovalError) as refused:
         approvals.approval_decide_operator(approval_id=approval.pk, user=operator, approved=True)
@@ -476,7 +476,7 @@ def test_an_operator_cannot_approve_an_approval_whose_session_has_ended():
 def test_a_page_answer_for_an_ended_session_approves_nothing():
     tenant = services.tenant_create(slug="ended-page", name="Ended page")
     session, approval = pending_payment(tenant)
-    services.session_close(session_id=session.id, code=1001, reason="server shutting down")
+    store.current().session_close(session_id=session.id, code=1001, reason="server shutting down")
 
     with pytest.raises(ApprovalError) as refused:
         approvals.approval_decide_user(approval_id=approval.pk, session_id=session.id, approved=True)

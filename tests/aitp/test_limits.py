@@ -21,7 +21,7 @@ from django.test import override_settings
 from django.utils import timezone
 from limits.util import WindowStats
 
-from aitp import limits, services
+from aitp import limits, quota, services
 from aitp.limits import ConnectionLimits, LimitSettings, SharedLimits
 from aitp.models import DailyUsage, Session
 from aitp.session import Limits, SessionMachine, State
@@ -300,11 +300,11 @@ def test_the_quota_counts_this_months_input_and_output_tokens_only(db):
                               cache_read_tokens=10_000)
     DailyUsage.objects.create(tenant=tenant, date=last_month, input_tokens=9_000)
 
-    unlimited = limits.tenant_quota_status(tenant, now=now)
+    unlimited = quota.tenant_quota_status(tenant, now=now)
     tenant.monthly_token_quota = 500
-    used_up = limits.tenant_quota_status(tenant, now=now)
+    used_up = quota.tenant_quota_status(tenant, now=now)
     tenant.monthly_token_quota = 2_000
-    quarter = limits.tenant_quota_status(tenant, now=now)
+    quarter = quota.tenant_quota_status(tenant, now=now)
 
     assert (unlimited.used, unlimited.unlimited, unlimited.used_up) == (500, True, False)
     assert (used_up.used_up, used_up.remaining) == (True, 0)

@@ -11,15 +11,16 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from aitp import open_statements, services
+from aitp import services, store
 from aitp.models import ApiKey, Session
+from aitp.store import open_statements
 from tests.aitp.conftest import ORIGIN, queries_sent
 
 pytestmark = pytest.mark.django_db
 
 
-def handshake(session_id: str | None = None) -> services.HandshakeInfo:
-    return services.HandshakeInfo(
+def handshake(session_id: str | None = None) -> store.HandshakeInfo:
+    return store.HandshakeInfo(
         session_id=session_id or f"ses_{secrets.token_hex(6)}", origin=ORIGIN,
         user_agent="Mozilla/5.0 ünïcode", viewport="1440x900", sdk_version="0.4.0",
         protocol_version="1.0.0", channel_name=f"test.{secrets.token_hex(4)}", process="host:1:ab",
@@ -61,7 +62,7 @@ def test_an_unknown_prefix_reads_no_key(tenant):
 def test_an_opened_session_row_holds_what_the_handshake_and_the_key_gave(api_key):
     info = handshake()
 
-    session, refusal = services.session_open(raw_key=api_key.raw, info=info)
+    session, refusal = store.current().session_open(raw_key=api_key.raw, info=info)
 
     assert refusal is None
     stored = Session.objects.get(pk=info.session_id)
@@ -77,21 +78,21 @@ def test_an_opened_session_row_holds_what_the_handshake_and_the_key_gave(api_key
 def test_the_live_count_counts_open_rows_seen_since_the_time_given(api_key):
     now = timezone.now()
     for seen_ago in (0, 10, 100):
-        session, _ = services.session_open(raw_key=api_key.raw, info=handshake())
+        session, _ = store.current().session_open(raw_key=api_key.raw, info=handshake())
         Session.objects.filter(pk=session.pk).update(last_seen_at=now - timedelta(seconds=seen_ago))
-    ended, _ = services.session_open(raw_key=api_key.raw, info=handshake())
-    services.session_close(session_id=ended.pk, code=1000)
+    ended, _ = store.current().session_open(raw_key=api_key.raw, info=handshake())
+    store.current().session_close(session_id=ended.pk, code=1000)
 
     assert open_statements.live_session_count(api_key.pk, seen_since=now - timedelta(seconds=50)) == 2
     assert open_statements.live_session_count(api_key.pk, seen_since=now + timedelta(seconds=1)) == 0
 
 
 def test_a_session_closes_once_and_keeps_its_first_close(api_key):
-    session, _ = services.session_open(raw_key=api_key.raw, info=handshake())
+    session, _ = store.current().session_open(raw_key=api_key.raw, info=handshake())
 
-    services.session_close(session_id=session.pk, code=1000, reason="client disconnected")
+    store.current().session_close(session_id=session.pk, code=1000, reason="client disconnected")
     first = Session.objects.get(pk=session.pk)
-    services.session_close(session_id=session.pk, code=1011, reason="later")
+    store.current().session_close(session_id=session.pk, code=1011, reason="later")
 
     again = Session.objects.get(pk=session.pk)
     assert (again.close_code, again.close_reason, again.ended_at) == (
@@ -105,8 +106,8 @@ def test_an_open_on_postgresql_reads_the_key_then_admits_in_one_query(tenant):
     key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=1)
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
     with queries_sent() as sent:
-        session, refusal = services.session_open(raw_key=raw, info=handshake())
-        second, second_refusal = services.session_open(raw_key=raw, info=handshake())
+        session, refusal = store.current().session_open(raw_key=raw, info=handshake())
+        second, second_refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert refusal is None and Session.objects.filter(pk=session.pk, ended_at=None).exists()
     assert second is None and second_refusal.code == "session_limit"
     # The tenant's day is counted apart (written behind; at once in the tests);
@@ -114,5 +115,5 @@ def test_an_open_on_postgresql_reads_the_key_then_admits_in_one_query(tenant):
     first_open = [sql for sql in sent if "aitp_dailyusage" not in sql][:2]
     assert "FOR NO KEY UPDATE" not in first_open[0]
     assert "INSERT" in first_open[1] and "FOR NO KEY UPDATE" in first_open[1]
-    assert "DELETE" in first_open[1]
+    assert "COUNT(*)" in first_open[1]  # the counts go with them; the rule decides after
     assert Session.objects.filter(api_key=key).count() == 1

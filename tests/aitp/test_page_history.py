@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from aitp import services
+from aitp import store
 from aitp.models import Session
-from aitp.statements import JsonText
+from aitp.store import port
+from aitp.store.statements import JsonText
 from tests.aitp.conftest import open_session_row, queries_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,8 +27,8 @@ def history(session: Session) -> list[str]:
 def test_visits_are_appended_in_order_with_the_snapshot_and_state():
     session = open_session_row()
     snapshot = {"url": "/b", "title": "B", "context": {"cart": 1}, "tools": []}
-    services.session_write_live(session_id=session.id, visits=[visit("/a")])
-    services.session_write_live(session_id=session.id, snapshot=snapshot, state="thinking",
+    store.current().session_write_live(session_id=session.id, visits=[visit("/a")])
+    store.current().session_write_live(session_id=session.id, snapshot=snapshot, state="thinking",
                                 visits=[visit("/b"), visit("/c")])
     assert history(session) == ["/a", "/b", "/c"]
     row = Session.objects.get(pk=session.pk)
@@ -36,27 +37,27 @@ def test_visits_are_appended_in_order_with_the_snapshot_and_state():
 
 
 def test_the_oldest_visits_are_dropped_past_the_limit(monkeypatch):
-    monkeypatch.setattr(services, "PAGE_HISTORY_LIMIT", 3)
+    monkeypatch.setattr(port, "PAGE_HISTORY_LIMIT", 3)
     session = open_session_row()
-    services.session_write_live(session_id=session.id, visits=[visit("/1"), visit("/2")])
-    services.session_write_live(session_id=session.id,
+    store.current().session_write_live(session_id=session.id, visits=[visit("/1"), visit("/2")])
+    store.current().session_write_live(session_id=session.id,
                                 visits=[visit("/3"), visit("/4"), visit("/5")])
     assert history(session) == ["/3", "/4", "/5"]
 
 
 def test_a_closed_session_keeps_its_history():
     session = open_session_row()
-    services.session_write_live(session_id=session.id, visits=[visit("/a")])
-    services.session_close(session_id=session.id, code=1000)
-    services.session_write_live(session_id=session.id, visits=[visit("/late")])
+    store.current().session_write_live(session_id=session.id, visits=[visit("/a")])
+    store.current().session_close(session_id=session.id, code=1000)
+    store.current().session_write_live(session_id=session.id, visits=[visit("/late")])
     assert history(session) == ["/a"]
 
 
 def test_more_visits_than_one_statement_appends_keep_their_order_and_the_limit(monkeypatch):
-    monkeypatch.setattr(services, "PAGE_HISTORY_LIMIT", 12)
+    monkeypatch.setattr(port, "PAGE_HISTORY_LIMIT", 12)
     session = open_session_row()
-    services.session_write_live(session_id=session.id, visits=[visit("/0")])
-    services.session_write_live(session_id=session.id,
+    store.current().session_write_live(session_id=session.id, visits=[visit("/0")])
+    store.current().session_write_live(session_id=session.id,
                                 visits=[visit(f"/{n}") for n in range(1, 21)])
     assert history(session) == [f"/{n}" for n in range(9, 21)]
 
@@ -64,7 +65,7 @@ def test_more_visits_than_one_statement_appends_keep_their_order_and_the_limit(m
 def test_a_visit_is_one_statement():
     session = open_session_row()
     with queries_sent() as sent:
-        services.session_write_live(session_id=session.id, visits=[visit("/a")])
+        store.current().session_write_live(session_id=session.id, visits=[visit("/a")])
     assert len(sent) == 1 and sent[0].startswith("UPDATE")
     assert history(session) == ["/a"]
 
@@ -74,5 +75,5 @@ def test_tools_written_as_json_text_are_stored_as_the_json_they_are():
     tools = [{"name": "zoom", "description": "Zoom ünï 😀", "risk": "none"}]
     text = json.dumps(tools, separators=(",", ":"), ensure_ascii=False)
     snapshot = {"url": "/z", "title": "Z", "context": {}, "tools": JsonText(text)}
-    services.session_write_live(session_id=session.id, snapshot=snapshot)
+    store.current().session_write_live(session_id=session.id, snapshot=snapshot)
     assert Session.objects.get(pk=session.pk).tools == tools

@@ -35,6 +35,7 @@ from aitp.llm import reset_backend
 from aitp.llm.anthropic_backend import close_client
 from aitp.llm.base import LlmRequest
 from aitp.models import ConversationMessage, DailyUsage, ServerProcess, TokenReservation, ToolCall
+from aitp.store import usage
 from aitp_client import AitpClient
 from tenants.models import Tenant
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db
@@ -352,7 +353,7 @@ async def test_a_tenant_without_a_quota_reserves_nothing_for_its_requests(llm, c
     asked = []
     monkeypatch.setattr(quota, "reserve", lambda **kw: asked.append(kw))
     monkeypatch.setattr(quota, "settle", lambda **kw: asked.append(kw))
-    monkeypatch.setattr(services, "usage_write_now", lambda *a, **kw: asked.append(kw))
+    monkeypatch.setattr(usage, "usage_write_now", lambda *a, **kw: asked.append(kw))
     tenant = await in_db(new_tenant)(monthly_quota=None)
     key = await in_db(new_key)(tenant)
     page = await open_shop(connect, key)

@@ -9,8 +9,9 @@ import pytest
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
-from aitp import services, statements
+from aitp import store
 from aitp.models import ConversationMessage, Session, ToolCall
+from aitp.store import statements
 from tests.aitp.conftest import open_session_row, queries_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,10 +32,10 @@ def test_a_checkpoint_with_outcomes_messages_calls_and_usage_is_one_query_on_pos
         pytest.skip("PostgreSQL only (the second test pass)")
     session = open_session_row()
     first = call()
-    services.turn_checkpoint(session_id=session.id, tenant_id=session.tenant_id, turn=1,
+    store.current().turn_checkpoint(session_id=session.id, tenant_id=session.tenant_id, turn=1,
                              messages=[message(1)], calls=[first])
     with queries_sent() as sent:
-        services.turn_checkpoint(
+        store.current().turn_checkpoint(
             session_id=session.id, tenant_id=session.tenant_id, turn=1,
             messages=[message(2), message(3)], calls=[call()],
             usage={"turns": 1, "input_tokens": 10, "output_tokens": 5},
@@ -80,8 +81,8 @@ def test_an_error_raised_inside_the_block_writes_nothing():
 def test_an_outcome_that_reads_its_call_first_still_lands_in_the_checkpoint():
     session = open_session_row()
     recorded = call()
-    services.tool_calls_record(session_id=session.id, turn=1, calls=[recorded])
-    services.turn_checkpoint(
+    store.current().tool_calls_record(session_id=session.id, turn=1, calls=[recorded])
+    store.current().turn_checkpoint(
         session_id=session.id, tenant_id=session.tenant_id, turn=1, messages=[message(1)],
         finished=[{"call_id": recorded["call_id"], "status": "error", "error": "out of stock"}],
     )
@@ -118,7 +119,7 @@ TRICKY = "50% off, %s and %(name)s; 'quoted' \"twice\"; -- \\ back; DROP TABLE x
 def test_values_with_percent_signs_quotes_and_sql_in_them_are_stored_as_they_are():
     first, second = open_session_row(), open_session_row()
     tricky_call = call() | {"arguments": {"note": TRICKY, "n": None, "pi": 3.25}}
-    outcomes = services.turn_checkpoints([
+    outcomes = store.current().turn_checkpoints([
         {"session_id": session.id, "tenant_id": session.tenant_id, "turn": 1,
          "messages": [{"seq": 1, "role": "user", "content": [{"type": "text", "text": TRICKY}]}],
          "calls": [tricky_call] if session is first else []}
@@ -142,7 +143,7 @@ def test_on_postgresql_a_block_goes_with_its_values_bound_and_no_parameters():
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
-        services.sessions_write_live([{"session_id": s.id, "state": "thinking"} for s in sessions])
+        store.current().sessions_write_live([{"session_id": s.id, "state": "thinking"} for s in sessions])
     [(sql, params)] = sent
     assert params is None
     assert all(f"'{s.id}'" in sql for s in sessions)

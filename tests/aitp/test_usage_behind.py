@@ -20,8 +20,9 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from aitp import processes, services
+from aitp import processes, services, store
 from aitp.models import DailyUsage, Session
+from aitp.store import usage
 from aitp_client import AitpClient, AitpRefused
 
 ORIGIN = "http://page.example"
@@ -33,8 +34,8 @@ EXIT_MARGIN = 30.0
 SOON = 15.0
 
 
-def handshake() -> services.HandshakeInfo:
-    return services.HandshakeInfo(
+def handshake() -> store.HandshakeInfo:
+    return store.HandshakeInfo(
         session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
         viewport="1440x900", sdk_version="0.4.0", protocol_version="1.0.0",
         channel_name=f"test.{secrets.token_hex(4)}",
@@ -45,8 +46,8 @@ def handshake() -> services.HandshakeInfo:
 def behind(settings, monkeypatch):
     """This process writes usage behind, with a buffer of its own."""
     settings.OWLLAYER_USAGE_FLUSH_INTERVAL = NEVER
-    buffer = services.UsageBuffer()
-    monkeypatch.setattr(services, "_usage", buffer)
+    buffer = usage.UsageBuffer()
+    monkeypatch.setattr(usage, "_usage", buffer)
     return buffer
 
 
@@ -59,11 +60,11 @@ def day_of(tenant) -> dict:
     row = DailyUsage.objects.filter(tenant=tenant, date=timezone.localdate()).first()
     if row is None:
         return {}
-    return {name: getattr(row, name) for name in services.USAGE_FIELDS}
+    return {name: getattr(row, name) for name in usage.USAGE_FIELDS}
 
 
 def a_turn(session: Session, turn: int) -> None:
-    services.turn_checkpoint(
+    store.current().turn_checkpoint(
         session_id=session.id, tenant_id=session.tenant_id, turn=turn,
         messages=[{"seq": turn, "role": "user", "content": [{"type": "text", "text": "hi"}]}],
         usage={"turns": 1, "input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 2,
@@ -73,48 +74,48 @@ def a_turn(session: Session, turn: int) -> None:
 
 def test_opens_and_turns_are_counted_exactly_once_flushed(tenant, behind):
     _, raw = services.api_key_create(tenant=tenant)
-    sessions = [services.session_open(raw_key=raw, info=handshake())[0] for _ in range(3)]
+    sessions = [store.current().session_open(raw_key=raw, info=handshake())[0] for _ in range(3)]
     for turn, session in enumerate(sessions * 2, start=1):
         a_turn(session, turn)
     assert day_of(tenant) == {}  # nothing written yet: counted in the process
 
-    assert services.usage_flush() == 1
+    assert store.current().usage_flush() == 1
     assert day_of(tenant) == {"sessions": 3, "turns": 6, "input_tokens": 60, "output_tokens": 30,
                               "cache_read_tokens": 12, "cache_write_tokens": 6}
-    assert services.usage_pending() == {}
-    assert services.usage_flush() == 0
+    assert store.current().usage_pending() == {}
+    assert store.current().usage_flush() == 0
     stored = Session.objects.get(id=sessions[0].id)
     assert (stored.turns, stored.input_tokens, stored.output_tokens) == (2, 20, 10)
 
 
 def test_a_refused_open_counts_nothing(tenant, behind):
     _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
-    assert services.session_open(raw_key=raw, info=handshake())[1] is None
-    assert services.session_open(raw_key=raw, info=handshake())[1].code == "session_limit"
-    services.usage_flush()
+    assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
+    assert store.current().session_open(raw_key=raw, info=handshake())[1].code == "session_limit"
+    store.current().usage_flush()
     assert day_of(tenant)["sessions"] == 1
 
 
 def test_a_flush_the_database_refuses_keeps_its_counts_for_the_next(tenant, behind, monkeypatch):
     _, raw = services.api_key_create(tenant=tenant)
-    services.session_open(raw_key=raw, info=handshake())
-    real = services._usage_write
+    store.current().session_open(raw_key=raw, info=handshake())
+    real = usage._usage_write
 
     def refused(*args, **kwargs):
         raise DatabaseError("the database is restarting")
 
-    monkeypatch.setattr(services, "_usage_write", refused)
-    assert services.usage_flush_logged() == 0
-    monkeypatch.setattr(services, "_usage_write", real)
-    services.session_open(raw_key=raw, info=handshake())
-    services.usage_flush()
+    monkeypatch.setattr(usage, "_usage_write", refused)
+    assert store.current().usage_flush_logged() == 0
+    monkeypatch.setattr(usage, "_usage_write", real)
+    store.current().session_open(raw_key=raw, info=handshake())
+    store.current().usage_flush()
     assert day_of(tenant)["sessions"] == 2
 
 
 def test_the_clean_stop_writes_what_the_process_counted(tenant, behind):
     _, raw = services.api_key_create(tenant=tenant)
     for _ in range(2):
-        services.session_open(raw_key=raw, info=handshake())
+        store.current().session_open(raw_key=raw, info=handshake())
     processes.mark_stopped()
     assert day_of(tenant)["sessions"] == 2
 
@@ -128,7 +129,7 @@ def test_the_counts_of_two_processes_add_up(settings):
     errors: list[BaseException] = []
 
     def process() -> None:
-        buffer = services.UsageBuffer()
+        buffer = usage.UsageBuffer()
         try:
             start.wait()
             for _ in range(rounds):
@@ -146,8 +147,8 @@ def test_the_counts_of_two_processes_add_up(settings):
     for thread in threads:
         thread.join()
     assert errors == []
-    usage = day_of(tenant)
-    assert (usage["turns"], usage["input_tokens"]) == (2 * rounds * per_process,
+    counted = day_of(tenant)
+    assert (counted["turns"], counted["input_tokens"]) == (2 * rounds * per_process,
                                                       3 * 2 * rounds * per_process)
 
 
@@ -162,7 +163,7 @@ def test_concurrent_opens_take_exactly_the_keys_cap():
     def open_one() -> None:
         try:
             start.wait()
-            session, refusal = services.session_open(raw_key=raw, info=handshake())
+            session, refusal = store.current().session_open(raw_key=raw, info=handshake())
             outcomes.append("opened" if session is not None else refusal.code)
         except BaseException as exc:  # reported by the test below
             outcomes.append(exc)
@@ -193,7 +194,7 @@ def test_concurrent_opens_over_several_keys_take_exactly_the_tenants_ceiling():
     def open_one(raw: str) -> None:
         try:
             start.wait()
-            session, refusal = services.session_open(raw_key=raw, info=handshake())
+            session, refusal = store.current().session_open(raw_key=raw, info=handshake())
             outcomes.append("opened" if session is not None else refusal.code)
         except BaseException as exc:  # reported by the test below
             outcomes.append(exc)
@@ -220,7 +221,7 @@ def test_an_open_waits_for_its_tenants_row_lock_whichever_key_it_uses(path, monk
         pytest.skip("row locks are PostgreSQL's; SQLite runs one write transaction at a time")
     from django.db import OperationalError
 
-    from aitp import statements
+    from aitp.store import statements
     from tenants.models import Tenant
 
     if path == "several statements":
@@ -245,7 +246,7 @@ def test_an_open_waits_for_its_tenants_row_lock_whichever_key_it_uses(path, monk
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '200ms'")
         with pytest.raises(OperationalError, match="lock timeout"):
-            services.session_open(raw_key=raw, info=handshake())
+            store.current().session_open(raw_key=raw, info=handshake())
     finally:
         release.set()
         holder.join()
@@ -295,11 +296,11 @@ async def test_sigterm_writes_the_usage_counted_behind(daphne_factory):
         await page.user_input("hello")
         await page.recv_until(lambda f: f["type"] == "AGENT_RESPONSE" and f["payload"]["done"],
                               timeout=SOON)
-    usage = await asyncio.to_thread(lambda: day_of(tenant))
-    assert usage == {}  # counted in the process, not written yet
+    counted = await asyncio.to_thread(lambda: day_of(tenant))
+    assert counted == {}  # counted in the process, not written yet
 
     server.process.send_signal(signal.SIGTERM)
     exit_code = await asyncio.to_thread(server.process.wait, DRAIN + EXIT_MARGIN)
     assert exit_code == 0, server.logs()
-    usage = await asyncio.to_thread(lambda: day_of(tenant))
-    assert (usage["sessions"], usage["turns"]) == (2, 2)
+    counted = await asyncio.to_thread(lambda: day_of(tenant))
+    assert (counted["sessions"], counted["turns"]) == (2, 2)

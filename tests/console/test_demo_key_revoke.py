@@ -10,6 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from aitp import services
+from aitp.store import keys
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +23,7 @@ def demo(tmp_path, settings):
     settings.OWLLAYER_DEMO_KEY_FILE = tmp_path / ".demo-key"
     call_command("ensure_demo", "--key-file", str(settings.OWLLAYER_DEMO_KEY_FILE),
                  "--logins-file", str(tmp_path / ".demo-logins"), stdout=io.StringIO())
-    key = services.api_key_lookup(settings.OWLLAYER_DEMO_KEY_FILE.read_text().strip())
+    key = keys.api_key_lookup(settings.OWLLAYER_DEMO_KEY_FILE.read_text().strip())
     owner = Client()
     owner.force_login(get_user_model().objects.get(username="demo-owner"))
     return key, owner

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from aitp import notify, services
 from aitp.models import ApiKey, OperatorAction
+from aitp.store import keys
 from tests.console.conftest import make_session
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +33,7 @@ def test_an_owner_creates_a_key_and_sees_the_plaintext_once(owner_client, acme):
     raw_key = response.context["raw_key"]
     assert raw_key and raw_key.startswith(key.prefix)
     assert raw_key.encode() in response.content
-    assert services.api_key_lookup(raw_key) == key
+    assert keys.api_key_lookup(raw_key) == key
     assert "no-store" in response["Cache-Control"]
 
     later = owner_client.get(reverse("console:key_created", args=["acme", key.pk]))

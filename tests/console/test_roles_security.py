@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from aitp.models import ApiKey, OperatorAction
+from aitp.store import keys
 from approvals.models import Approval
 from tenants.models import TenantMembership
 from tests.console.conftest import OWNER, VIEWER, member
@@ -177,7 +178,6 @@ def test_the_membership_service_refuses_an_operator_account(olivia, acme, django
 
 
 def test_a_key_made_in_the_admin_is_shown_once_and_never_stored_in_clear(django_user_model, acme):
-    from aitp import services
 
     root = django_user_model.objects.create_superuser(username="root", password="x")
     client = Client()
@@ -191,7 +191,7 @@ def test_a_key_made_in_the_admin_is_shown_once_and_never_stored_in_clear(django_
     assert response.status_code == 200, response.content[:500]
     raw = response.context["raw_key"]
     key = ApiKey.objects.get(name="admin-made")
-    assert services.api_key_lookup(raw) == key
+    assert keys.api_key_lookup(raw) == key
     assert "no-store" in response["Cache-Control"]
     session = client.session
     assert all(raw not in str(session[name]) for name in session.keys())  # noqa: SIM118 (a session store is not a dict)

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from aitp import services
+from aitp import services, store
 from aitp.models import ConversationMessage, DailyUsage, OperatorAction, ToolCall
 from console.usage import PLOT_HEIGHT, bar_chart, daily_usage, day_title
 from tests.console.conftest import make_session
@@ -114,20 +114,26 @@ def test_the_session_page_shows_the_conversation_tool_calls_pages_and_tokens(own
         ],
     )
     # Written out of order: the page shows them by seq.
-    services.conversation_append(session_id=session.pk, seq=2, turn=1, role="user", content=[
-        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "out of stock", "is_error": True},
+    store.current().turn_checkpoint(session_id=session.pk, tenant_id=session.tenant_id, turn=1, messages=[
+        {"seq": 2, "role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "out of stock", "is_error": True},
+        ]},
     ])
-    services.conversation_append(session_id=session.pk, seq=1, turn=1, role="assistant", content=[
-        {"type": "text", "text": "Let me add that."},
-        {"type": "tool_use", "id": "toolu_1", "name": "add_to_cart", "input": {"quantity": 2}},
+    store.current().turn_checkpoint(session_id=session.pk, tenant_id=session.tenant_id, turn=1, messages=[
+        {"seq": 1, "role": "assistant", "content": [
+            {"type": "text", "text": "Let me add that."},
+            {"type": "tool_use", "id": "toolu_1", "name": "add_to_cart", "input": {"quantity": 2}},
+        ]},
     ])
-    services.conversation_append(session_id=session.pk, seq=0, turn=1, role="user", content=[
-        {"type": "text", "text": "Add <b>two</b> mugs"},
+    store.current().turn_checkpoint(session_id=session.pk, tenant_id=session.tenant_id, turn=1, messages=[
+        {"seq": 0, "role": "user", "content": [
+            {"type": "text", "text": "Add <b>two</b> mugs"},
+        ]},
     ])
-    services.tool_calls_record(session_id=session.pk, turn=1, calls=[
+    store.current().tool_calls_record(session_id=session.pk, turn=1, calls=[
         {"call_id": "call_1", "tool_use_id": "toolu_1", "name": "add_to_cart", "arguments": {"quantity": 2}},
     ])
-    services.tool_call_finish(call_id="call_1", status=ToolCall.Status.ERROR, error="out of stock")
+    store.current().tool_call_finish(call_id="call_1", status=ToolCall.Status.ERROR, error="out of stock")
     services.session_command(session=session, user=olivia, command="reload")
 
     response = owner_client.get(reverse("console:session", args=["acme", session.pk]))
@@ -161,9 +167,11 @@ def test_the_session_page_shows_the_users_words_with_the_page_as_a_detail_and_on
     session = make_session(acme_key, page_history=[
         {"url": "https://shop.example/cart", "title": "Cart", "at": "2026-01-01T10:01:00+00:00"},
     ])
-    services.conversation_append(session_id=session.pk, seq=0, turn=1, role="user", content=[
-        {"type": "text", "text": "[page]\nurl: /cart\ntitle: Cart\ncontext: {\"items\": 2}"},
-        {"type": "text", "text": "is shipping free?"},
+    store.current().turn_checkpoint(session_id=session.pk, tenant_id=session.tenant_id, turn=1, messages=[
+        {"seq": 0, "role": "user", "content": [
+            {"type": "text", "text": "[page]\nurl: /cart\ntitle: Cart\ncontext: {\"items\": 2}"},
+            {"type": "text", "text": "is shipping free?"},
+        ]},
     ])
     services.session_command(session=session, user=olivia, command="end")
 

@@ -12,9 +12,10 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from aitp import services
+from aitp import store
 from aitp.agent_voice import voice_record
 from aitp.models import DailyUsage, Session
+from aitp.store import usage
 from aitp.transcript import INTERRUPTED_NOTE, Block, message_blocks
 from tests.console.conftest import make_session
 
@@ -27,7 +28,7 @@ SPEAKING = SimpleNamespace(failed=None)
 def at_once(settings, monkeypatch):
     """Usage counts written as they come, by a buffer of this test's own."""
     settings.OWLLAYER_USAGE_FLUSH_INTERVAL = 0
-    monkeypatch.setattr(services, "_usage", services.UsageBuffer())
+    monkeypatch.setattr(usage, "_usage", usage.UsageBuffer())
 
 
 def voice_turn(session: Session, *, turn: int, seq: int, heard: str, said: str, interrupted: bool,
@@ -40,7 +41,7 @@ def voice_turn(session: Session, *, turn: int, seq: int, heard: str, said: str, 
          "content": voice_record("assistant", [{"type": "text", "text": said}], SPEAKING,
                                  interrupted=interrupted)},
     ]
-    services.turn_checkpoint(
+    store.current().turn_checkpoint(
         session_id=session.pk, tenant_id=session.tenant_id, turn=turn, messages=messages,
         usage={"turns": 1, "input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 0,
                "cache_write_tokens": 0, "audio_heard_ms": heard_ms, "audio_spoken_ms": spoken_ms},
@@ -48,7 +49,7 @@ def voice_turn(session: Session, *, turn: int, seq: int, heard: str, said: str, 
 
 
 def typed_turn(session: Session, *, turn: int, seq: int) -> None:
-    services.turn_checkpoint(
+    store.current().turn_checkpoint(
         session_id=session.pk, tenant_id=session.tenant_id, turn=turn,
         messages=[{"seq": seq, "role": "user", "content": [{"type": "text", "text": "thanks"}]},
                   {"seq": seq + 1, "role": "assistant", "content": [{"type": "text", "text": "Of course."}]}],

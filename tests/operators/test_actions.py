@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from aitp import notify, services
+from aitp import notify, store
 from aitp.models import OperatorAction
 from approvals.models import Approval, AuditEvent
 from operators.forms import redirect_target_error
@@ -90,7 +90,7 @@ def test_an_operator_cannot_act_on_another_tenants_session(client, olivia, globe
 
 
 def test_an_ended_session_takes_no_more_commands(client, olivia, acme_session, sent):
-    services.session_close(session_id=acme_session.id, code=1000)
+    store.current().session_close(session_id=acme_session.id, code=1000)
     client.force_login(olivia)
     response = client.post(command_url(acme_session), {"command": "end"}, follow=True)
     assert "already ended" in response.content.decode()

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from aitp import services
+from aitp import services, store
 from aitp.models import ConversationMessage, OperatorAction, Session
 from tests.operators.conftest import make_call, make_session, operator_approval
 
@@ -60,7 +60,7 @@ def test_a_superuser_sees_the_live_sessions_of_every_tenant(client, root, acme_s
 def test_ended_sessions_and_sessions_of_a_silent_process_are_not_listed(client, olivia, acme):
     live = make_session(acme)
     ended = make_session(acme)
-    services.session_close(session_id=ended.id, code=1000)
+    store.current().session_close(session_id=ended.id, code=1000)
     silent = make_session(acme)
     Session.objects.filter(pk=silent.pk).update(last_seen_at=timezone.now() - timedelta(hours=1))
     client.force_login(olivia)
@@ -137,12 +137,12 @@ def test_an_ended_session_is_a_replay_of_its_record(client, olivia, acme_session
     ])
     make_call(acme_session, name="refund", status="success", result={"refunded": True},
               duration_ms=412)
-    services.session_write_live(
+    store.current().session_write_live(
         session_id=acme_session.id,
         snapshot={"url": "/orders/A1", "title": "Order A1", "context": {}, "tools": []},
     )
     services.session_command(session=acme_session, user=olivia, command="reload")
-    services.session_close(session_id=acme_session.id, code=1000)
+    store.current().session_close(session_id=acme_session.id, code=1000)
 
     client.force_login(olivia)
     response = client.get(session_url(acme_session))

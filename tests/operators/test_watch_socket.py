@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.test import Client
 from django.urls import reverse
 
-from aitp import live, services
+from aitp import live, services, store
 from aitp.models import Session
 from tenants.models import TenantMembership
 from tests.aitp.conftest import Page
@@ -109,7 +109,7 @@ async def test_an_operator_removed_from_a_tenant_stops_getting_its_rows(
 
 async def test_a_closed_session_is_sent_as_no_longer_live(watch, olivia, acme_session):
     watcher = await watch(olivia)
-    await in_db(services.session_close)(session_id="ses_acme", code=1000)
+    await in_db(store.current().session_close)(session_id="ses_acme", code=1000)
     await live.publish_session(acme_session, "closed", code=1000)
     row = (await watcher.recv())["session"]
     assert (row["live"], row["state"], row["close_code"]) == (False, "ended", 1000)

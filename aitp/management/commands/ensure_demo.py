@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from aitp import ports, services
 from aitp.models import ApiKey
+from aitp.store import keys
 from runtime.config import config
 from tenants.models import Tenant
 
@@ -61,7 +62,7 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
         if tenant is None:
             tenant = services.tenant_create(slug=DEMO_SLUG, name=DEMO_NAME)
         raw_key = _read_key(key_file)
-        key = services.api_key_lookup(raw_key) if raw_key else None
+        key = keys.api_key_lookup(raw_key) if raw_key else None
         created = not _is_usable_demo_key(key, tenant)
         demo_keys = tenant.api_keys.filter(name=DEMO_KEY_NAME)
         stale = demo_keys.filter(status=ApiKey.Status.ACTIVE)
@@ -143,7 +144,7 @@ def is_the_demo_pages_key(key: ApiKey, key_file: Path | None = None) -> bool:
     raw_key = _read_key(key_file or config().console.demo_key_file)
     if not raw_key.startswith(key.prefix):
         return False
-    found = services.api_key_lookup(raw_key)
+    found = keys.api_key_lookup(raw_key)
     return found is not None and found.pk == key.pk
 
 

@@ -26,9 +26,9 @@ from typing import cast
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import DateTimeField, Model
 
-from aitp import statements
 from aitp.models import ApiKey, Session
-from aitp.statements import table_of
+from aitp.store import statements
+from aitp.store.statements import table_of
 from tenants.models import Tenant
 
 _t = table_of  # the tables, shared with aitp.statements
@@ -183,61 +183,48 @@ def _saved(session: Session) -> None:
     session._state.db = connection.alias
 
 
-# --- the admission, in one query (where statements.one_query_transactions) -------
+# --- the admission's reads, in one query (where statements.one_query_transactions) -------
 
 
 @cache
 def _admit_sql(vendor: str) -> str:
-    session, key, tenant = _t(Session), _t(ApiKey), _t(Tenant)
-    s, k, t = session.column, key.qualified, tenant.qualified
-    # The admission rule of services._session_open_refusal, in SQL: the key
-    # active and unexpired, its live sessions (this one included) within its
-    # cap, the tenant's within its ceiling, if it has one. (The origin and the
-    # quota are checked after, in Python.)
+    # The insert, the key's and tenant's row locks with their rows, and the
+    # live sessions of each counted after the lock was taken (a statement of
+    # its own: it sees every open committed before). The rule that decides
+    # is ``aitp.store.admission.refusal``, in Python.
     return ";\n".join((
         _insert_sql(vendor),
         _key_sql(vendor, True),
-        f"DELETE FROM {session.name} WHERE {s['id']} = %s AND NOT EXISTS ("
-        f"SELECT 1 FROM {key.name} INNER JOIN {tenant.name} ON ({k['tenant']} = {t['id']}) "
-        f"WHERE {k['id']} = %s AND {k['status']} = %s "
-        f"AND ({k['expires_at']} IS NULL OR {k['expires_at']} > %s) "
-        f"AND ({_live_count_sql(vendor)}) <= {k['max_sessions']} "
-        f"AND ({t['max_sessions']} IS NULL OR ({_tenant_live_count_sql(vendor)}) <= {t['max_sessions']})"
-        f") RETURNING {s['id']}",
+        f"SELECT ({_live_count_sql(vendor)}), ({_tenant_live_count_sql(vendor)})",
     ))
 
 
-def session_admit(session: Session, *, prefix: str, seen_since: datetime,
-                  now: datetime) -> tuple[ApiKey | None, bool]:
+def session_admit_reads(session: Session, *, prefix: str,
+                        seen_since: datetime) -> tuple[ApiKey | None, int, int]:
     """Insert the session row, lock its key's and its tenant's rows and read
-    them again, and take the row back out unless the key is active, unexpired
-    and has at most ``max_sessions`` live sessions and its tenant at most its
-    own ``max_sessions`` (seen since ``seen_since``, this one included) -- in
-    one query, so one round trip, and one transaction.
+    them again, and count the live sessions of the key and of the tenant
+    (seen since ``seen_since``, this one included) -- in one query, so one
+    round trip and one transaction: opens of one key queue on the lock for
+    the time the database takes, not for round trips and the GIL in between.
+    The statements run one after the other, each with a fresh view, so the
+    counts see every session committed before the lock was taken.
 
     Returns the key as read under the lock (with its tenant; None when it is
-    gone) and whether the row stayed. The lock is held from the key's read to
-    the commit, both on the server: opens of one key queue on it for the
-    time the database takes, not for round trips and the GIL in between.
-    The statements run one after the other, each with a fresh view, so the
-    count sees every session of the key committed before the lock was
-    taken, as ``services.session_open``'s transaction does."""
-    table, key = _t(Session), _t(ApiKey)
+    gone) and the two counts. The row stays: the caller takes it back out
+    when the admission refuses it."""
+    table = _t(Session)
     params = _insert_params(session)
     params += [prefix]
-    params += [table.prep("id", session.id), key.prep("id", session.api_key_id), ApiKey.Status.ACTIVE.value,
-               key.prep("expires_at", now), table.prep("api_key", session.api_key_id),
-               table.prep("last_seen_at", seen_since), table.prep("tenant", session.tenant_id),
-               table.prep("last_seen_at", seen_since)]
+    params += [table.prep("api_key", session.api_key_id), table.prep("last_seen_at", seen_since),
+               table.prep("tenant", session.tenant_id), table.prep("last_seen_at", seen_since)]
     with connection.cursor() as cursor:
         cursor.execute(_admit_sql(connection.vendor), params)
         cursor.nextset()
         row = cursor.fetchone()
         cursor.nextset()
-        stayed = cursor.fetchone() is None
-    if stayed:
-        _saved(session)
-    return (None if row is None else _key_from_row(row)), stayed
+        key_live, tenant_live = cursor.fetchone()
+    _saved(session)
+    return (None if row is None else _key_from_row(row)), key_live, tenant_live
 
 
 @cache
@@ -250,7 +237,7 @@ def _live_count_sql(vendor: str) -> str:
 
 
 def live_session_count(key_id: int, *, seen_since: datetime) -> int:
-    """The key's open sessions seen since then (``services.live_sessions_filter``)."""
+    """The key's open sessions seen since then (``admission.live_sessions_filter``)."""
     table = _t(Session)
     with connection.cursor() as cursor:
         cursor.execute(_live_count_sql(connection.vendor),

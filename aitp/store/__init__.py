@@ -1,0 +1,24 @@
+"""Where a session's rows are written: one interface (``port.SessionStore``)
+and two implementations keeping the same promises, which the contract tests
+hold both to: the fast one the server runs (statements prepared once,
+several sessions' writes in one transaction, usage written behind) and a
+plain one (the ORM, one transaction per write; OWLLAYER_STORE=plain), the
+reference the fast one is measured and checked against."""
+from __future__ import annotations
+
+from aitp.store.port import HandshakeInfo, SessionStore
+from runtime.config import config, derived
+
+__all__ = ["HandshakeInfo", "SessionStore", "current"]
+
+
+@derived
+def current() -> SessionStore:
+    """The store the configuration names (made again when it changes)."""
+    if config().store.implementation == "plain":
+        from aitp.store.plain import PlainStore
+
+        return PlainStore()
+    from aitp.store.fast import FastStore  # it needs the quota, which needs the statements here
+
+    return FastStore()
