@@ -77,6 +77,17 @@ def test_a_bulk_action_over_owned_and_viewed_keys_changes_only_the_owned_ones(
     ])
 
 
+@ACTIONS
+def test_keys_left_unchanged_are_counted_and_told_as_an_error(olivia, beta_key, action):
+    second, _raw = services.api_key_create(tenant=beta_key.tenant, name="beta app")
+
+    page = run_action(olivia, action, beta_key, second)
+
+    assert [(str(m), m.level_tag) for m in page.context["messages"]] == [
+        ("2 keys left unchanged: you only view their tenants.", "error")]
+    assert {status_of(beta_key), status_of(second)} == {ApiKey.Status.ACTIVE}
+
+
 def test_the_key_lists_tenant_filter_names_only_tenants_the_user_sees(olivia, acme_key, beta_key):
     from aitp.services import tenant_create
 
