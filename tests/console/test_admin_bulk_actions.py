@@ -88,6 +88,18 @@ def test_keys_left_unchanged_are_counted_and_told_as_an_error(olivia, beta_key, 
     assert {status_of(beta_key), status_of(second)} == {ApiKey.Status.ACTIVE}
 
 
+@ACTIONS
+def test_a_viewed_tenant_that_someone_else_owns_is_still_left_unchanged(
+    django_user_model, olivia, beta_key, action
+):
+    member(django_user_model, beta_key.tenant, "bob", OWNER)
+
+    page = run_action(olivia, action, beta_key)
+
+    assert status_of(beta_key) == ApiKey.Status.ACTIVE
+    assert told(page) == ["1 key left unchanged: you only view its tenant."]
+
+
 def test_the_key_lists_tenant_filter_names_only_tenants_the_user_sees(olivia, acme_key, beta_key):
     from aitp.services import tenant_create
 
