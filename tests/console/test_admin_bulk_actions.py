@@ -9,6 +9,7 @@ from django.urls import reverse
 
 from aitp import services
 from aitp.models import ApiKey, OperatorAction
+from tenants.selectors import changeable_tenant_ids
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
 from tests.console.test_admin_writes import grant_admin_rights
 
@@ -98,6 +99,18 @@ def test_a_viewed_tenant_that_someone_else_owns_is_still_left_unchanged(
 
     assert status_of(beta_key) == ApiKey.Status.ACTIVE
     assert told(page) == ["1 key left unchanged: you only view its tenant."]
+
+
+def test_the_tenants_a_user_may_change_are_exactly_the_ids_of_those_it_owns(
+    django_user_model, acme, beta
+):
+    # Others' memberships first, so that no membership shares its number with its tenant.
+    for name in ("amy", "ann", "abe"):
+        member(django_user_model, beta, name, VIEWER)
+    olivia = member(django_user_model, acme, "olivia", OWNER, is_staff=True)
+    member(django_user_model, beta, "olivia", VIEWER)
+
+    assert changeable_tenant_ids(olivia) == {acme.pk}
 
 
 def test_the_key_lists_tenant_filter_names_only_tenants_the_user_sees(olivia, acme_key, beta_key):
