@@ -306,3 +306,55 @@ class TestARefusedUserInputEndsItsTurn:
         m.receive_text(frame("TOOL_RESULT", {"callId": "tc_1"}))
         m.receive_text(frame("CONTEXT_UPDATE", {"url": 5}))
         assert [f["type"] for f in sent(m)] == ["SYSTEM_EVENT", "SYSTEM_EVENT"]
+
+
+class TestContextLimits:
+    """OWLLAYER_MAX_ACTIVE_TOOLS and OWLLAYER_MAX_CONTEXT_BYTES, as the machine
+    holds them: exactly the limit is accepted, one more is refused with what
+    was sent, what is allowed, and the frame it answers."""
+
+    def test_exactly_the_tool_limit_is_accepted_and_one_more_is_refused_saying_both_counts(self):
+        m = opened(max_active_tools=2)
+        two = [TOOL, dict(TOOL, name="other")]
+        [changed] = m.receive_text(frame("CONTEXT_UPDATE", {"url": "/a", "title": "A", "activeTools": two}))
+        assert [t.name for t in changed.tools] == ["add_to_cart", "other"]
+        m.data_to_send()
+
+        assert m.receive_text(frame("CONTEXT_UPDATE", {"activeTools": [*two, dict(TOOL, name="third")]})) == []
+        [error] = sent(m)
+        assert error["payload"]["message"] == "3 tools declared; at most 2 are allowed"
+        assert error["payload"]["data"] == {"code": "too_many_tools", "messageId": "msg_1"}
+
+    def test_a_context_of_exactly_the_byte_limit_is_accepted_and_one_byte_more_is_refused(self):
+        context = {"x": "y" * 10}  # {"x":"yyyyyyyyyy"} is 18 bytes
+        m = opened(max_context_bytes=18)
+        assert len(m.receive_text(frame("CONTEXT_UPDATE", {"context": context}))) == 1
+        m.data_to_send()
+
+        assert m.receive_text(frame("CONTEXT_UPDATE", {"context": {"x": "y" * 11}})) == []
+        [error] = sent(m)
+        assert error["payload"]["message"] == "context is 19 bytes; at most 18 are allowed"
+        assert error["payload"]["data"] == {"code": "context_too_large", "messageId": "msg_1"}
+
+    def test_a_tool_declaration_that_does_not_parse_is_refused_saying_which_and_why(self):
+        m = opened()
+        assert m.receive_text(frame("CONTEXT_UPDATE", {"activeTools": [dict(TOOL, description="")]})) == []
+        [error] = sent(m)
+        assert error["payload"]["message"] == "activeTools[0].description: must be a non-empty string"
+        assert error["payload"]["data"] == {"code": "invalid_tool", "messageId": "msg_1"}
+
+    def test_an_accepted_context_hands_the_consumer_its_page_and_the_sessions_surface(self):
+        m = opened()
+        [changed] = m.receive_text(frame("CONTEXT_UPDATE", {
+            "url": "/cart", "title": "Cart", "context": {"items": 2}, "activeTools": [TOOL]}))
+        assert (changed.url, changed.title, changed.context) == ("/cart", "Cart", {"items": 2})
+        assert changed.surface is m.surface
+
+
+def test_accepting_records_the_session_id_and_only_follows_an_asked_handshake():
+    m = machine()
+    with pytest.raises(AssertionError):
+        m.accept_handshake("ses_early")
+    m.receive_text(init())
+    m.accept_handshake("ses_x")
+    assert m.session_id == "ses_x"

@@ -178,3 +178,17 @@ async def test_the_first_ask_moves_the_deadline_once_and_repeats_never_move_it_a
     await agent.on_approval_response(p.ApprovalResponse(callId=call.call_id, approved=False,
                                                         error="Action denied by user"))
     await asyncio.wait_for(task, PATIENCE)
+
+
+@pytest.mark.parametrize("way", ["approval_request", "pending_approval"])
+async def test_an_ask_about_a_call_the_turn_does_not_hold_is_unknown_call_naming_it(way):
+    agent, call, task = await waiting_payment()
+    before = call.deadline
+
+    refused = await send_ask(agent, way, "tc_not_a_real_call")
+
+    assert (refused.payload.kind, refused.payload.data) == (
+        "error", {"code": "unknown_call", "callId": "tc_not_a_real_call"})
+    assert call.deadline == before and call.approval_id is None
+    await agent.on_tool_result(p.ToolResult(callId=call.call_id, status="error", error="gone"))
+    await asyncio.wait_for(task, PATIENCE)

@@ -9,6 +9,7 @@ from django.urls import reverse
 
 from aitp import services
 from aitp.models import ApiKey, OperatorAction
+from tenants.selectors import changeable_tenant_ids
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
 from tests.console.test_admin_writes import grant_admin_rights
 
@@ -75,6 +76,41 @@ def test_a_bulk_action_over_owned_and_viewed_keys_changes_only_the_owned_ones(
         "1 key left unchanged: you only view its tenant.",
         f"1 key {verb}; their live sessions are closing.",
     ])
+
+
+@ACTIONS
+def test_keys_left_unchanged_are_counted_and_told_as_an_error(olivia, beta_key, action):
+    second, _raw = services.api_key_create(tenant=beta_key.tenant, name="beta app")
+
+    page = run_action(olivia, action, beta_key, second)
+
+    assert [(str(m), m.level_tag) for m in page.context["messages"]] == [
+        ("2 keys left unchanged: you only view their tenants.", "error")]
+    assert {status_of(beta_key), status_of(second)} == {ApiKey.Status.ACTIVE}
+
+
+@ACTIONS
+def test_a_viewed_tenant_that_someone_else_owns_is_still_left_unchanged(
+    django_user_model, olivia, beta_key, action
+):
+    member(django_user_model, beta_key.tenant, "bob", OWNER)
+
+    page = run_action(olivia, action, beta_key)
+
+    assert status_of(beta_key) == ApiKey.Status.ACTIVE
+    assert told(page) == ["1 key left unchanged: you only view its tenant."]
+
+
+def test_the_tenants_a_user_may_change_are_exactly_the_ids_of_those_it_owns(
+    django_user_model, acme, beta
+):
+    # Others' memberships first, so that no membership shares its number with its tenant.
+    for name in ("amy", "ann", "abe"):
+        member(django_user_model, beta, name, VIEWER)
+    olivia = member(django_user_model, acme, "olivia", OWNER, is_staff=True)
+    member(django_user_model, beta, "olivia", VIEWER)
+
+    assert changeable_tenant_ids(olivia) == {acme.pk}
 
 
 def test_the_key_lists_tenant_filter_names_only_tenants_the_user_sees(olivia, acme_key, beta_key):
