@@ -308,15 +308,9 @@ class SessionMachine:
             update.url, update.title, update.context, tools,
         )
         surface = self.surface
-        # The page's declarations written once: for this frame and for the session's row.
-        tools_json = p.compact_json([tool.wire for tool in tools])
-        event = p.system_event("tools_effective", data=surface.to_event_data())
-        try:
-            text = p.serialize_system_event(event, surface.event_data_json(tools_json, p.compact_json))
-        except (TypeError, ValueError):
-            text = None  # a server tool's declaration json cannot write: the long way
-        self.send(event, text=text)
-        return [ContextChanged(update.url, update.title, update.context, tools, surface, tools_json)]
+        self.send(p.system_event("tools_effective", data=surface.to_event_data()))
+        return [ContextChanged(update.url, update.title, update.context, tools, surface,
+                               surface.client_tools_json)]
 
     def _user_input(self, message: p.Message) -> list[Event]:
         user_input = cast(p.UserInput, message.payload)
