@@ -35,6 +35,7 @@ from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.agent_voice import Listening
+from aitp.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER
 from aitp.conf import from_settings
 from aitp.db import DbCallConsumer, db_call
 from aitp.group_write import GroupWrite
@@ -45,10 +46,6 @@ from aitp.quota import TokenQuota
 from aitp.recent import RecentAnswers
 from aitp.row_writer import SessionRowWriter
 from aitp.session import (
-    CLOSE_GOING_AWAY,
-    CLOSE_INTERNAL_ERROR,
-    CLOSE_POLICY,
-    CLOSE_TRY_AGAIN_LATER,
     ApprovalRequestReceived,
     ApprovalResponseReceived,
     AudioChunkReceived,

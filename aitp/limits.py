@@ -50,11 +50,12 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.util import WindowStats
 
 from aitp import protocol as p
+from aitp.close_codes import CLOSE_TRY_AGAIN_LATER
 from aitp.conf import from_settings
 from aitp.flood_log import FloodLog
 from aitp.group_write import Gathered
 from aitp.recent import RecentAnswers
-from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
+from aitp.session import SessionMachine
 
 logger = logging.getLogger(__name__)
 

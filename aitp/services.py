@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from aitp import calls, limits, liveness, notify, open_statements, ports, statements
 from aitp.calls import CallStatus
+from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.models import (
     ApiKey,
     ConversationMessage,
@@ -558,7 +559,7 @@ def sessions_close_stale(*, now: datetime | None = None, closing: Closing | None
     now = now or timezone.now()
     stale_before = now - timedelta(seconds=3 * settings.OWLLAYER_HEARTBEAT_INTERVAL)
     stale = Session.objects.filter(ended_at__isnull=True, last_seen_at__lt=stale_before)
-    return _sessions_close(stale, now=now, code=1006, reason="server process lost", closing=closing)
+    return _sessions_close(stale, now=now, code=CLOSE_ABNORMAL, reason="server process lost", closing=closing)
 
 
 # The sweep (aitp.processes) closes the rows of server processes that are

@@ -25,17 +25,11 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from aitp import protocol as p
+from aitp.close_codes import CLOSE_POLICY, MAX_CLOSE_REASON_BYTES
 from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
 from aitp.voice import inbound
 from aitp.voice.audio import AudioRefused
 from aitp.voice.base import Audio
-
-# protocol.md §10: the client treats 1008 as permanent.
-CLOSE_POLICY = 1008
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_GOING_AWAY = 1001
-CLOSE_TRY_AGAIN_LATER = 1013
-MAX_CLOSE_REASON_BYTES = 123
 
 
 class State(enum.Enum):

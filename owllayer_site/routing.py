@@ -13,8 +13,8 @@ from django.conf import settings
 from django.urls import path, re_path
 
 from aitp import protocol as p
+from aitp.close_codes import CLOSE_POLICY
 from aitp.consumer import AitpConsumer
-from aitp.session import CLOSE_POLICY
 from operators.routing import websocket_urlpatterns as operator_websocket_urlpatterns
 
 logger = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from playwright.async_api import expect
 
+from aitp.close_codes import FINAL_CODES
 from aitp.wire_schema import frame_schema, load
 from tests.browser.conftest import (
     CLIENT_PATH,
@@ -340,7 +341,7 @@ async def test_without_an_ack_it_closes_with_4000_and_tries_again(fake_server, p
     assert fake.connections[1].received[0]["type"] == "HANDSHAKE_INIT"
 
 
-@pytest.mark.parametrize("code", [1008, 1003, 1011])
+@pytest.mark.parametrize("code", sorted(FINAL_CODES))
 async def test_a_policy_close_is_permanent_and_shows_the_reason(fake_server, page, code):
     async def refuse(connection: FakeConnection) -> None:
         await connection.recv_type("HANDSHAKE_INIT")
