@@ -195,7 +195,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self._flush()  # dropped, not parsed
             return
         data = text_data if text_data is not None else bytes_data
-        for event in self.machine.receive_text(data or ""):
+        events = self.machine.receive_text(data or "")
+        if self.feed is not None:
+            self.feed.inbound(events, data or "")
+        for event in events:
             try:
                 await self._handle(event)
             except DatabaseError:
@@ -225,8 +228,6 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             self.machine.error("temporarily_unavailable", "The service is briefly unavailable.")
 
     async def _handle(self, event) -> None:
-        if not isinstance(event, HandshakeRequested):
-            self.feed.inbound(event)
         if isinstance(event, HandshakeRequested):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):
