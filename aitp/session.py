@@ -66,7 +66,7 @@ class ContextChanged:
     context: dict
     tools: tuple[ToolSpec, ...]
     surface: ToolSurface
-    # The tools' declarations as the JSON array the frame wrote (None: not written).
+    # The tools' declarations as a JSON array (the surface's client_tools_json; None: not written).
     tools_json: str | None = None
 
 
