@@ -35,6 +35,7 @@ from aitp import protocol as p
 from aitp.agent import Agent, AgentConfig, PageSnapshot
 from aitp.agent_store import AgentStore
 from aitp.agent_voice import Listening
+from aitp.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER
 from aitp.db import DbCallConsumer, db_call
 from aitp.group_write import GroupWrite
 from aitp.limits import connection_limits
@@ -44,10 +45,6 @@ from aitp.quota import TokenQuota
 from aitp.recent import RecentAnswers
 from aitp.row_writer import SessionRowWriter
 from aitp.session import (
-    CLOSE_GOING_AWAY,
-    CLOSE_INTERNAL_ERROR,
-    CLOSE_POLICY,
-    CLOSE_TRY_AGAIN_LATER,
     ApprovalRequestReceived,
     ApprovalResponseReceived,
     AudioChunkReceived,
@@ -190,7 +187,10 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self._flush()  # dropped, not parsed
             return
         data = text_data if text_data is not None else bytes_data
-        for event in self.machine.receive_text(data or ""):
+        events = self.machine.receive_text(data or "")
+        if self.feed is not None:
+            self.feed.inbound(events, data or "")
+        for event in events:
             try:
                 await self._handle(event)
             except DatabaseError:
@@ -220,8 +220,6 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             self.machine.error("temporarily_unavailable", "The service is briefly unavailable.")
 
     async def _handle(self, event) -> None:
-        if not isinstance(event, HandshakeRequested):
-            self.feed.inbound(event)
         if isinstance(event, HandshakeRequested):
             await self._open_session(event)
         elif isinstance(event, ContextChanged):

@@ -49,11 +49,12 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.util import WindowStats
 
 from aitp import protocol as p
+from aitp.close_codes import CLOSE_TRY_AGAIN_LATER
 from aitp.flood_log import FloodLog
 from aitp.group_write import Gathered
 from aitp.quota import USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE, token_quota_used_up
 from aitp.recent import RecentAnswers
-from aitp.session import CLOSE_TRY_AGAIN_LATER, SessionMachine
+from aitp.session import SessionMachine
 from runtime.config import LimitsConfig
 from runtime.config import config as current_config
 

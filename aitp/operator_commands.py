@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from aitp import live
 from aitp import protocol as p
-from aitp.session import CLOSE_POLICY, SessionMachine
+from aitp.close_codes import CLOSE_POLICY
+from aitp.session import SessionMachine
 
 
 class OperatorCommands:

@@ -58,6 +58,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from aitp import liveness, ports, quota, services, store
+from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.db import db_call
 from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module offered them)
     START_TIME_TOLERANCE,
@@ -151,7 +152,7 @@ def sweep(*, now: datetime | None = None) -> SweepResult:
     closing = services.Closing()
     if gone:
         closed += services.sessions_close_of_processes(
-            process_ids=gone, code=1006, reason="server process lost", mark_stopped=True, now=now,
+            process_ids=gone, code=CLOSE_ABNORMAL, reason="server process lost", mark_stopped=True, now=now,
             closing=closing,
         )
         logger.warning("server processes gone: %s (%d session rows closed)", ", ".join(gone), closed)

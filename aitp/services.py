@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from aitp import notify, ports
+from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.models import ApiKey, OperatorAction, Session, ToolCall
 from aitp.store import keys
 from aitp.store.admission import Refusal, api_key_refusal
@@ -182,7 +183,7 @@ def sessions_close_stale(*, now: datetime | None = None, closing: Closing | None
     now = now or timezone.now()
     stale_before = now - timedelta(seconds=3 * config().store.heartbeat_interval)
     stale = Session.objects.filter(ended_at__isnull=True, last_seen_at__lt=stale_before)
-    return _sessions_close(stale, now=now, code=1006, reason="server process lost", closing=closing)
+    return _sessions_close(stale, now=now, code=CLOSE_ABNORMAL, reason="server process lost", closing=closing)
 
 
 # The sweep (aitp.processes) closes the rows of server processes that are

@@ -25,17 +25,11 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from aitp import protocol as p
+from aitp.close_codes import CLOSE_POLICY, MAX_CLOSE_REASON_BYTES
 from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
 from aitp.voice import inbound
 from aitp.voice.audio import AudioRefused
 from aitp.voice.base import Audio
-
-# protocol.md §10: the client treats 1008 as permanent.
-CLOSE_POLICY = 1008
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_GOING_AWAY = 1001
-CLOSE_TRY_AGAIN_LATER = 1013
-MAX_CLOSE_REASON_BYTES = 123
 
 
 class State(enum.Enum):
@@ -72,7 +66,7 @@ class ContextChanged:
     context: dict
     tools: tuple[ToolSpec, ...]
     surface: ToolSurface
-    # The tools' declarations as the JSON array the frame wrote (None: not written).
+    # The tools' declarations as a JSON array (the surface's client_tools_json; None: not written).
     tools_json: str | None = None
 
 
@@ -308,15 +302,9 @@ class SessionMachine:
             update.url, update.title, update.context, tools,
         )
         surface = self.surface
-        # The page's declarations written once: for this frame and for the session's row.
-        tools_json = p.compact_json([tool.wire for tool in tools])
-        event = p.system_event("tools_effective", data=surface.to_event_data())
-        try:
-            text = p.serialize_system_event(event, surface.event_data_json(tools_json, p.compact_json))
-        except (TypeError, ValueError):
-            text = None  # a server tool's declaration json cannot write: the long way
-        self.send(event, text=text)
-        return [ContextChanged(update.url, update.title, update.context, tools, surface, tools_json)]
+        self.send(p.system_event("tools_effective", data=surface.to_event_data()))
+        return [ContextChanged(update.url, update.title, update.context, tools, surface,
+                               surface.client_tools_json)]
 
     def _user_input(self, message: p.Message) -> list[Event]:
         user_input = cast(p.UserInput, message.payload)

@@ -19,9 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
-from jsonschema import Draft202012Validator, validators
+from jsonschema import Draft202012Validator, TypeChecker, validators
+from jsonschema.protocols import Validator
+
+from aitp.protocol import compact_json
 
 TOOL_NAME_RE = r"^[a-zA-Z0-9_-]{1,64}$"
 _TOOL_NAME = re.compile(TOOL_NAME_RE)
@@ -58,8 +61,6 @@ class Risk(str, enum.Enum):
 _RISK_ORDER = (Risk.NONE, Risk.LOW, Risk.HIGH, Risk.CRITICAL)
 # The same four levels as database choices (value, label).
 RISK_CHOICES = [(r.value, r.value.capitalize()) for r in Risk]
-
-
 _RISK_VALUES = ", ".join(r.value for r in Risk)
 
 
@@ -79,16 +80,16 @@ class ToolError(Exception):
 class ToolSpec:
     name: str
     description: str
-    parameters: dict | None  # the AITP schema as declared (upper-case types)
+    parameters: dict[str, Any] | None  # the AITP schema as declared (upper-case types)
     risk: Risk = Risk.NONE
     origin: str = "client"  # "client" | "server"
 
     @cached_property
-    def _json_schema(self) -> dict:
+    def _json_schema(self) -> dict[str, Any]:
         return aitp_to_json_schema(self.parameters)
 
     @cached_property
-    def _validator(self):
+    def _validator(self) -> Validator:
         return _ArgumentsValidator(_in_check_order(self._json_schema))
 
     def argument_problems(self, args: Any) -> list[str]:
@@ -96,16 +97,15 @@ class ToolSpec:
         return _problems(self._validator, args)
 
     @property
-    def input_schema(self) -> dict:
+    def input_schema(self) -> dict[str, Any]:
         """JSON Schema for the model; always {"type": "object", ...}. A fresh copy."""
         return copy.deepcopy(self._json_schema)
 
     @property
-    def wire(self) -> dict:
-        """The declaration as it goes on the wire, its parameters shared (a
-        few keys built each time: kept per spec, they cost every idle session
-        memory): for serializing as it is (frames, rows); never change it (``to_wire()``
-        gives a copy of one's own)."""
+    def wire(self) -> dict[str, Any]:
+        """The declaration as it goes on the wire, its parameters shared (a few
+        keys built each time: kept per spec, they cost every idle session
+        memory): serialize it, never change it (``to_wire()`` gives a copy)."""
         wire: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
@@ -115,11 +115,11 @@ class ToolSpec:
             wire["parameters"] = self.parameters
         return wire
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """The declaration as it goes on the wire. A fresh copy."""
-        return json_copy(self.wire)
+        return cast(dict[str, Any], json_copy(self.wire))
 
-    def to_anthropic(self) -> dict:
+    def to_anthropic(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description,
                 "input_schema": self.input_schema}
 
@@ -182,7 +182,7 @@ def parse_tool(raw: Any, *, origin: str = "client", path: str = "tool",
                     risk=risk, origin=origin)
 
 
-def parse_client_tools(raw: list, *, owned: bool = False) -> list[ToolSpec]:
+def parse_client_tools(raw: list[Any], *, owned: bool = False) -> list[ToolSpec]:
     """CONTEXT_UPDATE.activeTools -> specs; raises ToolError naming the tool
     index. ``owned``: as ``parse_tool``'s."""
     if not isinstance(raw, list):
@@ -220,47 +220,64 @@ def _validate_schema(schema: Any, path: str, depth: int) -> None:
     description = schema.get("description")
     if description is not None and not isinstance(description, str):
         raise ToolError(f"{path}.description: must be a string")
-
-    properties = schema.get("properties")
-    if properties is not None:
-        if kind != "OBJECT":
-            raise ToolError(f"{path}.properties: only allowed for type OBJECT")
-        if not isinstance(properties, dict):
-            raise ToolError(f"{path}.properties: must be an object")
-        for key, child in properties.items():
-            if not isinstance(key, str) or not _PROPERTY_NAME.fullmatch(key):
-                raise ToolError(f"{path}.properties: key '{str(key)[:64]}' must be 1-64 "
-                                "letters, digits, '_', '.' or '-'")
-            _validate_schema(child, f"{path}.properties.{key}", depth + 1)
-
-    required = schema.get("required")
-    if required is not None:
-        if kind != "OBJECT":
-            raise ToolError(f"{path}.required: only allowed for type OBJECT")
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise ToolError(f"{path}.required: must be a list of strings")
-        for key in required:
-            if key not in (properties or {}):
-                raise ToolError(f"{path}.required: '{key[:64]}' is not a declared property")
-        if len(set(required)) != len(required):
-            raise ToolError(f"{path}.required: must not repeat a name")
-
-    items = schema.get("items")
-    if items is not None:
-        if kind != "ARRAY":
-            raise ToolError(f"{path}.items: only allowed for type ARRAY")
-        _validate_schema(items, f"{path}.items", depth + 1)
-
-    enum_values = schema.get("enum")
-    if enum_values is not None:
-        if not isinstance(enum_values, list) or not enum_values:
-            raise ToolError(f"{path}.enum: must be a non-empty list")
-        for index, value in enumerate(enum_values):
-            if not _matches_type(kind.lower(), value):
-                raise ToolError(f"{path}.enum[{index}]: expected {kind.lower()}")
+    for keyword, check in _KEYWORD_CHECKS:
+        if schema.get(keyword) is not None:
+            check(schema, kind, path, depth)
 
 
-def aitp_to_json_schema(schema: dict | None) -> dict:
+def _only_for(kind: str, allowed: str, path: str) -> None:
+    if kind != allowed:
+        raise ToolError(f"{path}: only allowed for type {allowed}")
+
+
+def _check_properties(schema: dict[str, Any], kind: str, path: str, depth: int) -> None:
+    properties = schema["properties"]
+    _only_for(kind, "OBJECT", f"{path}.properties")
+    if not isinstance(properties, dict):
+        raise ToolError(f"{path}.properties: must be an object")
+    for key, child in properties.items():
+        if not isinstance(key, str) or not _PROPERTY_NAME.fullmatch(key):
+            raise ToolError(f"{path}.properties: key '{str(key)[:64]}' must be 1-64 "
+                            "letters, digits, '_', '.' or '-'")
+        _validate_schema(child, f"{path}.properties.{key}", depth + 1)
+
+
+def _check_required(schema: dict[str, Any], kind: str, path: str, depth: int) -> None:
+    required = schema["required"]
+    _only_for(kind, "OBJECT", f"{path}.required")
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ToolError(f"{path}.required: must be a list of strings")
+    for key in required:
+        if key not in (schema.get("properties") or {}):
+            raise ToolError(f"{path}.required: '{key[:64]}' is not a declared property")
+    if len(set(required)) != len(required):
+        raise ToolError(f"{path}.required: must not repeat a name")
+
+
+def _check_items(schema: dict[str, Any], kind: str, path: str, depth: int) -> None:
+    _only_for(kind, "ARRAY", f"{path}.items")
+    _validate_schema(schema["items"], f"{path}.items", depth + 1)
+
+
+def _check_enum(schema: dict[str, Any], kind: str, path: str, depth: int) -> None:
+    enum_values = schema["enum"]
+    if not isinstance(enum_values, list) or not enum_values:
+        raise ToolError(f"{path}.enum: must be a non-empty list")
+    for index, value in enumerate(enum_values):
+        if not _matches_type(kind.lower(), value):
+            raise ToolError(f"{path}.enum[{index}]: expected {kind.lower()}")
+
+
+# Properties first: the required names must be among them.
+_KEYWORD_CHECKS: tuple[tuple[str, Callable[[dict[str, Any], str, str, int], None]], ...] = (
+    ("properties", _check_properties),
+    ("required", _check_required),
+    ("items", _check_items),
+    ("enum", _check_enum),
+)
+
+
+def aitp_to_json_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
     """AITP schema -> JSON Schema for the model (lower-case types).
 
     Carries type, description, properties, required, items and enum; other
@@ -276,7 +293,7 @@ def aitp_to_json_schema(schema: dict | None) -> dict:
     return converted
 
 
-def _convert(schema: dict) -> dict:
+def _convert(schema: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"type": schema["type"].lower()}
     if isinstance(schema.get("description"), str):
         out["description"] = schema["description"]
@@ -297,13 +314,13 @@ def _convert(schema: dict) -> dict:
 # (aitp_client) checks the TOOL_CALLs it receives with the same function.
 
 
-def _finite_number(checker, value: Any) -> bool:
+def _finite_number(_checker: TypeChecker, value: Any) -> bool:
     return _matches_type("number", value)
 
 
 # JSON Schema's own types, except that a number must be finite (NaN and
 # infinity have no JSON form) and a boolean is never a number or an integer.
-_ArgumentsValidator = validators.extend(
+_ArgumentsValidator: type[Validator] = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator,
     type_checker=Draft202012Validator.TYPE_CHECKER.redefine("number", _finite_number),
 )
@@ -330,7 +347,7 @@ def _in_check_order(schema: Any) -> Any:
     return ordered
 
 
-def validate_arguments(schema: dict, args: Any) -> list[str]:
+def validate_arguments(schema: dict[str, Any], args: Any) -> list[str]:
     """Check model-produced arguments against a JSON Schema from aitp_to_json_schema.
 
     Returns human messages ("quantity: expected number"); empty means valid.
@@ -340,25 +357,26 @@ def validate_arguments(schema: dict, args: Any) -> list[str]:
     return _problems(_ArgumentsValidator(_in_check_order(schema)), args)
 
 
-def _problems(validator, args: Any) -> list[str]:
+def _problems(validator: Validator, args: Any) -> list[str]:
     if not isinstance(args, dict):
         return ["arguments must be an object"]
     errors = list(validator.iter_errors(args))
     mistyped = {tuple(e.absolute_path) for e in errors if e.validator == "type"}
     messages: list[str] = []
-    missing_seen: dict[tuple, int] = {}
+    missing_seen: dict[tuple[Any, ...], int] = {}
     for error in errors:
         where = tuple(error.absolute_path)
+        expected, instance = cast(Any, error.validator_value), cast(Any, error.instance)
         if error.validator != "type" and where in mistyped:
             continue
         if error.validator == "type":
-            messages.append(f"{_path(where)}: expected {error.validator_value}")
+            messages.append(f"{_path(where)}: expected {expected}")
         elif error.validator == "enum":
-            allowed = ", ".join(json.dumps(e, ensure_ascii=False) for e in error.validator_value)
+            allowed = ", ".join(json.dumps(e, ensure_ascii=False) for e in expected)
             messages.append(f"{_path(where)}: must be one of {allowed}")
         elif error.validator == "required":
             # One error per missing key, in the order the schema lists them.
-            missing = [key for key in error.validator_value if key not in error.instance]
+            missing = [key for key in expected if key not in instance]
             index = missing_seen.get(where, 0)
             missing_seen[where] = index + 1
             messages.append(f"{_path((*where, missing[index]))}: is required")
@@ -436,7 +454,7 @@ class ToolSurface:
     def get(self, name: str) -> ToolSpec | None:
         return self._by_name.get(name)
 
-    def to_event_data(self) -> dict:
+    def to_event_data(self) -> dict[str, Any]:
         """data of SYSTEM_EVENT tools_effective (protocol.md §4). The lists are
         new; the declarations in them are the specs' shared ``wire``: serialize
         it, never change it."""
@@ -447,24 +465,13 @@ class ToolSurface:
             "ignoredClientTools": [t.wire for t in self.ignored],
         }
 
-    def event_data_json(self, client_json: str, write: Callable[[Any], str]) -> str:
-        """``to_event_data()`` as JSON text, the client tools' declarations
-        given written already (``client_json``: ``write`` of their ``wire``
-        list): they are half of the event, and the session's row keeps them
-        too. ``write`` writes the rest."""
-        server_json = write([t.wire for t in self.server_tools])
-        ignored = self.ignored
-        if not self.server_tools:
-            effective = client_json
-        elif not ignored:  # the server tools, then every client tool
-            effective = server_json[:-1] + ("," if self.client_tools else "") + client_json[1:]
-        else:
-            effective = write([t.wire for t in self.effective])
-        return (f'{{"effectiveTools":{effective},"serverTools":{server_json},'
-                f'"clientTools":{client_json},'
-                f'"ignoredClientTools":{write([t.wire for t in ignored])}}}')
+    @cached_property
+    def client_tools_json(self) -> str:
+        """The page's declarations (``wire`` of each client tool) as JSON text,
+        written once for this surface: the session's row keeps them."""
+        return compact_json([t.wire for t in self.client_tools])
 
-    def anthropic_tools(self) -> list[dict]:
+    def anthropic_tools(self) -> list[dict[str, Any]]:
         """Tools for the model in a canonical order.
 
         The prompt cache keys on the exact tool list, so the same surface
@@ -486,7 +493,7 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def args_hash(name: str, args: dict) -> str:
+def args_hash(name: str, args: dict[str, Any]) -> str:
     """sha256 hex of the canonical call; equal for equal calls whatever the key order."""
     text = canonical_json({"name": name, "args": args})
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

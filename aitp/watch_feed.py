@@ -1,28 +1,18 @@
 """The watcher feed of one connection: what operators watching it live see.
 
-Every frame in (as the page sent it, rebuilt from the session machine's
-event) and out, audio as its length only, and every change of the session
-(opened, context, state, closed), queued on the connection's
-``aitp.live.LivePublisher`` so the connection never waits on the channel
-layer, and published only while someone watches. The consumer owns one per
-open session.
+Every frame in and out as it went over the wire, audio as its length only,
+and every change of the session (opened, context, state, closed), queued on
+the connection's ``aitp.live.LivePublisher`` so the connection never waits
+on the channel layer, and published only while someone watches. The
+consumer owns one per open session.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from aitp import live
-from aitp.session import (
-    ApprovalRequestReceived,
-    ApprovalResponseReceived,
-    AudioChunkReceived,
-    ContextChanged,
-    ToolResultReceived,
-    UserAudioReceived,
-    UserTextReceived,
-    VoiceInputEnded,
-    VoiceInterrupted,
-)
+from aitp.session import AudioChunkReceived, HandshakeRequested, UserAudioReceived
 from aitp.voice.audio import AGENT_RATE, CLIENT_MIME, CLIENT_RATE
 from aitp.voice.base import SAMPLE_WIDTH
 
@@ -39,9 +29,14 @@ class WatcherFeed:
         """Once the connection is in its session's group (``LivePublisher.start``)."""
         self.publisher.start(watched)
 
-    def inbound(self, event) -> None:
-        # Described only when someone watches.
-        self.publisher.frame("in", lambda: describe_inbound(event))
+    def inbound(self, events: Iterable[object], frame: str | bytes) -> None:
+        """A frame the page sent and the session machine's events of it: a
+        frame that made none (refused) or only a handshake (it holds the
+        key) is not shown."""
+        shown = [event for event in events if not isinstance(event, HandshakeRequested)]
+        if shown:
+            # Described only when someone watches.
+            self.publisher.frame("in", lambda: describe_inbound(shown[0], frame))
 
     async def watchers_changed(self, event: dict) -> None:
         """A watcher joined or left (the ``live.WATCHERS_COMMAND`` session command)."""
@@ -58,33 +53,18 @@ class WatcherFeed:
         await self.publisher.aclose()
 
 
-def describe_inbound(event) -> str:
-    """The inbound message behind an event, as JSON text for watchers."""
-    if isinstance(event, ContextChanged):
-        body = {"type": "CONTEXT_UPDATE", "payload": {
-            "url": event.url, "title": event.title, "context": event.context,
-            "activeTools": [tool.to_wire() for tool in event.tools]}}
-    elif isinstance(event, UserTextReceived):
-        body = {"type": "USER_INPUT", "payload": {"modality": "text", "content": event.text}}
-    elif isinstance(event, ToolResultReceived):
-        body = {"type": "TOOL_RESULT", "payload": event.result.model_dump(exclude_none=True)}
-    elif isinstance(event, ApprovalRequestReceived):
-        body = {"type": "APPROVAL_REQUEST", "payload": event.request.model_dump(exclude_none=True)}
-    elif isinstance(event, ApprovalResponseReceived):
-        body = {"type": "APPROVAL_RESPONSE", "payload": event.response.model_dump(exclude_none=True)}
-    elif isinstance(event, AudioChunkReceived):
+def describe_inbound(event: object, frame: str | bytes) -> str:
+    """An inbound frame for watchers: as the page sent it (the session
+    machine parsed it, so it is UTF-8 JSON), its audio as its length."""
+    if isinstance(event, AudioChunkReceived):
         body = {"type": "AUDIO_STREAM", "payload": _audio_length(CLIENT_MIME, len(event.pcm), CLIENT_RATE)}
     elif isinstance(event, UserAudioReceived):
+        audio = event.audio
         body = {"type": "USER_INPUT", "payload": {
-            "modality": "audio",
-            **_audio_length(f"audio/pcm;rate={event.audio.rate}", len(event.audio.pcm), event.audio.rate)}}
-    elif isinstance(event, VoiceInputEnded):
-        body = {"type": "VOICE_INPUT_END", "payload": {"reason": event.reason}}
-    elif isinstance(event, VoiceInterrupted):
-        body = {"type": "VOICE_INTERRUPT", "payload": {"reason": event.reason}}
+            "modality": "audio", **_audio_length(f"audio/pcm;rate={audio.rate}", len(audio.pcm), audio.rate)}}
     else:
-        body = {"type": type(event).__name__, "payload": {}}
-    return json.dumps(body, ensure_ascii=False, default=str)
+        return frame.decode("utf-8") if isinstance(frame, bytes) else frame
+    return json.dumps(body, ensure_ascii=False)
 
 
 def describe_outbound(frame: str) -> str:

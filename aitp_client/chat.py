@@ -222,16 +222,8 @@ def _redact(text: str, secret: str | None) -> str:
 
 async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
     """Run the chat until end of input (a None in ``lines``), /quit or a server close."""
-    try:
-        ack = await client.connect()
-    except AitpRefused as exc:
-        out.write(f"refused: {exc.message} (close {exc.close_code} {exc.close_reason or ''})\n")
-        return 2
-    except (AitpClosed, AitpUpgradeRefused, AitpProtocolError, TimeoutError, OSError) as exc:
-        out.write(f"cannot connect: {_redact(str(exc), client.api_key)}\n")
-        return 2
-    except Exception as exc:
-        out.write(f"cannot connect: {_redact(str(exc) or type(exc).__name__, client.api_key)}\n")
+    ack = await _connect(client, out)
+    if ack is None:
         return 2
     out.write(f"connected, session {ack['sessionId']}. type a message; /help for help, /quit or ctrl-d quits.\n")
     out.flush()
@@ -241,54 +233,87 @@ async def chat(client: AitpClient, lines: asyncio.Queue, out: TextIO) -> int:
     screen_task = asyncio.create_task(screen.run())
     try:
         screen.write(PROMPT)
-        while True:
-            next_line = asyncio.ensure_future(lines.get())
-            await asyncio.wait({next_line, screen_task}, return_when=asyncio.FIRST_COMPLETED)
-            if screen_task.done():
-                next_line.cancel()
-                return 1
-            line = next_line.result()
-            screen.line_read()
-            if line is None:
-                screen.answer_none()
-                break
-            if screen.questions:
-                screen.answer(line)
-                continue
-            text = line.strip()
-            if text.lower() in QUIT_COMMANDS:
-                return 0 if screen.closed is None else 1
-            if text.lower() == HELP_COMMAND:
-                screen.write(HELP + PROMPT)
-                continue
-            if not text:
-                continue
-            # One turn at a time, as in a page: the server refuses input
-            # while the agent is answering. A line read meanwhile answers
-            # the question the turn may ask, or goes once the turn is done.
-            waited = await _turn_finished_or_question(screen, screen_task)
-            if waited is None:
-                return 1
-            if waited == "question":
-                screen.answer(line)
-                continue
-            screen.idle.clear()
-            await client.user_input(text)
-        # End of input: let the running turn finish before closing; a
-        # question it asks now can have no answer.
-        try:
-            async with asyncio.timeout(DRAIN_TIMEOUT):
-                while await _turn_finished_or_question(screen, screen_task) == "question":
-                    screen.answer_none()
-        except TimeoutError:
-            out.write("[turn still running at end of input; closing]\n")
-        return 0 if screen.closed is None else 1
+        code = await _read_lines(client, screen, screen_task, lines)
+        return code if code is not None else await _drain(screen, screen_task, out)
     finally:
         screen.closing = True
         await client.close()
         await screen_task
         for task in list(screen.answers):
             task.cancel()
+
+
+async def _connect(client: AitpClient, out: TextIO) -> dict | None:
+    """The HANDSHAKE_ACK's payload, or None once the reason it failed is printed."""
+    try:
+        return await client.connect()
+    except AitpRefused as exc:
+        out.write(f"refused: {exc.message} (close {exc.close_code} {exc.close_reason or ''})\n")
+    except (AitpClosed, AitpUpgradeRefused, AitpProtocolError, TimeoutError, OSError) as exc:
+        out.write(f"cannot connect: {_redact(str(exc), client.api_key)}\n")
+    except Exception as exc:
+        out.write(f"cannot connect: {_redact(str(exc) or type(exc).__name__, client.api_key)}\n")
+    return None
+
+
+async def _read_lines(client: AitpClient, screen: _Screen, screen_task: asyncio.Task,
+                      lines: asyncio.Queue) -> int | None:
+    """Each line read, sent or answered, until end of input (None) or the
+    code to exit with."""
+    while True:
+        next_line = asyncio.ensure_future(lines.get())
+        await asyncio.wait({next_line, screen_task}, return_when=asyncio.FIRST_COMPLETED)
+        if screen_task.done():
+            next_line.cancel()
+            return 1
+        line = next_line.result()
+        screen.line_read()
+        if line is None:
+            screen.answer_none()
+            return None
+        code = await _one_line(client, screen, screen_task, line)
+        if code is not None:
+            return code
+
+
+async def _one_line(client: AitpClient, screen: _Screen, screen_task: asyncio.Task,
+                    line: str) -> int | None:
+    """One line: an answer, a command, or a message; the code to exit with, if any."""
+    if screen.questions:
+        screen.answer(line)
+        return None
+    text = line.strip()
+    if text.lower() in QUIT_COMMANDS:
+        return 0 if screen.closed is None else 1
+    if text.lower() == HELP_COMMAND:
+        screen.write(HELP + PROMPT)
+        return None
+    if not text:
+        return None
+    # One turn at a time, as in a page: the server refuses input while the
+    # agent is answering. A line read meanwhile answers the question the
+    # turn may ask, or goes once the turn is done.
+    waited = await _turn_finished_or_question(screen, screen_task)
+    if waited is None:
+        return 1
+    if waited == "question":
+        screen.answer(line)
+        return None
+    screen.idle.clear()
+    await client.user_input(text)
+    return None
+
+
+async def _drain(screen: _Screen, screen_task: asyncio.Task, out: TextIO) -> int:
+    """End of input: let the running turn finish before closing; a question
+    it asks now can have no answer."""
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            while await _turn_finished_or_question(screen, screen_task) == "question":
+                screen.answer_none()
+    except TimeoutError:
+        out.write("[turn still running at end of input; closing]\n")
+    return 0 if screen.closed is None else 1
 
 
 async def _turn_finished_or_question(screen: _Screen, screen_task: asyncio.Task) -> str | None:

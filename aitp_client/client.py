@@ -1,8 +1,9 @@
 """A small asyncio AITP client that speaks to a server as the browser SDK does.
 
 It opens ``<url>?apiKey=<key>``, sends HANDSHAKE_INIT, and checks every frame
-it receives as strictly as the deployed client (``validate.py``), so a frame
-the browser would silently drop fails loudly here instead.
+it receives as strictly as the deployed client (``validate.py``, against the
+protocol's JSON Schema), so a frame the browser would silently drop fails
+loudly here instead.
 
 Typical use::
 

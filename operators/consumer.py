@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from aitp import live, notify, processes
+from aitp.close_codes import CLOSE_FORBIDDEN, CLOSE_GOING_AWAY
 from aitp.db import DbCallConsumer, db_call
 from operators import selectors
 from operators.access import user_watch_group
@@ -38,9 +39,6 @@ from tenants.selectors import tenant_ids_for_user
 
 logger = logging.getLogger(__name__)
 
-CLOSE_FORBIDDEN = 4403
-# The server is stopping; the page may reconnect (to another process).
-CLOSE_GOING_AWAY = 1001
 # The longest a subscription waits for the connection holding the session
 # to say it publishes its frames before "subscribed" goes out anyway.
 SUBSCRIBE_ANSWER_WAIT = 2.0

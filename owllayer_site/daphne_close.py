@@ -41,9 +41,10 @@ import functools
 import logging
 import pprint
 
+from aitp.close_codes import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, MAX_CLOSE_REASON_BYTES, sendable
+
 logger = logging.getLogger(__name__)
 
-CLOSE_TRY_AGAIN_LATER = 1013
 # How often a connection whose reading is paused looks again (seconds).
 RESUME_CHECK_INTERVAL = 0.01
 # Frames waiting for the consumer that pause reading whatever their size: a
@@ -77,15 +78,6 @@ def _limits() -> tuple[int, int]:
     protocol = config().protocol
     return (protocol.max_inbound_bytes, protocol.max_outbound_bytes)
 
-# RFC 6455 section 7.4: 1004, 1005, 1006 and 1015 must never be sent.
-SENDABLE_CODES = frozenset({1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014})
-MAX_REASON_BYTES = 123
-
-
-def sendable(code: int) -> bool:
-    return code in SENDABLE_CODES or 3000 <= code <= 4999
-
-
 def install() -> None:
     try:
         from daphne.ws_protocol import WebSocketProtocol
@@ -101,9 +93,9 @@ def install() -> None:
             code = 1000 if code is None else int(code)
             if not sendable(code):
                 logger.error("refusing to send close code %s; sending 1011", code)
-                code = 1011
+                code = CLOSE_INTERNAL_ERROR
             reason = message.get("reason") or ""
-            encoded = reason.encode("utf-8")[:MAX_REASON_BYTES].decode("utf-8", "ignore").encode()
+            encoded = reason.encode("utf-8")[:MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore").encode()
             self.sendCloseFrame(code=code, reasonUtf8=encoded or None, isReply=False)
             return
         return original(self, message)

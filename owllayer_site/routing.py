@@ -12,8 +12,8 @@ import logging
 from django.urls import path, re_path
 
 from aitp import protocol as p
+from aitp.close_codes import CLOSE_POLICY
 from aitp.consumer import AitpConsumer
-from aitp.session import CLOSE_POLICY
 from operators.routing import websocket_urlpatterns as operator_websocket_urlpatterns
 from runtime.config import config
 

@@ -152,7 +152,11 @@ def client_rejection(text: str | bytes, *, from_server: bool = True) -> str | No
         return "not valid json"
     if not isinstance(frame, dict):
         return "frame is not an object"
+    return _envelope_rejection(frame, from_server) or _payload_rejection(
+        frame["type"], frame["payload"])
 
+
+def _envelope_rejection(frame: dict, from_server: bool) -> str | None:
     frame_id = frame.get("id")
     if not isinstance(frame_id, str) or not frame_id:
         return "id must be a non-empty string"
@@ -165,12 +169,14 @@ def client_rejection(text: str | bytes, *, from_server: bool = True) -> str | No
     if (isinstance(timestamp, bool) or not isinstance(timestamp, (int, float))
             or not math.isfinite(timestamp)):
         return "timestamp must be a number"
-    payload = frame.get("payload")
-    if not isinstance(payload, dict):
+    if not isinstance(frame.get("payload"), dict):
         return "payload must be an object"
     if "meta" in frame and not isinstance(frame["meta"], dict):
         return "meta must be an object when present (null is rejected)"
+    return None
 
+
+def _payload_rejection(frame_type: str, payload: dict) -> str | None:
     for field, (presence, check) in PAYLOAD_SCHEMAS[frame_type].items():
         if field not in payload:
             if presence == REQUIRED:

@@ -75,7 +75,8 @@ _ = _Names()
 
 # Hooks of libraries: the Anthropic SDK's middleware, autobahn's protocol
 # attributes, and parameters a signature we implement must take.
-(_.handle_async, _.failByDrop, _.__str__)
+(_.handle_async, _.failByDrop, _.__str__, _.default_schema, _.field_title_should_be_set,
+ _.nullable_schema)
 (_.exc_info, _.signum)
 
 # The Python client's API for its users (aitp_client).
@@ -85,6 +86,6 @@ _ = _Names()
 # anchorer, the speech jobs and engines, the shared model client, the
 # server-frame parser, the Django state of a row written by statement.
 (_.verify_chain, _.wait_until_anchored, _.reset, _.load, _.jobs_of, _.transcribe_now,
- _.speech_end_seconds, _.close_client, _.parse_server_frame, _.db)
+ _.speech_end_seconds, _.close_client, _.db, _.frame_schema, _.FINAL_CODES, _.to_wire)
 # Written for the tests beside the fast session writes.
 (_.tool_calls_record, _.USAGE_FIELDS)

@@ -9,7 +9,9 @@ core's tests and the live consumer's.
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 
 from hypothesis import strategies as st
 
@@ -253,3 +255,27 @@ def hostile_answer() -> st.SearchStrategy:
         st.dictionaries(st.one_of(st.integers(), st.booleans(), st.none()), st.just(1), min_size=1,
                         max_size=2),
     )
+
+
+def unstorable_codes(value, max_depth: int | None, depth: int = 1) -> set[str]:
+    """Every code ``find_unstorable`` could answer for ``value``: a plain
+    recursive reading of its rules, written apart from its walk."""
+    if isinstance(value, str):
+        return {"invalid_text"} if re.search("[\x00\ud800-\udfff]", value) else set()
+    if value is None or isinstance(value, bool):
+        return set()
+    if isinstance(value, int):
+        return {"invalid_number"} if abs(value) > 2**63 - 1 else set()
+    if isinstance(value, float):
+        return set() if math.isfinite(value) else {"invalid_number"}
+    if not isinstance(value, (dict, list)):
+        return {"invalid_value"}
+    if max_depth is not None and depth > max_depth:
+        return {"too_deep"}
+    codes: set[str] = set()
+    children = value.values() if isinstance(value, dict) else value
+    for key in value if isinstance(value, dict) else ():
+        codes |= unstorable_codes(key, None) if isinstance(key, str) else {"invalid_value"}
+    for child in children:
+        codes |= unstorable_codes(child, max_depth, depth + 1)
+    return codes

@@ -594,7 +594,8 @@ def test_constructors_build_frames_the_client_accepts():
 # --- the client-side check itself (tests/wire.py) ---------------------------------------
 
 
-@pytest.mark.parametrize("text,reason", [
+# Frames the deployed client drops, with a word of the reason the wire check gives.
+DROPPED_FRAMES = [
     (frame("SYSTEM_EVENT", {"kind": "reload"}, meta=None), "meta"),
     (frame("SYSTEM_EVENT", {"kind": "error", "message": None}), "payload.message is null"),
     (frame("VOICE_STATE_EVENT", {"event": "interrupted", "reason": None}), "payload.reason is null"),
@@ -623,7 +624,10 @@ def test_constructors_build_frames_the_client_accepts():
     (frame("AGENT_RESPONSE", {"chunk": "a", "done": True}, timestamp="1"), "timestamp"),
     (json.dumps({"id": "a", "type": "AGENT_RESPONSE", "timestamp": 1, "payload": None}), "payload"),
     ("{nope", "json"),
-])
+]
+
+
+@pytest.mark.parametrize("text,reason", DROPPED_FRAMES)
 def test_the_wire_check_rejects_what_the_deployed_client_drops(text, reason):
     rejection = client_rejection(text)
     assert rejection is not None and reason in rejection

@@ -33,6 +33,7 @@ from tests.aitp.hostile import (
     hostile_frame,
     hostile_text,
     hostile_value,
+    unstorable_codes,
 )
 from tests.wire import assert_client_accepts
 
@@ -171,9 +172,12 @@ def test_any_tool_answer_is_used_as_it_is_only_when_every_later_layer_holds_it(v
 
 @HYPOTHESIS
 @given(hostile_answer(), st.sampled_from([None, 1, 2, 3, p.DEFAULT_MAX_DEPTH]))
-def test_the_quick_check_and_the_walk_agree_on_values_that_are_not_json(value, max_depth):
-    named = p._first_unstorable(value, max_depth)
-    assert p._any_unstorable(value, max_depth) is (named is not None)
+def test_the_walk_names_values_that_are_not_json_exactly_when_the_rules_refuse_them(
+        value, max_depth):
+    named = p.find_unstorable(value, max_depth=max_depth)
+    codes = unstorable_codes(value, max_depth)
+    assert (named is None) is (not codes)
+    assert named is None or named[0] in codes
 
 
 @HYPOTHESIS

@@ -24,6 +24,7 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
 from aitp import services
+from aitp.close_codes import FINAL_CODES
 from aitp.models import ConversationMessage, ToolCall
 from aitp_client import AitpClient, final_text
 from approvals.models import Approval
@@ -48,7 +49,7 @@ TURN_TIMEOUT = 30.0
 EVENT_TIMEOUT = 30.0
 # Codes the deployed client treats as final (protocol.md §10): no
 # infrastructure fault may send them.
-FINAL_CLOSE_CODES = {1003, 1008, 1011}
+FINAL_CLOSE_CODES = FINAL_CODES
 
 UNREACHABLE_LINE = "channel layer: Redis is unreachable"
 BACK_LINE = "channel layer: Redis is back"

@@ -1,5 +1,4 @@
-"""A SYSTEM_EVENT frame is written straight from its data when that is plain
-JSON, and through pydantic when it is not: either way the frame is the one
+"""A SYSTEM_EVENT frame, whatever its data holds, is the one
 ``model_dump(mode="json", exclude_none=True)`` gives (protocol.md §1)."""
 from __future__ import annotations
 

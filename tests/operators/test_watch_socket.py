@@ -214,7 +214,7 @@ async def test_an_operator_sees_a_page_open_navigate_and_its_answer_stream_in(
 
     await watcher.send(type="subscribe", session_id=session_id)
     await watcher.recv_until(is_type("subscribed"))
-    await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
+    said = await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
     frames = []
     while True:
         message = await watcher.recv_until(is_type("frame"))
@@ -222,8 +222,8 @@ async def test_an_operator_sees_a_page_open_navigate_and_its_answer_stream_in(
         frames.append((message["direction"], frame))
         if frame["type"] == "AGENT_RESPONSE" and frame["payload"]["done"]:
             break
-    assert frames[0] == ("in", {"type": "USER_INPUT",
-                                "payload": {"modality": "text", "content": "hello"}})
+    assert frames[0] == ("in", said)
+    assert said["payload"] == {"modality": "text", "content": "hello"}
     deltas = "".join(f["payload"]["chunk"] for d, f in frames
                      if f["type"] == "AGENT_RESPONSE" and not f["payload"]["done"])
     final = frames[-1][1]["payload"]["chunk"]

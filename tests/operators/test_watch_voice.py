@@ -1,24 +1,38 @@
-"""What operators watching a voice session are told: the page's voice
-messages and the agent's audio as their length, never their samples, and
-every other frame as it was sent. Pure."""
+"""What operators watching a voice session are told: the page's and the
+agent's audio as its length, never its samples, and every other frame as it
+was sent. Pure."""
 from __future__ import annotations
 
 import base64
 import json
 
 from aitp import protocol as p
-from aitp.session import AudioChunkReceived, UserAudioReceived, VoiceInputEnded, VoiceInterrupted
+from aitp.session import (
+    AudioChunkReceived,
+    UserAudioReceived,
+    UserTextReceived,
+    VoiceInputEnded,
+    VoiceInterrupted,
+)
 from aitp.voice.base import Audio
 from aitp.watch_feed import describe_inbound, describe_outbound
 
 
+def frame(type_: str, payload: dict) -> str:
+    return json.dumps({"id": "msg_1", "type": type_, "timestamp": 1706000000000, "payload": payload})
+
+
 def test_watchers_are_told_the_voice_messages_from_the_page_with_audio_as_its_length():
-    described = [json.loads(describe_inbound(event)) for event in (
-        AudioChunkReceived(b"\0\0" * 4000),
-        UserAudioReceived(Audio(b"\0\0" * 8000, 16000)),
-        VoiceInputEnded("vad"),
-        VoiceInterrupted("barge_in"),
-    )]
+    said = [
+        (AudioChunkReceived(b"\0\0" * 4000), frame("AUDIO_STREAM", {"data": "AAAA" * 2000})),
+        (UserAudioReceived(Audio(b"\0\0" * 8000, 16000)),
+         frame("USER_INPUT", {"modality": "audio", "content": "AAAA" * 4000})),
+        (VoiceInputEnded("vad"), frame("VOICE_INPUT_END", {"reason": "vad"})),
+        (VoiceInterrupted("barge_in"), frame("VOICE_INTERRUPT", {"reason": "barge_in"}).encode()),
+    ]
+    described = [json.loads(describe_inbound(event, text)) for event, text in said]
+    for told in described[2:]:
+        del told["id"], told["timestamp"]
     assert described == [
         {"type": "AUDIO_STREAM", "payload": {"mimeType": "audio/pcm;rate=16000", "bytes": 8000, "seconds": 0.25}},
         {"type": "USER_INPUT", "payload": {"modality": "audio", "mimeType": "audio/pcm;rate=16000",
@@ -37,3 +51,8 @@ def test_watchers_are_told_the_agents_audio_as_its_length_and_every_other_frame_
     assert told["payload"] == {"mimeType": "audio/pcm;rate=24000", "bytes": 12000, "seconds": 0.25}
     said = p.serialize(p.system_event("transcript", data={"role": "agent", "text": "Sure."}))
     assert describe_outbound(said) == said
+
+
+def test_watchers_are_told_every_other_frame_from_the_page_as_it_was_sent():
+    sent = frame("USER_INPUT", {"modality": "text", "content": "Where is my order?", "extra": 1})
+    assert describe_inbound(UserTextReceived("Where is my order?"), sent) == sent
