@@ -7,15 +7,27 @@ reference the fast one is measured and checked against."""
 from __future__ import annotations
 
 from aitp.store.port import HandshakeInfo, SessionStore
-from runtime.config import config, derived
+from runtime.config import config
 
 __all__ = ["HandshakeInfo", "SessionStore", "current"]
 
 
-@derived
+# One store of each kind per process, made when first named: they hold no
+# state of their own, so a change of settings only chooses between them.
+_made: dict[str, SessionStore] = {}
+
+
 def current() -> SessionStore:
-    """The store the configuration names (made again when it changes)."""
-    if config().store.implementation == "plain":
+    """The store the configuration names."""
+    name = config().store.implementation
+    made = _made.get(name)
+    if made is None:
+        made = _made.setdefault(name, _make(name))
+    return made
+
+
+def _make(name: str) -> SessionStore:
+    if name == "plain":
         from aitp.store.plain import PlainStore
 
         return PlainStore()
