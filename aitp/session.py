@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from aitp import protocol as p
 from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
+from aitp.turn import Do, PageMistake, TurnEvent, TurnMachine
 from aitp.voice import inbound
 from aitp.voice.audio import AudioRefused
 from aitp.voice.base import Audio
@@ -69,7 +71,7 @@ class HandshakeRequested:
 class ContextChanged:
     url: str
     title: str
-    context: dict
+    context: dict[str, Any]
     tools: tuple[ToolSpec, ...]
     surface: ToolSurface
     # The tools' declarations as the JSON array the frame wrote (None: not written).
@@ -120,6 +122,9 @@ class VoiceInterrupted:
     reason: str
 
 
+# Frames only a session offered "audio" may send.
+VOICE_IN = frozenset({p.MessageType.AUDIO_STREAM, p.MessageType.VOICE_INPUT_END,
+                      p.MessageType.VOICE_INTERRUPT})
 # Frames (besides SYSTEM_EVENT transcript) only a session offered "audio" is sent.
 VOICE_OUT = frozenset({p.MessageType.AUDIO_STREAM, p.MessageType.VOICE_STATE_EVENT})
 
@@ -165,14 +170,16 @@ class SessionMachine:
     state: State = State.AWAITING_HANDSHAKE
     session_id: str | None = None
     handshake_pending: bool = False
-    turn_active: bool = False
+    # Where the connection's turn is (aitp.turn): a second USER_INPUT is
+    # refused while one runs.
+    turn: TurnMachine = field(default_factory=TurnMachine)
     invalid_in_a_row: int = 0
     # Every invalid frame of the connection (its flood log counts them).
     invalid_frames: int = 0
     close: Close | None = None
     url: str = ""
     title: str = ""
-    context: dict = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
     client_tools: tuple[ToolSpec, ...] = ()
     server_tools: tuple[ToolSpec, ...] = ()
     _outgoing: list[str] = field(default_factory=list)
@@ -198,53 +205,57 @@ class SessionMachine:
         return events
 
     def _dispatch(self, message: p.Message) -> list[Event]:
-        kind = message.type
         if self.state is State.AWAITING_HANDSHAKE:
-            if kind is p.MessageType.HANDSHAKE_INIT and not self.handshake_pending:
-                self.invalid_in_a_row = 0
-                return self._handshake(cast(p.HandshakeInit, message.payload))
-            self._invalid(
-                "handshake_required",
-                "send HANDSHAKE_INIT before any other message",
-                message_id=message.id,
-            )
-            return []
-        # OPEN
-        if kind is p.MessageType.HANDSHAKE_INIT:
-            self._invalid("already_open", "the session is already open", message_id=message.id)
-            return []
-        if kind is p.MessageType.CONTEXT_UPDATE:
-            return self._context_update(message)
-        if kind is p.MessageType.USER_INPUT:
-            return self._user_input(message)
-        if kind is p.MessageType.TOOL_RESULT:
-            self.invalid_in_a_row = 0
-            return [ToolResultReceived(cast(p.ToolResult, message.payload))]
-        if kind is p.MessageType.APPROVAL_REQUEST:
-            self.invalid_in_a_row = 0
-            return [ApprovalRequestReceived(cast(p.ApprovalRequest, message.payload))]
-        if kind is p.MessageType.APPROVAL_RESPONSE:
-            self.invalid_in_a_row = 0
-            return [ApprovalResponseReceived(cast(p.ApprovalResponse, message.payload))]
-        # AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT
-        if not self.audio:
+            return self._awaiting_handshake(message)
+        if message.type in VOICE_IN and not self.audio:
             # HANDSHAKE_ACK did not offer "audio".
             self.invalid_in_a_row = 0
             self.error("voice_unavailable", "voice is not available on this server",
                        message_id=message.id)
             return []
-        if kind is p.MessageType.AUDIO_STREAM:
-            chunk = cast(p.AudioStream, message.payload)
-            try:
-                pcm = inbound.stream_chunk(chunk.data, chunk.mimeType)
-            except AudioRefused as exc:
-                self._invalid(exc.code, exc.message, message_id=message.id)
-                return []
+        return _OPEN_HANDLERS[message.type](self, message)
+
+    def _awaiting_handshake(self, message: p.Message) -> list[Event]:
+        if message.type is p.MessageType.HANDSHAKE_INIT and not self.handshake_pending:
             self.invalid_in_a_row = 0
-            return [AudioChunkReceived(pcm)]
+            return self._handshake(cast(p.HandshakeInit, message.payload))
+        self._invalid(
+            "handshake_required",
+            "send HANDSHAKE_INIT before any other message",
+            message_id=message.id,
+        )
+        return []
+
+    def _already_open(self, message: p.Message) -> list[Event]:
+        self._invalid("already_open", "the session is already open", message_id=message.id)
+        return []
+
+    def _answer(self, message: p.Message) -> list[Event]:
+        """TOOL_RESULT, APPROVAL_REQUEST, APPROVAL_RESPONSE: the turn's business."""
         self.invalid_in_a_row = 0
-        if kind is p.MessageType.VOICE_INPUT_END:
-            return [VoiceInputEnded(cast(p.VoiceInputEnd, message.payload).reason)]
+        payload = message.payload
+        if isinstance(payload, p.ToolResult):
+            return [ToolResultReceived(payload)]
+        if isinstance(payload, p.ApprovalRequest):
+            return [ApprovalRequestReceived(payload)]
+        return [ApprovalResponseReceived(cast(p.ApprovalResponse, payload))]
+
+    def _audio_stream(self, message: p.Message) -> list[Event]:
+        chunk = cast(p.AudioStream, message.payload)
+        try:
+            pcm = inbound.stream_chunk(chunk.data, chunk.mimeType)
+        except AudioRefused as exc:
+            self._invalid(exc.code, exc.message, message_id=message.id)
+            return []
+        self.invalid_in_a_row = 0
+        return [AudioChunkReceived(pcm)]
+
+    def _voice_input_end(self, message: p.Message) -> list[Event]:
+        self.invalid_in_a_row = 0
+        return [VoiceInputEnded(cast(p.VoiceInputEnd, message.payload).reason)]
+
+    def _voice_interrupt(self, message: p.Message) -> list[Event]:
+        self.invalid_in_a_row = 0
         return [VoiceInterrupted(cast(p.VoiceInterrupt, message.payload).reason)]
 
     @property
@@ -335,14 +346,8 @@ class SessionMachine:
             )
             return []
         self.invalid_in_a_row = 0
-        if self.turn_active:
-            self.error(
-                "turn_in_progress",
-                "the agent is still answering; wait for it to finish",
-                message_id=message.id,
-            )
+        if not self._turn_starts(TurnEvent.TYPED, message):
             return []
-        self.turn_active = True
         return [UserTextReceived(text)]
 
     def _user_audio(self, message: p.Message, user_input: p.UserInput) -> list[Event]:
@@ -361,23 +366,27 @@ class SessionMachine:
             self._refuse_input(exc.code, exc.message, message_id=message.id)
             return []
         self.invalid_in_a_row = 0
-        if self.turn_active:
-            self.error(
-                "turn_in_progress",
-                "the agent is still answering; wait for it to finish",
-                message_id=message.id,
-            )
+        if not self._turn_starts(TurnEvent.AUDIO_MESSAGE, message):
             return []
-        self.turn_active = True
         return [UserAudioReceived(audio)]
 
-    def start_voice_turn(self) -> bool:
-        """The live microphone starts a turn (the first chunk of an utterance);
-        False when a turn is already running."""
-        if self.turn_active:
+    def _turn_starts(self, event: TurnEvent, message: p.Message) -> bool:
+        """The page's input takes the turn, or is refused while one runs."""
+        try:
+            self.turn.step(event)
+        except PageMistake as exc:
+            self.error(exc.code, exc.message, message_id=message.id)
             return False
-        self.turn_active = True
         return True
+
+    @property
+    def turn_active(self) -> bool:
+        return self.turn.busy
+
+    def start_voice_turn(self) -> bool:
+        """The live microphone opened an utterance: True when it starts a
+        turn now, False when it waits for the running one."""
+        return Do.RUN_UTTERANCE in self.turn.step(TurnEvent.UTTERANCE_STARTED).do
 
     # --- decisions from the consumer ------------------------------------------
 
@@ -419,7 +428,8 @@ class SessionMachine:
         self.server_tools = tuple(tools)
 
     def end_turn(self) -> None:
-        self.turn_active = False
+        if self.turn.busy:
+            self.turn.step(TurnEvent.DONE)
 
     @property
     def surface(self) -> ToolSurface:
@@ -445,7 +455,7 @@ class SessionMachine:
         ):
             self._queue(message, text)
 
-    def error(self, code: str, message: str, **data) -> None:
+    def error(self, code: str, message: str, **data: Any) -> None:
         self.send(p.error_event(code, message, **{k: v for k, v in data.items() if v is not None}))
 
     def data_to_send(self) -> list[str]:
@@ -463,7 +473,7 @@ class SessionMachine:
 
     def _input_refused(self) -> None:
         # While a turn runs, its own done frame ends the page's wait.
-        if not self.turn_active:
+        if not self.turn.busy:
             self.send(p.agent_response("", True))
 
     def _invalid(self, code: str, message: str, *, message_id: str | None = None) -> None:
@@ -480,3 +490,17 @@ class SessionMachine:
             return
         data = {"messageId": message_id} if message_id else {}
         self._queue(p.error_event(code, message, **data))
+
+
+# What an open session does with each kind of frame the page may send.
+_OPEN_HANDLERS: dict[p.MessageType, Callable[[SessionMachine, p.Message], list[Event]]] = {
+    p.MessageType.HANDSHAKE_INIT: SessionMachine._already_open,
+    p.MessageType.CONTEXT_UPDATE: SessionMachine._context_update,
+    p.MessageType.USER_INPUT: SessionMachine._user_input,
+    p.MessageType.TOOL_RESULT: SessionMachine._answer,
+    p.MessageType.APPROVAL_REQUEST: SessionMachine._answer,
+    p.MessageType.APPROVAL_RESPONSE: SessionMachine._answer,
+    p.MessageType.AUDIO_STREAM: SessionMachine._audio_stream,
+    p.MessageType.VOICE_INPUT_END: SessionMachine._voice_input_end,
+    p.MessageType.VOICE_INTERRUPT: SessionMachine._voice_interrupt,
+}

@@ -112,20 +112,20 @@ TRANSITIONS: dict[TurnEvent, dict[TurnPhase, Rule]] = {
     E.AUDIO_MESSAGE: {P.IDLE: (P.LISTENING, (Do.ADMIT,))},
     # Busy: the utterance waits for this turn's end (``waiting``).
     E.UTTERANCE_STARTED: {P.IDLE: (P.LISTENING, (Do.RUN_UTTERANCE,)),
-                          **{phase: (None, ()) for phase in _BUSY}},
+                          **dict.fromkeys(_BUSY, (None, ()))},
     E.REFUSED: {P.ANSWERING: (P.IDLE, (Do.END,)), P.LISTENING: (P.IDLE, (Do.END,))},
     E.STARTED: {P.LISTENING: (None, (Do.RECORD,)), P.ANSWERING: (None, (Do.RECORD,))},
     E.HEARD: {P.LISTENING: (P.ANSWERING, ())},
-    E.ANSWERING: {phase: (P.ANSWERING, (Do.RECORD,)) for phase in _WRITING},
-    E.TOOL_DISPATCHED: {phase: (P.WAITING_TOOL, (Do.RECORD,)) for phase in _WRITING},
-    E.APPROVAL_ASKED: {phase: (P.WAITING_APPROVAL, (Do.RECORD,)) for phase in _WRITING},
+    E.ANSWERING: dict.fromkeys(_WRITING, (P.ANSWERING, (Do.RECORD,))),
+    E.TOOL_DISPATCHED: dict.fromkeys(_WRITING, (P.WAITING_TOOL, (Do.RECORD,))),
+    E.APPROVAL_ASKED: dict.fromkeys(_WRITING, (P.WAITING_APPROVAL, (Do.RECORD,))),
     E.SPEAKING: {P.ANSWERING: (P.SPEAKING, ())},
     # Still listening, the user only spoke on: answered now, the turn goes on.
     E.BARGE_IN: {P.IDLE: (None, (Do.SAY_INTERRUPTED,)),
                  P.LISTENING: (None, (Do.SAY_INTERRUPTED,)),
-                 **{phase: (P.CUT, (Do.STOP_VOICE, Do.CANCEL)) for phase in _WRITING | {P.CUT}}},
-    E.LEFT: {P.IDLE: (None, ()), **{phase: (P.CUT, (Do.CANCEL,)) for phase in _BUSY}},
-    E.DONE: {phase: (P.IDLE, (Do.RECORD, Do.END)) for phase in _BUSY},
+                 **dict.fromkeys(_WRITING | {P.CUT}, (P.CUT, (Do.STOP_VOICE, Do.CANCEL)))},
+    E.LEFT: {P.IDLE: (None, ()), **dict.fromkeys(_BUSY, (P.CUT, (Do.CANCEL,)))},
+    E.DONE: dict.fromkeys(_BUSY, (P.IDLE, (Do.RECORD, Do.END))),
 }
 
 # Events the page causes (through its frames); the rest are the server's.
@@ -204,8 +204,9 @@ class TurnMachine:
             self.waiting = True
         elif event is E.BARGE_IN and Do.CANCEL in do:
             self.interrupted = reason or "barge_in"
-        elif event is E.LEFT and Do.CANCEL in do:
-            self.cut = DISCONNECTED
+        elif event is E.LEFT:
+            # Nothing waits for a page that is gone.
+            self.cut, self.waiting = (DISCONNECTED if Do.CANCEL in do else self.cut), False
         elif event is E.APPROVAL_ASKED and self.voice:
             do = (*do, Do.ASK_VOICE_INPUT)
         elif event in (E.DONE, E.REFUSED):

@@ -15,6 +15,7 @@ from django.urls import path, re_path
 from aitp import protocol as p
 from aitp.consumer import AitpConsumer
 from aitp.session import CLOSE_POLICY
+from connection.runner import ConnectionRunner
 from operators.routing import websocket_urlpatterns as operator_websocket_urlpatterns
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ async def unknown_endpoint(scope, receive, send) -> None:
 
 
 websocket_urlpatterns = [
-    path(settings.OWLLAYER_WS_PATH.lstrip("/"), AitpConsumer.as_asgi()),
+    path(settings.OWLLAYER_WS_PATH.lstrip("/"), AitpConsumer.as_asgi(runner=ConnectionRunner)),
     *operator_websocket_urlpatterns,
     # Last: whatever no route above took.
     re_path(r"", unknown_endpoint),

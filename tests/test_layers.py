@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APPS_ABOVE_AITP = {"approvals", "console", "operators", "demo"}
+APPS_ABOVE_AITP = {"approvals", "console", "operators", "demo", "connection"}
 
 
 def packages() -> list[str]:
@@ -159,4 +159,5 @@ def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = app_graph()
     assert "aitp" in graph["approvals"] and "approvals" in graph["operators"]
+    assert "aitp" in graph["connection"] and "connection" in graph["owllayer_site"]
     assert not graph.get("aitp", set()) & APPS_ABOVE_AITP

@@ -37,7 +37,7 @@ async def test_a_closed_connection_is_freed_without_the_cycle_collector(connect,
     await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
     await page.recv_until("AGENT_RESPONSE", done=True)
     consumer = weakref.ref(the_new_consumer(before))
-    agent = weakref.ref(consumer().agent)
+    agent = weakref.ref(consumer().runner.agent)
     gc.disable()
     try:
         await page.close()

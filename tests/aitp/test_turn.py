@@ -199,3 +199,12 @@ def test_the_page_leaving_an_idle_connection_changes_nothing():
     machine = TurnMachine()
     assert machine.step(E.LEFT) == Move(P.IDLE, (), TurnState.IDLE)
     assert machine.cut == CANCELLED
+
+
+def test_an_utterance_waiting_when_the_page_leaves_starts_no_turn():
+    machine = TurnMachine()
+    machine.step(E.TYPED)
+    machine.step(E.UTTERANCE_STARTED)
+    machine.step(E.LEFT)
+    done = machine.step(E.DONE)
+    assert (done.phase, done.do) == (P.IDLE, (Do.RECORD, Do.END))
