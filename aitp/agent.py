@@ -24,7 +24,6 @@ await the turn themselves.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from aitp.agent_parts import (
     TurnOver,
     TurnParts,
 )
-from aitp.agent_request import ToolParams, as_recorded, build_request
+from aitp.agent_request import ToolParams, as_recorded, ask_model, build_request
 from aitp.agent_server_tools import ServerTools
 from aitp.agent_store import AgentStore
 from aitp.agent_text import TextStreamer, bounded_history
@@ -59,7 +58,7 @@ from aitp.ledger import (
     PendingCall,
     new_call_id,
 )
-from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
+from aitp.llm.base import LlmBackend, LlmError, LlmRequest, Usage
 from aitp.ports import ServerTool
 from aitp.quota import QuotaExceeded, TokenQuota
 from aitp.turn import TurnEvent
@@ -144,11 +143,11 @@ class Agent:
             raise
         except (LlmError, QuotaExceeded) as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
-            done = await self._failed(run, exc.code, exc.message)
+            done = await _failed(self.io, run, exc.code, exc.message)
         except Exception:
             # Our bug, not the peer's: log it, end the turn for the page.
             log.exception("turn %s crashed", self.turn)
-            done = await self._failed(run, "internal_error", "Something went wrong on the server.")
+            done = await _failed(self.io, run, "internal_error", "Something went wrong on the server.")
         finally:
             try:
                 await self._wind_up(run, voice)
@@ -165,7 +164,8 @@ class Agent:
         while True:
             force_answer = rounds >= self.config.max_tool_rounds
             request = self._build_request(force_answer=force_answer)
-            completion = await self._request(request, run.usage, run.streamer, run.full_text, run.speaker)
+            completion = await ask_model(self.backend, self.quota, request, run.usage, run.streamer,
+                                         run.full_text, run.speaker)
             content, refused = as_recorded(completion.content, max_depth=self.config.max_json_depth,
                                            session_id=self.session_id)
             tool_uses = [b for b in content if b.get("type") == "tool_use"]
@@ -195,15 +195,6 @@ class Agent:
             await run.speaker.finish()
             await self.io.send(p.voice_state("turn_complete"))
         return rounds
-
-    async def _failed(self, run: _Run, code: str, message: str) -> p.Message:
-        """The turn failed: the page gets the error, then an empty done."""
-        await run.streamer.discard()
-        await self.io.send(p.error_event(code, message))
-        if run.speaker is not None:
-            await run.speaker.aclose()
-            await self.io.send(p.voice_state("turn_complete"))
-        return p.agent_response("", True)
 
     async def _wind_up(self, run: _Run, voice: Listening | None) -> None:
         """The turn's bookkeeping, run even while its task is being cancelled."""
@@ -235,53 +226,6 @@ class Agent:
     def _build_request(self, *, force_answer: bool) -> LlmRequest:
         return build_request(config=self.config, system_prompt=self.system_prompt, history=self.history,
                              tools=self._tool_params(self.io.surface()), force_answer=force_answer)
-
-    async def _request(
-        self, request: LlmRequest, usage: Usage, streamer: TextStreamer, full_text: list[str],
-        speaker: Speaker | None = None,
-    ) -> MessageComplete:
-        """One model request, reserved against the tenant's token quota first
-        (no room: ``QuotaExceeded`` ends the turn), its usage added to the
-        turn's, then settled: the reservation released, the real tokens
-        counted. A request that fails or is cancelled releases it."""
-        if self.quota is None:
-            completion = await self._stream(request, streamer, full_text, speaker)
-            _add_usage(usage, completion.usage)
-            return completion
-        reservation = await self.quota.reserve(request)
-        try:
-            completion = await self._stream(request, streamer, full_text, speaker)
-        except BaseException:
-            await self.quota.release(reservation)
-            raise
-        _add_usage(usage, completion.usage)
-        await self.quota.settle(reservation, completion.usage)
-        return completion
-
-    async def _stream(
-        self, request: LlmRequest, streamer: TextStreamer, full_text: list[str],
-        speaker: Speaker | None = None,
-    ) -> MessageComplete:
-        separator_due = bool(full_text)
-        async with contextlib.aclosing(self.backend.stream(request)) as events:
-            async for event in events:
-                if isinstance(event, TextDelta):
-                    # Sent, spoken and stored alike: what no later layer could
-                    # hold (U+0000, a lone surrogate) is U+FFFD (_as_recorded).
-                    text = p.storable_text(event.text)
-                    if separator_due and text:
-                        full_text.append("\n\n")
-                        streamer.push("\n\n")
-                        if speaker is not None:
-                            speaker.feed("\n\n")
-                        separator_due = False
-                    full_text.append(text)
-                    streamer.push(text)
-                    if speaker is not None:
-                        speaker.feed(text)
-                elif isinstance(event, MessageComplete):
-                    return event
-        raise LlmError("stream_interrupted", "The answer was cut off. Please try again.")
 
     async def _append(self, role: str, content: list[dict], *, interrupted: bool = False) -> None:
         # Consecutive user messages (a turn that failed after its tool results)
@@ -440,6 +384,16 @@ async def _to_the_end(work: Awaitable[None]) -> bool:
             cancelled = True
 
 
+async def _failed(io: TurnIO, run: _Run, code: str, message: str) -> p.Message:
+    """The turn failed: the page gets the error, then an empty done."""
+    await run.streamer.discard()
+    await io.send(p.error_event(code, message))
+    if run.speaker is not None:
+        await run.speaker.aclose()
+        await io.send(p.voice_state("turn_complete"))
+    return p.agent_response("", True)
+
+
 def _cut_status(cut: asyncio.CancelledError) -> str:
     """What the calls of a cut turn end with: the connection cancels the
     turn's task with it (``aitp.turn.TurnMachine.cut``)."""
@@ -460,13 +414,6 @@ class _Run:
 
 def _cancel_message(status: str) -> str:
     return LEFT_MESSAGE if status == "disconnected" else CANCELLED_MESSAGE
-
-
-def _add_usage(total: Usage, more: Usage) -> None:
-    total.input_tokens += more.input_tokens
-    total.output_tokens += more.output_tokens
-    total.cache_read_tokens += more.cache_read_tokens
-    total.cache_write_tokens += more.cache_write_tokens
 
 
 class _SessionLog:

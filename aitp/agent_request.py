@@ -1,17 +1,21 @@
 """What the agent asks the model each round -- the system prompt with the
 tool guidance, the page's tools as the model gets them (risk noted), the
-conversation window with its cache breakpoint -- and what of its answer the
-record may hold.
+conversation window with its cache breakpoint --, the asking itself (the
+token quota reserved, the answer streamed to the page and the voice), and
+what of its answer the record may hold.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from aitp import protocol as p
 from aitp.agent_parts import AgentConfig
-from aitp.agent_text import bounded_history
+from aitp.agent_text import TextStreamer, bounded_history
+from aitp.agent_voice import Speaker
 from aitp.ledger import INVALID_ARGS, Outcome, checked_arguments, unusable_arguments
-from aitp.llm.base import LlmRequest
+from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
+from aitp.quota import TokenQuota
 from aitp.tools import Risk, ToolSurface
 
 logger = logging.getLogger(__name__)
@@ -140,3 +144,59 @@ def as_recorded(content: list[dict], *, max_depth: int,
                 block = {**block, **fixed}
         recorded.append(block)
     return recorded, refused
+
+
+async def ask_model(
+    backend: LlmBackend, quota: TokenQuota | None, request: LlmRequest, usage: Usage,
+    streamer: TextStreamer, full_text: list[str], speaker: Speaker | None = None,
+) -> MessageComplete:
+    """One model request, reserved against the tenant's token quota first
+    (no room: ``QuotaExceeded`` ends the turn), its usage added to the
+    turn's, then settled: the reservation released, the real tokens
+    counted. A request that fails or is cancelled releases it."""
+    if quota is None:
+        completion = await _stream(backend, request, streamer, full_text, speaker)
+        add_usage(usage, completion.usage)
+        return completion
+    reservation = await quota.reserve(request)
+    try:
+        completion = await _stream(backend, request, streamer, full_text, speaker)
+    except BaseException:
+        await quota.release(reservation)
+        raise
+    add_usage(usage, completion.usage)
+    await quota.settle(reservation, completion.usage)
+    return completion
+
+
+async def _stream(
+    backend: LlmBackend, request: LlmRequest, streamer: TextStreamer, full_text: list[str],
+    speaker: Speaker | None = None,
+) -> MessageComplete:
+    separator_due = bool(full_text)
+    async with contextlib.aclosing(backend.stream(request)) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                # Sent, spoken and stored alike: what no later layer could
+                # hold (U+0000, a lone surrogate) is U+FFFD (as_recorded).
+                text = p.storable_text(event.text)
+                if separator_due and text:
+                    full_text.append("\n\n")
+                    streamer.push("\n\n")
+                    if speaker is not None:
+                        speaker.feed("\n\n")
+                    separator_due = False
+                full_text.append(text)
+                streamer.push(text)
+                if speaker is not None:
+                    speaker.feed(text)
+            elif isinstance(event, MessageComplete):
+                return event
+    raise LlmError("stream_interrupted", "The answer was cut off. Please try again.")
+
+
+def add_usage(total: Usage, more: Usage) -> None:
+    total.input_tokens += more.input_tokens
+    total.output_tokens += more.output_tokens
+    total.cache_read_tokens += more.cache_read_tokens
+    total.cache_write_tokens += more.cache_write_tokens

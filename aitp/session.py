@@ -201,8 +201,7 @@ class SessionMachine:
             else:
                 self._invalid(exc.code, exc.message, message_id=exc.message_id)
             return []
-        events = self._dispatch(message)
-        return events
+        return self._dispatch(message)
 
     def _dispatch(self, message: p.Message) -> list[Event]:
         if self.state is State.AWAITING_HANDSHAKE:
@@ -230,15 +229,10 @@ class SessionMachine:
         self._invalid("already_open", "the session is already open", message_id=message.id)
         return []
 
-    def _answer(self, message: p.Message) -> list[Event]:
-        """TOOL_RESULT, APPROVAL_REQUEST, APPROVAL_RESPONSE: the turn's business."""
+    def _passed_on(self, message: p.Message) -> list[Event]:
+        """A frame the machine checks no further: the turn's business."""
         self.invalid_in_a_row = 0
-        payload = message.payload
-        if isinstance(payload, p.ToolResult):
-            return [ToolResultReceived(payload)]
-        if isinstance(payload, p.ApprovalRequest):
-            return [ApprovalRequestReceived(payload)]
-        return [ApprovalResponseReceived(cast(p.ApprovalResponse, payload))]
+        return [_PASSED_ON[message.type](message.payload)]
 
     def _audio_stream(self, message: p.Message) -> list[Event]:
         chunk = cast(p.AudioStream, message.payload)
@@ -250,14 +244,6 @@ class SessionMachine:
         self.invalid_in_a_row = 0
         return [AudioChunkReceived(pcm)]
 
-    def _voice_input_end(self, message: p.Message) -> list[Event]:
-        self.invalid_in_a_row = 0
-        return [VoiceInputEnded(cast(p.VoiceInputEnd, message.payload).reason)]
-
-    def _voice_interrupt(self, message: p.Message) -> list[Event]:
-        self.invalid_in_a_row = 0
-        return [VoiceInterrupted(cast(p.VoiceInterrupt, message.payload).reason)]
-
     @property
     def audio(self) -> bool:
         """Whether this session speaks the voice messages (HANDSHAKE_ACK offers "audio")."""
@@ -265,21 +251,14 @@ class SessionMachine:
 
     def _handshake(self, init: p.HandshakeInit) -> list[Event]:
         if init.protocolVersion != p.PROTOCOL_VERSION:
-            self.refuse(
-                "protocol_version_mismatch",
-                f"protocol version {init.protocolVersion} is not supported; "
-                f"this server speaks {p.PROTOCOL_VERSION}",
-                "protocol version mismatch",
-            )
+            self.refuse("protocol_version_mismatch", f"protocol version {init.protocolVersion} is not "
+                        f"supported; this server speaks {p.PROTOCOL_VERSION}", "protocol version mismatch")
             return []
         query_key = self.query_api_key or None
         init_key = init.apiKey or None
         if query_key and init_key and query_key != init_key:
-            self.refuse(
-                "api_key_mismatch",
-                "the API key in the URL and in HANDSHAKE_INIT differ",
-                "api key mismatch",
-            )
+            self.refuse("api_key_mismatch", "the API key in the URL and in HANDSHAKE_INIT differ",
+                        "api key mismatch")
             return []
         api_key = init_key or query_key
         if not api_key:
@@ -338,25 +317,16 @@ class SessionMachine:
             self._refuse_input("empty_input", "the message is empty", message_id=message.id)
             return []
         if len(text) > self.limits.max_input_chars:
-            self._refuse_input(
-                "input_too_long",
-                f"the message has {len(text)} characters; at most "
-                f"{self.limits.max_input_chars} are allowed",
-                message_id=message.id,
-            )
+            self._refuse_input("input_too_long", f"the message has {len(text)} characters; at most "
+                               f"{self.limits.max_input_chars} are allowed", message_id=message.id)
             return []
         self.invalid_in_a_row = 0
-        if not self._turn_starts(TurnEvent.TYPED, message):
-            return []
-        return [UserTextReceived(text)]
+        return [UserTextReceived(text)] if self._turn_starts(TurnEvent.TYPED, message) else []
 
     def _user_audio(self, message: p.Message, user_input: p.UserInput) -> list[Event]:
         if not self.audio:
             self.invalid_in_a_row = 0
-            self.error(
-                "voice_unavailable", "audio input is not available on this server",
-                message_id=message.id,
-            )
+            self.error("voice_unavailable", "audio input is not available on this server", message_id=message.id)
             self._input_refused()
             return []
         try:
@@ -366,9 +336,7 @@ class SessionMachine:
             self._refuse_input(exc.code, exc.message, message_id=message.id)
             return []
         self.invalid_in_a_row = 0
-        if not self._turn_starts(TurnEvent.AUDIO_MESSAGE, message):
-            return []
-        return [UserAudioReceived(audio)]
+        return [UserAudioReceived(audio)] if self._turn_starts(TurnEvent.AUDIO_MESSAGE, message) else []
 
     def _turn_starts(self, event: TurnEvent, message: p.Message) -> bool:
         """The page's input takes the turn, or is refused while one runs."""
@@ -492,15 +460,20 @@ class SessionMachine:
         self._queue(p.error_event(code, message, **data))
 
 
+# The frames an open session passes on as they are, each as its event.
+_PASSED_ON: dict[p.MessageType, Callable[[Any], Event]] = {
+    p.MessageType.TOOL_RESULT: ToolResultReceived,
+    p.MessageType.APPROVAL_REQUEST: ApprovalRequestReceived,
+    p.MessageType.APPROVAL_RESPONSE: ApprovalResponseReceived,
+    p.MessageType.VOICE_INPUT_END: lambda payload: VoiceInputEnded(payload.reason),
+    p.MessageType.VOICE_INTERRUPT: lambda payload: VoiceInterrupted(payload.reason),
+}
+
 # What an open session does with each kind of frame the page may send.
 _OPEN_HANDLERS: dict[p.MessageType, Callable[[SessionMachine, p.Message], list[Event]]] = {
     p.MessageType.HANDSHAKE_INIT: SessionMachine._already_open,
     p.MessageType.CONTEXT_UPDATE: SessionMachine._context_update,
     p.MessageType.USER_INPUT: SessionMachine._user_input,
-    p.MessageType.TOOL_RESULT: SessionMachine._answer,
-    p.MessageType.APPROVAL_REQUEST: SessionMachine._answer,
-    p.MessageType.APPROVAL_RESPONSE: SessionMachine._answer,
     p.MessageType.AUDIO_STREAM: SessionMachine._audio_stream,
-    p.MessageType.VOICE_INPUT_END: SessionMachine._voice_input_end,
-    p.MessageType.VOICE_INTERRUPT: SessionMachine._voice_interrupt,
+    **dict.fromkeys(_PASSED_ON, SessionMachine._passed_on),
 }

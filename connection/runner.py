@@ -248,12 +248,11 @@ class ConnectionRunner:
             self.machine.close_now(code, "client disconnected")
         self.start_teardown(code, "client disconnected")
         await self.teardown_task
-        # The runner reaches back to the consumer, and the agent to its turn's
-        # owner: once the connection is over, the links are dropped, so all
-        # it held is freed at once by reference counting, never left to the
-        # cycle collector, whose passes over thousands of closed connections
-        # would stall every other page.
-        self.turns.agent = None
+        # The runner reaches back to the consumer (and its turn's owner to the
+        # runner: ``TurnOwner.left``): once the connection is over, the links
+        # are dropped, so all it held is freed at once by reference counting,
+        # never left to the cycle collector, whose passes over thousands of
+        # closed connections would stall every other page.
         self.socket = None
 
     async def shutdown(self, message: str) -> None:

@@ -75,9 +75,11 @@ class TurnOwner:
         if task is not None and not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        # The agent reaches back here (its ``send``): the link is dropped, so
-        # that all it held is freed by reference counting.
+        # The agent reaches back here (its ``send``), and this owner to the
+        # runner (its ``flush``): the links are dropped, so that all they
+        # held is freed by reference counting.
         self.agent = None
+        self._flush = _nothing
 
     # --- the page's input ------------------------------------------------------------
 
@@ -189,6 +191,10 @@ class TurnOwner:
     def page(self) -> PageSnapshot:
         machine = self.machine
         return PageSnapshot(machine.url, machine.title, machine.context)
+
+
+async def _nothing() -> None:
+    """The flush of a connection that is over."""
 
 
 _HANDLERS: dict[type, Callable[[TurnOwner, Any], Awaitable[None]]] = {
