@@ -131,7 +131,12 @@ class TurnOwner:
     async def _admitted(self, text: str = "", *, voice: Listening | None = None, live: bool = False) -> None:
         """Every turn starts here, typed or heard: the page's input limits and
         token quota first; a refused one gets its error, then done."""
-        if await self.rate_limits.allow_user_input(self.machine, tenant_id=self.tenant_id):
+        try:
+            allowed = await self.rate_limits.allow_user_input(self.machine, tenant_id=self.tenant_id)
+        except asyncio.CancelledError:
+            self._turn(TurnEvent.DONE)  # cut before it ran: over all the same
+            raise
+        if allowed:
             await self.agent.run_turn(text, voice=voice)
             return
         if live:
