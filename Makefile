@@ -237,7 +237,7 @@ mutate: setup
 # decorators below register what they decorate.
 # (`make test` runs the same line itself rather than a sub-make, so that
 # `make -n test` only prints what it would do.)
-VULTURE := $(VENV)/bin/vulture aitp aitp_client approvals bench console demo operators owllayer_site runtime \
+VULTURE := $(VENV)/bin/vulture aitp aitp_client approvals bench connection console demo operators owllayer_site runtime \
 	tenants tools/vulture_allow.py --exclude '*/migrations/*' --min-confidence 60 \
 	--ignore-decorators '@admin.display,@admin.action,@admin.register,@register.filter,@model_validator,@register_python_tool'
 LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VULTURE)

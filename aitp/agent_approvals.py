@@ -17,7 +17,7 @@ from aitp.agent_parts import TurnParts, unknown_call
 from aitp.calls import APPROVAL_DECISIONS, CallEvent, Party
 from aitp.ledger import DECLINED_MESSAGE, DENIED, ERROR, OPERATOR_DECLINED_MESSAGE, SUCCESS, Outcome, PendingCall
 from aitp.ports import ApprovalError
-from aitp.turn_state import TurnState
+from aitp.turn import TurnEvent
 
 MISMATCH_MESSAGE = (
     "The action was not approved: the page asked its user about different arguments than this "
@@ -87,7 +87,7 @@ class Approvals:
         call.approval_id = approval.id
         call.step(CallEvent.APPROVAL_REQUESTED, by=Party.PAGE)
         call.extend(asyncio.get_running_loop().time() + parts.config.approval_timeout)
-        await parts.io.set_state(TurnState.WAITING_APPROVAL)
+        await parts.io.send(TurnEvent.APPROVAL_ASKED)
         return None
 
     async def on_approval_response(self, payload: p.ApprovalResponse) -> p.Message | None:

@@ -24,7 +24,7 @@ from aitp.ledger import (
     PendingCall,
     wait_until_deadline,
 )
-from aitp.turn_state import TurnState
+from aitp.turn import TurnEvent
 
 
 class PageTools:
@@ -40,18 +40,18 @@ class PageTools:
         try:
             # Sent before the frame leaves: the page may answer at once.
             call.step(CallEvent.DISPATCHED)
-            await parts.io.send_message(p.tool_call(call.call_id, call.name, call.args))
+            await parts.io.send(p.tool_call(call.call_id, call.name, call.args))
             # Shielded: the frame is out, so the row must say so even if the
             # turn is cancelled this very moment (the page left).
             await asyncio.shield(parts.store.mark_call(call, CallStatus.SENT.value, sent=True))
-            await parts.io.set_state(TurnState.WAITING_TOOL)
+            await parts.io.send(TurnEvent.TOOL_DISPATCHED)
             outcome = await wait_until_deadline(call, call.future)
             if outcome is not None:
                 return outcome
             if call.approval_id is not None:
                 outcome = Outcome(EXPIRED, error=USER_EXPIRED_MESSAGE)
                 await parts.store.approval_expire(call, outcome)
-                await parts.io.send_message(
+                await parts.io.send(
                     p.error_event("approval_expired", "The approval request expired.", callId=call.call_id)
                 )
             else:
@@ -59,7 +59,7 @@ class PageTools:
                     TIMEOUT,
                     error=f"The page did not answer within {parts.config.tool_timeout:g} seconds.",
                 )
-                await parts.io.send_message(
+                await parts.io.send(
                     p.error_event("tool_timeout", f"The tool {call.name} did not answer in time.",
                                   callId=call.call_id)
                 )

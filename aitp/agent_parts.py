@@ -1,5 +1,6 @@
 """What the pieces of the agent turn share: its settings, the page it acts
-in, the one port back to the connection, and ``TurnParts``.
+in, the one port back to the connection (``TurnIO``: its ``send``), and
+``TurnParts``.
 
 The turn is split by concern (``aitp.agent`` the model loop,
 ``aitp.agent_page_tools``, ``aitp.agent_server_tools``,
@@ -16,7 +17,7 @@ from aitp import protocol as p
 from aitp.agent_store import AgentStore
 from aitp.ledger import Ledger
 from aitp.tools import ToolSurface
-from aitp.turn_state import TurnState
+from aitp.turn import TurnEvent
 
 
 @dataclass(frozen=True)
@@ -43,23 +44,26 @@ class PageSnapshot:
         return f"[page]\nurl: {self.url}\ntitle: {self.title}\ncontext: {context}"
 
 
+@dataclass(frozen=True)
+class TurnOver:
+    """The turn's last word: it is over, and the page gets ``done`` (None
+    when the turn was cancelled)."""
+
+    done: p.Message | None
+
+
 class TurnIO(Protocol):
     """The one port from the turn back to the connection that owns it."""
 
-    async def send_message(self, message: p.Message) -> None:
-        """Send a frame to the page (never the turn's done frame: see end_turn)."""
-
-    async def end_turn(self, done: p.Message | None) -> None:
-        """The turn is over: the page may start the next one, then gets
-        ``done`` (None when the turn was cancelled)."""
+    async def send(self, item: p.Message | TurnEvent | TurnOver) -> None:
+        """A frame for the page, or where the turn is now (``aitp.turn``):
+        the connection records it for the session row and its watchers, and
+        ends the turn on ``TurnOver`` before the done frame goes out."""
 
     def surface(self) -> ToolSurface:
         """The tools the page offers right now (server tools included)."""
 
     def page(self) -> PageSnapshot: ...
-
-    async def set_state(self, state: TurnState) -> None:
-        """Where the turn is now, for the session row and its watchers."""
 
 
 # The name the tests and the consumer know the port by.

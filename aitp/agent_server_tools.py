@@ -34,7 +34,7 @@ from aitp.ledger import (
 )
 from aitp.ports import ServerTool
 from aitp.tools import canonical_json
-from aitp.turn_state import TurnState
+from aitp.turn import TurnEvent
 
 # The turn logs under one name, whichever piece of it writes the line.
 logger = logging.getLogger("aitp.agent")
@@ -68,15 +68,15 @@ class ServerTools:
                 )
                 call.approval_id = approval.id
                 call.step(CallEvent.APPROVAL_REQUESTED)
-                await parts.io.set_state(TurnState.WAITING_APPROVAL)
+                await parts.io.send(TurnEvent.APPROVAL_ASKED)
                 if approval.needs_user:
-                    await parts.io.send_message(p.system_event("approval_required", message=message,
+                    await parts.io.send(p.system_event("approval_required", message=message,
                                                                data={"callId": call.call_id}))
-                    await parts.io.send_message(
+                    await parts.io.send(
                         p.approval_request(call.call_id, call.name, call.spec.risk.value, call.args, message)
                     )
                 if approval.needs_operator:
-                    await parts.io.send_message(p.system_event(
+                    await parts.io.send(p.system_event(
                         "waiting", message="Waiting for an operator to approve this action.",
                         data={"callId": call.call_id, "reason": "operator_approval"},
                     ))
@@ -84,7 +84,7 @@ class ServerTools:
                 if decision is None:
                     outcome = Outcome(EXPIRED, error=SERVER_EXPIRED_MESSAGE)
                     await parts.store.approval_expire(call, outcome)
-                    await parts.io.send_message(
+                    await parts.io.send(
                         p.error_event("approval_expired", "The approval request expired.",
                                       callId=call.call_id)
                     )
@@ -97,7 +97,7 @@ class ServerTools:
         else:
             call.step(CallEvent.STARTED)
         await parts.store.mark_call(call, CallStatus.RUNNING.value)
-        await parts.io.set_state(TurnState.ANSWERING)
+        await parts.io.send(TurnEvent.ANSWERING)
         try:
             result = await runner.run(
                 call.args, session_id=parts.session_id, tenant_id=parts.tenant_id, call_id=call.call_id

@@ -30,6 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 
 from aitp import protocol as p
+from aitp.turn import TurnEvent
 from aitp.voice import SpeechError, get_stt, get_tts
 from aitp.voice.audio import AGENT_RATE, agent_chunks, agent_payload
 from aitp.voice.base import SAMPLE_WIDTH, Audio, Transcription
@@ -41,6 +42,8 @@ from runtime.config import config
 logger = logging.getLogger(__name__)
 
 Send = Callable[[p.Message], Awaitable[None]]
+# The turn's port (``TurnIO.send``): frames, and where the turn is.
+TurnSend = Callable[[p.Message | TurnEvent], Awaitable[None]]
 
 NO_SPEECH = "I didn't catch that. Please try again."
 
@@ -59,8 +62,6 @@ class Listening:
         self.owner = owner
         self.buffer = None if audio is not None else UtteranceBuffer(limits or config().voice.limits, _now())
         self._changed = asyncio.Event()
-        # Set once a turn has taken this utterance (the consumer's bookkeeping).
-        self.claimed = False
         self.utterance: Utterance | None = None
 
     @property
@@ -95,13 +96,15 @@ class Listening:
         self.utterance = self.buffer.end(self.buffer.end_reason)
         return self.utterance
 
-    async def hear(self, send: Send) -> tuple[str, Transcription | None]:
-        """The words of the utterance, sent to the page as the user's transcript.
+    async def hear(self, send: TurnSend) -> tuple[str, Transcription | None]:
+        """The words of the utterance, sent to the page as the user's
+        transcript; the turn is told the moment the utterance is over.
 
         ("", None) when the engine failed or nothing was heard: the page was
         told why, with an error event.
         """
         utterance = await self.wait()
+        await send(TurnEvent.HEARD)
         logger.info("utterance ended (%s): %.1f s of audio%s", utterance.reason, utterance.audio.seconds,
                     ", cut at the longest utterance" if utterance.truncated else "")
         if not utterance.audio.pcm:
@@ -188,7 +191,7 @@ class Speaker:
                     if self.stopped:
                         return
                     # Counted as it is handed over: the connection queues a
-                    # frame before its first pause (TurnPort.send_message), so a
+                    # frame before its first pause (its ``send``), so a
                     # barge-in cancelling this await no longer stops it.
                     self.progress.sent(len(chunk))
                     self.sent_bytes += len(chunk)

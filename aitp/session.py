@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_POLICY, MAX_CLOSE_REASON_BYTES
 from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
+from aitp.turn import PageMistake, TurnEvent, TurnMachine
 from aitp.voice import inbound
 from aitp.voice.audio import AudioRefused
 from aitp.voice.base import Audio
@@ -63,7 +65,7 @@ class HandshakeRequested:
 class ContextChanged:
     url: str
     title: str
-    context: dict
+    context: dict[str, Any]
     tools: tuple[ToolSpec, ...]
     surface: ToolSurface
     # The tools' declarations as a JSON array (the surface's client_tools_json; None: not written).
@@ -114,6 +116,9 @@ class VoiceInterrupted:
     reason: str
 
 
+# Frames only a session offered "audio" may send.
+VOICE_IN = frozenset({p.MessageType.AUDIO_STREAM, p.MessageType.VOICE_INPUT_END,
+                      p.MessageType.VOICE_INTERRUPT})
 # Frames (besides SYSTEM_EVENT transcript) only a session offered "audio" is sent.
 VOICE_OUT = frozenset({p.MessageType.AUDIO_STREAM, p.MessageType.VOICE_STATE_EVENT})
 
@@ -159,14 +164,16 @@ class SessionMachine:
     state: State = State.AWAITING_HANDSHAKE
     session_id: str | None = None
     handshake_pending: bool = False
-    turn_active: bool = False
+    # Where the connection's turn is (aitp.turn): a second USER_INPUT is
+    # refused while one runs.
+    turn: TurnMachine = field(default_factory=TurnMachine)
     invalid_in_a_row: int = 0
     # Every invalid frame of the connection (its flood log counts them).
     invalid_frames: int = 0
     close: Close | None = None
     url: str = ""
     title: str = ""
-    context: dict = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
     client_tools: tuple[ToolSpec, ...] = ()
     server_tools: tuple[ToolSpec, ...] = ()
     _outgoing: list[str] = field(default_factory=list)
@@ -188,58 +195,48 @@ class SessionMachine:
             else:
                 self._invalid(exc.code, exc.message, message_id=exc.message_id)
             return []
-        events = self._dispatch(message)
-        return events
+        return self._dispatch(message)
 
     def _dispatch(self, message: p.Message) -> list[Event]:
-        kind = message.type
         if self.state is State.AWAITING_HANDSHAKE:
-            if kind is p.MessageType.HANDSHAKE_INIT and not self.handshake_pending:
-                self.invalid_in_a_row = 0
-                return self._handshake(cast(p.HandshakeInit, message.payload))
-            self._invalid(
-                "handshake_required",
-                "send HANDSHAKE_INIT before any other message",
-                message_id=message.id,
-            )
-            return []
-        # OPEN
-        if kind is p.MessageType.HANDSHAKE_INIT:
-            self._invalid("already_open", "the session is already open", message_id=message.id)
-            return []
-        if kind is p.MessageType.CONTEXT_UPDATE:
-            return self._context_update(message)
-        if kind is p.MessageType.USER_INPUT:
-            return self._user_input(message)
-        if kind is p.MessageType.TOOL_RESULT:
-            self.invalid_in_a_row = 0
-            return [ToolResultReceived(cast(p.ToolResult, message.payload))]
-        if kind is p.MessageType.APPROVAL_REQUEST:
-            self.invalid_in_a_row = 0
-            return [ApprovalRequestReceived(cast(p.ApprovalRequest, message.payload))]
-        if kind is p.MessageType.APPROVAL_RESPONSE:
-            self.invalid_in_a_row = 0
-            return [ApprovalResponseReceived(cast(p.ApprovalResponse, message.payload))]
-        # AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT
-        if not self.audio:
+            return self._awaiting_handshake(message)
+        if message.type in VOICE_IN and not self.audio:
             # HANDSHAKE_ACK did not offer "audio".
             self.invalid_in_a_row = 0
             self.error("voice_unavailable", "voice is not available on this server",
                        message_id=message.id)
             return []
-        if kind is p.MessageType.AUDIO_STREAM:
-            chunk = cast(p.AudioStream, message.payload)
-            try:
-                pcm = inbound.stream_chunk(chunk.data, chunk.mimeType)
-            except AudioRefused as exc:
-                self._invalid(exc.code, exc.message, message_id=message.id)
-                return []
+        return _OPEN_HANDLERS[message.type](self, message)
+
+    def _awaiting_handshake(self, message: p.Message) -> list[Event]:
+        if message.type is p.MessageType.HANDSHAKE_INIT and not self.handshake_pending:
             self.invalid_in_a_row = 0
-            return [AudioChunkReceived(pcm)]
+            return self._handshake(cast(p.HandshakeInit, message.payload))
+        self._invalid(
+            "handshake_required",
+            "send HANDSHAKE_INIT before any other message",
+            message_id=message.id,
+        )
+        return []
+
+    def _already_open(self, message: p.Message) -> list[Event]:
+        self._invalid("already_open", "the session is already open", message_id=message.id)
+        return []
+
+    def _passed_on(self, message: p.Message) -> list[Event]:
+        """A frame the machine checks no further: the turn's business."""
         self.invalid_in_a_row = 0
-        if kind is p.MessageType.VOICE_INPUT_END:
-            return [VoiceInputEnded(cast(p.VoiceInputEnd, message.payload).reason)]
-        return [VoiceInterrupted(cast(p.VoiceInterrupt, message.payload).reason)]
+        return [_PASSED_ON[message.type](message.payload)]
+
+    def _audio_stream(self, message: p.Message) -> list[Event]:
+        chunk = cast(p.AudioStream, message.payload)
+        try:
+            pcm = inbound.stream_chunk(chunk.data, chunk.mimeType)
+        except AudioRefused as exc:
+            self._invalid(exc.code, exc.message, message_id=message.id)
+            return []
+        self.invalid_in_a_row = 0
+        return [AudioChunkReceived(pcm)]
 
     @property
     def audio(self) -> bool:
@@ -248,21 +245,14 @@ class SessionMachine:
 
     def _handshake(self, init: p.HandshakeInit) -> list[Event]:
         if init.protocolVersion != p.PROTOCOL_VERSION:
-            self.refuse(
-                "protocol_version_mismatch",
-                f"protocol version {init.protocolVersion} is not supported; "
-                f"this server speaks {p.PROTOCOL_VERSION}",
-                "protocol version mismatch",
-            )
+            self.refuse("protocol_version_mismatch", f"protocol version {init.protocolVersion} is not "
+                        f"supported; this server speaks {p.PROTOCOL_VERSION}", "protocol version mismatch")
             return []
         query_key = self.query_api_key or None
         init_key = init.apiKey or None
         if query_key and init_key and query_key != init_key:
-            self.refuse(
-                "api_key_mismatch",
-                "the API key in the URL and in HANDSHAKE_INIT differ",
-                "api key mismatch",
-            )
+            self.refuse("api_key_mismatch", "the API key in the URL and in HANDSHAKE_INIT differ",
+                        "api key mismatch")
             return []
         api_key = init_key or query_key
         if not api_key:
@@ -315,31 +305,16 @@ class SessionMachine:
             self._refuse_input("empty_input", "the message is empty", message_id=message.id)
             return []
         if len(text) > self.limits.max_input_chars:
-            self._refuse_input(
-                "input_too_long",
-                f"the message has {len(text)} characters; at most "
-                f"{self.limits.max_input_chars} are allowed",
-                message_id=message.id,
-            )
+            self._refuse_input("input_too_long", f"the message has {len(text)} characters; at most "
+                               f"{self.limits.max_input_chars} are allowed", message_id=message.id)
             return []
         self.invalid_in_a_row = 0
-        if self.turn_active:
-            self.error(
-                "turn_in_progress",
-                "the agent is still answering; wait for it to finish",
-                message_id=message.id,
-            )
-            return []
-        self.turn_active = True
-        return [UserTextReceived(text)]
+        return [UserTextReceived(text)] if self._turn_starts(TurnEvent.TYPED, message) else []
 
     def _user_audio(self, message: p.Message, user_input: p.UserInput) -> list[Event]:
         if not self.audio:
             self.invalid_in_a_row = 0
-            self.error(
-                "voice_unavailable", "audio input is not available on this server",
-                message_id=message.id,
-            )
+            self.error("voice_unavailable", "audio input is not available on this server", message_id=message.id)
             self._input_refused()
             return []
         try:
@@ -349,22 +324,15 @@ class SessionMachine:
             self._refuse_input(exc.code, exc.message, message_id=message.id)
             return []
         self.invalid_in_a_row = 0
-        if self.turn_active:
-            self.error(
-                "turn_in_progress",
-                "the agent is still answering; wait for it to finish",
-                message_id=message.id,
-            )
-            return []
-        self.turn_active = True
-        return [UserAudioReceived(audio)]
+        return [UserAudioReceived(audio)] if self._turn_starts(TurnEvent.AUDIO_MESSAGE, message) else []
 
-    def start_voice_turn(self) -> bool:
-        """The live microphone starts a turn (the first chunk of an utterance);
-        False when a turn is already running."""
-        if self.turn_active:
+    def _turn_starts(self, event: TurnEvent, message: p.Message) -> bool:
+        """The page's input takes the turn, or is refused while one runs."""
+        try:
+            self.turn.step(event)
+        except PageMistake as exc:
+            self.error(exc.code, exc.message, message_id=message.id)
             return False
-        self.turn_active = True
         return True
 
     # --- decisions from the consumer ------------------------------------------
@@ -406,9 +374,6 @@ class SessionMachine:
     def set_server_tools(self, tools: tuple[ToolSpec, ...]) -> None:
         self.server_tools = tuple(tools)
 
-    def end_turn(self) -> None:
-        self.turn_active = False
-
     @property
     def surface(self) -> ToolSurface:
         """The same object while the page's and the server's tools stay the
@@ -433,7 +398,7 @@ class SessionMachine:
         ):
             self._queue(message, text)
 
-    def error(self, code: str, message: str, **data) -> None:
+    def error(self, code: str, message: str, **data: Any) -> None:
         self.send(p.error_event(code, message, **{k: v for k, v in data.items() if v is not None}))
 
     def data_to_send(self) -> list[str]:
@@ -451,7 +416,7 @@ class SessionMachine:
 
     def _input_refused(self) -> None:
         # While a turn runs, its own done frame ends the page's wait.
-        if not self.turn_active:
+        if not self.turn.busy:
             self.send(p.agent_response("", True))
 
     def _invalid(self, code: str, message: str, *, message_id: str | None = None) -> None:
@@ -468,3 +433,22 @@ class SessionMachine:
             return
         data = {"messageId": message_id} if message_id else {}
         self._queue(p.error_event(code, message, **data))
+
+
+# The frames an open session passes on as they are, each as its event.
+_PASSED_ON: dict[p.MessageType, Callable[[Any], Event]] = {
+    p.MessageType.TOOL_RESULT: ToolResultReceived,
+    p.MessageType.APPROVAL_REQUEST: ApprovalRequestReceived,
+    p.MessageType.APPROVAL_RESPONSE: ApprovalResponseReceived,
+    p.MessageType.VOICE_INPUT_END: lambda payload: VoiceInputEnded(payload.reason),
+    p.MessageType.VOICE_INTERRUPT: lambda payload: VoiceInterrupted(payload.reason),
+}
+
+# What an open session does with each kind of frame the page may send.
+_OPEN_HANDLERS: dict[p.MessageType, Callable[[SessionMachine, p.Message], list[Event]]] = {
+    p.MessageType.HANDSHAKE_INIT: SessionMachine._already_open,
+    p.MessageType.CONTEXT_UPDATE: SessionMachine._context_update,
+    p.MessageType.USER_INPUT: SessionMachine._user_input,
+    p.MessageType.AUDIO_STREAM: SessionMachine._audio_stream,
+    **dict.fromkeys(_PASSED_ON, SessionMachine._passed_on),
+}

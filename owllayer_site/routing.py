@@ -14,6 +14,7 @@ from django.urls import path, re_path
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_POLICY
 from aitp.consumer import AitpConsumer
+from connection.runner import ConnectionRunner
 from operators.routing import websocket_urlpatterns as operator_websocket_urlpatterns
 from runtime.config import config
 
@@ -43,7 +44,7 @@ async def unknown_endpoint(scope, receive, send) -> None:
 
 
 websocket_urlpatterns = [
-    path(config().protocol.ws_path.lstrip("/"), AitpConsumer.as_asgi()),
+    path(config().protocol.ws_path.lstrip("/"), AitpConsumer.as_asgi(runner=ConnectionRunner)),
     *operator_websocket_urlpatterns,
     # Last: whatever no route above took.
     re_path(r"", unknown_endpoint),

@@ -1216,9 +1216,11 @@ class CuttingPage:
         self.cut = True
         self.task.cancel()
 
-    async def send_message(self, message) -> None:
+    async def send(self, message) -> None:
         from aitp import protocol as p
 
+        if not isinstance(message, p.Message):
+            return  # where the turn is, and its end
         self.frames.append(message)
         if message.type is not p.MessageType.TOOL_CALL:
             return
@@ -1232,9 +1234,6 @@ class CuttingPage:
         if quantity == self.cut_after:
             answer.add_done_callback(self.cut_the_turn)
 
-    async def end_turn(self, done) -> None:
-        pass
-
     def surface(self):
         return self._surface
 
@@ -1242,9 +1241,6 @@ class CuttingPage:
         from aitp.agent import PageSnapshot
 
         return PageSnapshot(url="/products/headphones", title="Pro Headphones", context={})
-
-    async def set_state(self, state) -> None:
-        pass
 
 
 ANSWERED_ONE_AND_TWO = {1: {"status": "success", "result": {"added": 1}},

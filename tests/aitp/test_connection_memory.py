@@ -37,7 +37,7 @@ async def test_a_closed_connection_is_freed_without_the_cycle_collector(connect,
     await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
     await page.recv_until("AGENT_RESPONSE", done=True)
     consumer = weakref.ref(the_new_consumer(before))
-    agent = weakref.ref(consumer().agent)
+    agent = weakref.ref(consumer().runner.turns.agent)
     gc.disable()
     try:
         await page.close()
@@ -52,7 +52,7 @@ async def test_a_connection_whose_heartbeats_fired_is_freed_without_the_cycle_co
     before = consumers()
     page = await open_page(connect, api_key)
     consumer = weakref.ref(the_new_consumer(before))
-    opened = consumer().session_row
+    opened = consumer().runner.session_row
     async with asyncio.timeout(CONSUMER_PATIENCE):  # a heartbeat was written
         while (await Session.objects.aget(pk=opened.id)).last_seen_at == opened.last_seen_at:
             await asyncio.sleep(0.05)

@@ -29,6 +29,7 @@ from aitp import consumer as consumer_module
 from aitp import notify, services, store
 from aitp.models import Session, ToolCall
 from aitp.session import SessionMachine
+from connection import opening
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db
 from tests.aitp.hostile import encode, hostile_answer, hostile_frame, random_hostile_frames
 from tests.approvals.hostile_tools import (
@@ -182,7 +183,7 @@ async def test_a_failure_after_the_key_lookup_refuses_the_handshake_and_ends_the
     async def broken(tenant_id):
         raise RuntimeError("server tools unavailable")
 
-    monkeypatch.setattr(consumer_module, "_load_server_tools", broken)
+    monkeypatch.setattr(opening, "load_server_tools", broken)
     page = await connect()
     error = await page.handshake(api_key.raw)
     assert error["payload"]["data"]["code"] == "internal_error"

@@ -24,6 +24,7 @@ from aitp.session import (
     State,
     UserTextReceived,
 )
+from aitp.turn import TurnEvent
 from tests.aitp.hostile import (
     HOSTILE_RETURNS,
     MORE_RETURNS,
@@ -108,7 +109,7 @@ def test_the_session_machine_answers_any_sequence_of_frames_without_raising(text
                 assert_storable([tool.to_wire() for tool in event.tools])
             elif isinstance(event, UserTextReceived):
                 assert_storable(event.text)
-                m.end_turn()
+                m.turn.step(TurnEvent.DONE)
         for out in m.data_to_send():
             out.encode("utf-8")
             assert_client_accepts(out)

@@ -22,6 +22,7 @@ from aitp.session import (
     UserTextReceived,
 )
 from aitp.tools import Risk, ToolSpec
+from aitp.turn import TurnEvent
 
 KEY = "pk_live_abcdefgh12345678"
 
@@ -182,7 +183,7 @@ class TestOpen:
             UserTextReceived("hi")]
         assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "again"})) == []
         assert sent(m)[0]["payload"]["data"]["code"] == "turn_in_progress"
-        m.end_turn()
+        m.turn.step(TurnEvent.DONE)
         assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": "again"})) == [
             UserTextReceived("again")]
 
@@ -191,7 +192,7 @@ class TestOpen:
         m = opened(max_input_chars=10)
         assert m.receive_text(frame("USER_INPUT", {"modality": "text", "content": content})) == []
         assert sent(m)[0]["payload"]["data"]["code"] == code
-        assert not m.turn_active
+        assert not m.turn.busy
 
     def test_tool_and_approval_answers_become_events(self):
         m = opened()
@@ -286,7 +287,7 @@ class TestARefusedUserInputEndsItsTurn:
         error, done = sent(m)
         assert error["payload"]["data"]["code"] == code
         assert (done["type"], done["payload"]) == ("AGENT_RESPONSE", {"chunk": "", "done": True})
-        assert not m.turn_active and m.state is State.OPEN
+        assert not m.turn.busy and m.state is State.OPEN
 
     @pytest.mark.parametrize("payload", [
         {"modality": "text", "content": "   "},
@@ -299,7 +300,7 @@ class TestARefusedUserInputEndsItsTurn:
         m.data_to_send()
         assert m.receive_text(frame("USER_INPUT", payload)) == []
         assert [f["type"] for f in sent(m)] == ["SYSTEM_EVENT"]
-        assert m.turn_active
+        assert m.turn.busy
 
     def test_other_refused_frames_get_no_done(self):
         m = opened()

@@ -15,6 +15,7 @@ from aitp.session import (
     VoiceInputEnded,
     VoiceInterrupted,
 )
+from aitp.turn import TurnEvent
 from tests.aitp.test_session import frame, init, sent
 
 PCM = b"\x01\x00" * 160
@@ -54,12 +55,12 @@ def test_a_whole_audio_message_starts_a_turn():
     [event] = m.receive_text(frame("USER_INPUT", {"modality": "audio", "content": CHUNK["data"],
                                                   "mimeType": "audio/pcm;rate=16000"}))
     assert isinstance(event, UserAudioReceived) and event.audio.pcm == PCM
-    assert m.turn_active
+    assert m.turn.busy
 
 
 def test_a_second_audio_message_during_a_turn_is_refused():
     m = voice_session()
-    m.start_voice_turn()
+    m.turn.step(TurnEvent.UTTERANCE_STARTED)
     m.data_to_send()
     assert m.receive_text(frame("USER_INPUT", {"modality": "audio", "content": CHUNK["data"],
                                                "mimeType": "audio/pcm;rate=16000"})) == []
@@ -92,7 +93,7 @@ def test_an_audio_message_over_the_longest_utterance_is_refused():
     assert m.receive_text(frame("USER_INPUT", {"modality": "audio", "content": content,
                                                "mimeType": "audio/pcm;rate=16000"})) == []
     assert sent(m)[0]["payload"]["data"]["code"] == "audio_too_large"
-    assert not m.turn_active
+    assert not m.turn.busy
 
 
 def test_voice_frames_are_never_sent_to_a_session_without_audio():

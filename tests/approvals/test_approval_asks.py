@@ -119,22 +119,18 @@ class StandInPage:
         self.frames: list[p.Message] = []
         self.called = asyncio.Event()
 
-    async def send_message(self, message: p.Message) -> None:
+    async def send(self, message) -> None:
+        if not isinstance(message, p.Message):
+            return  # where the turn is, and its end
         self.frames.append(message)
         if message.type is p.MessageType.TOOL_CALL:
             self.called.set()
-
-    async def end_turn(self, done) -> None:
-        pass
 
     def surface(self) -> ToolSurface:
         return self._surface
 
     def page(self) -> PageSnapshot:
         return PageSnapshot(url="/checkout", title="Checkout", context={})
-
-    async def set_state(self, state) -> None:
-        pass
 
 
 async def waiting_payment():

@@ -20,12 +20,13 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 
-from aitp.agent import Agent, AgentConfig, PageSnapshot
+from aitp.agent import Agent, AgentConfig, PageSnapshot, TurnOver
 from aitp.agent_store import AgentStore
 from aitp.ledger import CANCELLED_MESSAGE, DECLINED_MESSAGE, LEFT_MESSAGE, SERVER_EXPIRED_MESSAGE
 from aitp.llm.offline import OfflineBackend
 from aitp.models import ToolCall
 from aitp.tools import Risk, ToolSpec, ToolSurface, canonical_json
+from aitp.turn import Do, TurnEvent, TurnMachine
 from approvals import services as approvals
 from approvals.audit import VerifyResult, append_event, compute_hash, verify_chain
 from approvals.models import Approval, AuditChainHead, AuditEvent
@@ -60,27 +61,34 @@ class Page:
         self.frames = []
         self.sent_at: list[float] = []  # the event loop's clock, one per frame
         self.states = []
+        self.turn = TurnMachine()
         self.waiting_approval = asyncio.Event()
 
-    async def send_message(self, message) -> None:
-        self.frames.append(message)
+    async def send(self, item) -> None:
+        """A frame; or where the turn is, recorded as the connection records
+        it (a typed turn in the real machine); or its end, with its done frame."""
+        if isinstance(item, TurnOver):
+            move, item = self.turn.step(TurnEvent.DONE), item.done
+            self.states.append(move.stored)
+            if item is None:
+                return
+        elif isinstance(item, TurnEvent):
+            if not self.turn.busy:  # each turn typed
+                self.turn.step(TurnEvent.TYPED)
+            move = self.turn.step(item)
+            if Do.RECORD in move.do:
+                self.states.append(move.stored)
+                if move.stored == "waiting_approval":
+                    self.waiting_approval.set()
+            return
+        self.frames.append(item)
         self.sent_at.append(asyncio.get_running_loop().time())
-
-    async def end_turn(self, done) -> None:
-        if done is not None:
-            self.frames.append(done)
-            self.sent_at.append(asyncio.get_running_loop().time())
 
     def surface(self) -> ToolSurface:
         return self._surface
 
     def page(self) -> PageSnapshot:
         return PageSnapshot(url="/orders/A1003", title="Order A1003", context={})
-
-    async def set_state(self, state: str) -> None:
-        self.states.append(state)
-        if state == "waiting_approval":
-            self.waiting_approval.set()
 
     def frame_types(self) -> list[str]:
         return [getattr(m.type, "value", m.type) for m in self.frames]
@@ -794,9 +802,7 @@ async def test_a_turn_cut_while_its_approval_waits_ends_the_call_with_the_approv
     turn = Turn(session, policy="user")
     approval = await turn.start()
     # The turn cancelled (a barge-in, an operator), or the page gone.
-    turn.agent.cancel_status = cut
-
-    turn.task.cancel()
+    turn.task.cancel(cut)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(turn.task, PATIENCE)
 
@@ -826,9 +832,7 @@ async def test_an_approved_run_cut_short_ends_its_call_with_an_event_and_the_dec
     await sync_to_async(decide_user)(approval, approved=True)
     await turn.agent.on_approval_decided(approval.pk)
     await asyncio.wait_for(runs.running.wait(), PATIENCE)
-    turn.agent.cancel_status = cut
-
-    turn.task.cancel()
+    turn.task.cancel(cut)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(turn.task, PATIENCE)
 
