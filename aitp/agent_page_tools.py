@@ -2,7 +2,7 @@
 
 ``run()`` sends one call to the page and waits for its answer until the
 call's deadline (which an approval request moves later); ``on_tool_result()``
-takes the page's answer from the consumer's receive handler and resolves the
+takes the page's answer from the connection (``connection.turns``) and resolves the
 call the turn waits on. A risky call must be approved in the page first
 (``aitp.agent_approvals``).
 """

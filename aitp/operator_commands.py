@@ -3,7 +3,7 @@ holds it.
 
 An operator's action (``aitp.services.session_command``, or an approval
 decided in the admin or the console) reaches the process holding the session
-as a channel-layer ``session.command``; the consumer hands it here. ``end``
+as a channel-layer ``session.command``; the connection's runner hands it here. ``end``
 tells the page and closes with 1008, ``reload`` and ``redirect`` become
 SYSTEM_EVENTs, ``approval_decided`` makes a waiting turn re-read the row,
 ``watchers`` turns the watcher feed's frames on or off.

@@ -2,7 +2,7 @@
 (a time to live, in seconds), and asked for once however many need them at
 the same moment. Every once-a-second read of the server uses it: a key read
 for an open (``aitp.store.keys``), a tenant's quota verdict
-(``aitp.limits``), a tenant's server tools (the consumer), a watch group's
+(``aitp.limits``), a tenant's server tools (``connection.opening``), a watch group's
 presence (``aitp.live``)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The session row, written behind the connection.
 
-The session machine and the agent hold the live values (the page, the turn's
-state); ``SessionRowWriter`` writes them to the ``Session`` row at most once
+The session machine holds the live values (the page, and the turn's state in
+its turn machine); ``SessionRowWriter`` writes them to the ``Session`` row at most once
 per ``ROW_WRITE_INTERVAL`` (the open's own insert counting as the first
 write), in a task of its own started when the write is due (until then a
 timer), so neither the page's next frame nor the turn waits for the
@@ -11,7 +11,7 @@ after the row changed. The writes of all connections of the process that
 meet in time go to the database in one call (``aitp.group_write``).
 
 When the connection ends, ``finish()`` lets a write already on its way land
-and hands back what is still owed: the consumer sends it with the row's
+and hands back what is still owed: the connection's runner sends it with the row's
 close, in the same call and transaction. A page that opens, sends its
 context and leaves within the interval costs one write after the open, not
 two.

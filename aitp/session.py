@@ -1,8 +1,10 @@
 """The AITP connection state machine, sans I/O.
 
 No awaits, no clock, no ORM: the consumer feeds it the text of each frame and
-carries out what it decides (frames to send, a close). Everything the spec
-says about what may happen in which state lives in this one file.
+the connection's runner (``connection.runner``) carries out what it decides
+(frames to send, a close). Everything the spec says about what may happen in
+which state lives in this one file, but where the turn is: the turn machine
+(``aitp.turn``) it holds.
 
     AWAITING_HANDSHAKE --HANDSHAKE_INIT ok--> OPEN --refuse/close--> CLOSED
             |                                   ^
@@ -10,7 +12,7 @@ says about what may happen in which state lives in this one file.
 
 A HANDSHAKE_INIT that passes the pure checks (protocol version, key present
 and consistent) becomes a ``HandshakeRequested`` event: the key lookup is I/O,
-so the consumer answers with ``accept_handshake()`` or ``refuse()``.
+so the connection's runner answers with ``accept_handshake()`` or ``refuse()``.
 
 Voice (AUDIO_STREAM, VOICE_INPUT_END, VOICE_INTERRUPT, USER_INPUT modality
 "audio") is accepted only when ``capabilities`` holds "audio"; the audio is

@@ -1,5 +1,5 @@
 """Where a session's turn is: idle, the agent answering, waiting for a page
-tool, or waiting for an approval. The turn sets it (aitp.agent), the row
+tool, or waiting for an approval. The turn machine's phases map to it (aitp.turn), the row
 writer stores it and watchers see it; the session row's state choices
 (aitp.models.Session.State) take their values from here. Pure: no Django.
 """

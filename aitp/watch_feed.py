@@ -4,7 +4,7 @@ Every frame in and out as it went over the wire, audio as its length only,
 and every change of the session (opened, context, state, closed), queued on
 the connection's ``aitp.live.LivePublisher`` so the connection never waits
 on the channel layer, and published only while someone watches. The
-consumer owns one per open session.
+connection's runner (``connection.runner``) owns one per open session.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Allowed origins of a key, as a browser writes them in its Origin header.
 
-The consumer compares the Origin header with the key's list by exact string
+A session's open (``aitp.store.admission``) compares the Origin header with the key's list by exact string
 equality, so an entry is only useful in the form browsers send: lower-case
 scheme and host, no default port, no path (RFC 6454 section 6.1). Entries are
 normalised to that form here; anything that cannot be an origin is refused.
