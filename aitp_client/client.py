@@ -12,29 +12,64 @@ Typical use::
         await client.recv_until(system_event("tools_effective"))
         frames = await client.say("hello")
         print(final_text(frames))
+
+``AitpClient`` says what a page says and when; what it holds does the rest:
+the socket that receives and checks frames (``transport.FrameSocket``), the
+wait for the server's HANDSHAKE_ACK (``handshake.await_ack``) and the page's
+declared tools with the answers to their calls (``page_tools.PageTools``).
+Its errors (``errors``) and the frame helpers (``frames``) are named here too.
 """
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
-import logging
-import time
-import uuid
 from collections.abc import Callable, Iterable
 from types import EllipsisType
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection
-from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.typing import Origin
 
-from aitp.tools import ToolError, aitp_to_json_schema, validate_arguments
-from aitp_client.validate import InvalidFrame, check_frame
+from aitp_client.errors import (
+    AitpClosed,
+    AitpError,
+    AitpProtocolError,
+    AitpRefused,
+    AitpUpgradeRefused,
+)
+from aitp_client.frames import (
+    describe,
+    envelope,
+    final_text,
+    new_message_id,
+    streamed_text,
+    system_event,
+    turn_done,
+)
+from aitp_client.handshake import await_ack
+from aitp_client.page_tools import PageTools, ToolHandler, arguments_problems, maybe_await
+from aitp_client.transport import FrameSocket
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "DENIED_BY_USER",
+    "FRAME_TIMEOUT",
+    "HANDSHAKE_TIMEOUT",
+    "PROTOCOL_VERSION",
+    "SDK_VERSION",
+    "AitpClient",
+    "AitpClosed",
+    "AitpError",
+    "AitpProtocolError",
+    "AitpRefused",
+    "AitpUpgradeRefused",
+    "arguments_problems",
+    "envelope",
+    "final_text",
+    "new_message_id",
+    "streamed_text",
+    "system_event",
+    "turn_done",
+]
 
 PROTOCOL_VERSION = "1.0.0"
 SDK_VERSION = "0.4.0"
@@ -49,97 +84,7 @@ FRAME_TIMEOUT = 5.0
 DENIED_BY_USER = "Action denied by user"
 
 FrameMatch = str | Callable[[dict], bool]
-ToolHandler = Callable[[str, dict], Any]
 ApprovalHandler = Callable[[dict], Any]
-
-
-class AitpError(Exception):
-    """Base of every error this client raises."""
-
-
-class AitpUpgradeRefused(AitpError):
-    """The server refused the WebSocket upgrade itself (the browser sees 1006)."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"websocket upgrade refused with http {status}")
-        self.status = status
-
-
-class AitpClosed(AitpError):
-    """The connection is closed; the close code and reason say how."""
-
-    def __init__(self, close_code: int | None, close_reason: str | None) -> None:
-        super().__init__(f"connection closed: {close_code} {close_reason or ''}".rstrip())
-        self.close_code = close_code
-        self.close_reason = close_reason
-
-
-class AitpRefused(AitpClosed):
-    """The server sent SYSTEM_EVENT error and closed instead of HANDSHAKE_ACK."""
-
-    def __init__(
-        self, code: str | None, message: str, close_code: int | None, close_reason: str | None
-    ) -> None:
-        super().__init__(close_code, close_reason)
-        self.args = (f"refused: {message} (code {code}, close {close_code} {close_reason!r})",)
-        self.code = code
-        self.message = message
-
-
-class AitpProtocolError(AitpError):
-    """A received frame is not JSON, or the browser client would drop it."""
-
-    def __init__(self, message: str, raw: Any, problems: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.raw = raw
-        self.problems = problems or [message]
-
-
-def new_message_id() -> str:
-    return f"msg_{uuid.uuid4()}"
-
-
-def envelope(frame_type: str, payload: dict, *, meta: dict | None = None) -> dict:
-    frame = {
-        "id": new_message_id(),
-        "type": frame_type,
-        "timestamp": int(time.time() * 1000),
-        "payload": payload,
-    }
-    if meta is not None:
-        frame["meta"] = meta
-    return frame
-
-
-def system_event(kind: str) -> Callable[[dict], bool]:
-    """A ``recv_until`` predicate for one SYSTEM_EVENT kind."""
-
-    def matches(frame: dict) -> bool:
-        return frame.get("type") == "SYSTEM_EVENT" and frame["payload"].get("kind") == kind
-
-    return matches
-
-
-def turn_done(frame: dict) -> bool:
-    """A ``recv_until`` predicate for the AGENT_RESPONSE that ends a turn."""
-    return frame.get("type") == "AGENT_RESPONSE" and frame["payload"].get("done") is True
-
-
-def final_text(frames: Iterable[dict]) -> str:
-    """The complete answer: the chunk of the last ``done:true`` AGENT_RESPONSE."""
-    finals = [frame for frame in frames if turn_done(frame)]
-    if not finals:
-        raise ValueError("no AGENT_RESPONSE with done:true among the frames")
-    return finals[-1]["payload"]["chunk"]
-
-
-def streamed_text(frames: Iterable[dict]) -> str:
-    """The text of the ``done:false`` deltas, joined as a delta reader would."""
-    return "".join(
-        frame["payload"]["chunk"]
-        for frame in frames
-        if frame.get("type") == "AGENT_RESPONSE" and frame["payload"].get("done") is False
-    )
 
 
 class AitpClient:
@@ -163,17 +108,13 @@ class AitpClient:
         self.sdk_version = sdk_version
         self.viewport = viewport
         self.user_agent = user_agent
-        self.strict = strict
-        self.max_size = max_size
-        self.ws: ClientConnection | None = None
+        # The socket, and every frame received on it (``history``).
+        self.socket = FrameSocket(strict=strict, max_size=max_size)
         self.ack: dict | None = None
         # Frames recv_until() and the handshake skipped over, oldest first.
         self.received: list[dict] = []
-        # Every frame received, oldest first.
-        self.history: list[dict] = []
-        # The tools of the last CONTEXT_UPDATE, by name: a TOOL_CALL for one
-        # of them is answered only when its arguments fit its parameters.
-        self.tools: dict[str, dict] = {}
+        # The tools of the last CONTEXT_UPDATE, and the answers to their calls.
+        self.page_tools = PageTools()
 
     # --- connection -------------------------------------------------------
 
@@ -182,13 +123,39 @@ class AitpClient:
         return self.ack["sessionId"] if self.ack else None
 
     @property
+    def ws(self) -> ClientConnection | None:
+        return self.socket.ws
+
+    @property
+    def history(self) -> list[dict]:
+        """Every frame received, oldest first."""
+        return self.socket.history
+
+    @property
+    def strict(self) -> bool:
+        return self.socket.strict
+
+    @strict.setter
+    def strict(self, strict: bool) -> None:
+        self.socket.strict = strict
+
+    @property
+    def max_size(self) -> int:
+        return self.socket.max_size
+
+    @property
+    def tools(self) -> dict[str, dict]:
+        """The tools of the last CONTEXT_UPDATE, by name."""
+        return self.page_tools.declared
+
+    @property
     def close_code(self) -> int | None:
         """The close code the server sent (1006 when none), None while open."""
-        return self.ws.close_code if self.ws else None
+        return self.socket.close_code
 
     @property
     def close_reason(self) -> str | None:
-        return self.ws.close_reason if self.ws else None
+        return self.socket.close_reason
 
     def connect_url(self, *, key_in_query: bool = True) -> str:
         if not (key_in_query and self.api_key is not None):
@@ -225,58 +192,23 @@ class AitpClient:
         closes, AitpClosed when it closes without one, TimeoutError when
         neither happens within ``timeout``.
         """
-        if self.ws is not None:
-            raise AitpError("already connected")
         if timeout is None:
             timeout = HANDSHAKE_TIMEOUT
-        try:
-            self.ws = await ws_connect(
-                self.connect_url(key_in_query=key_in_query),
-                origin=Origin(self.origin) if self.origin is not None else None,
-                user_agent_header=self.user_agent,
-                open_timeout=timeout,
-                max_size=self.max_size,
-                proxy=None,
-            )
-        except InvalidStatus as exc:
-            raise AitpUpgradeRefused(exc.response.status_code) from None
+        await self.socket.open(
+            self.connect_url(key_in_query=key_in_query),
+            origin=self.origin,
+            user_agent=self.user_agent,
+            timeout=timeout,
+        )
         if not send_handshake:
             return {}
         await self.send("HANDSHAKE_INIT", self.handshake_payload(key_in_handshake=key_in_handshake))
-        return await self._await_ack(timeout)
-
-    async def _await_ack(self, timeout: float) -> dict:
-        deadline = asyncio.get_running_loop().time() + timeout
-        error: dict | None = None
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            try:
-                frame = await self.recv(timeout=max(remaining, 0.0))
-            except AitpClosed as exc:
-                if error is None:
-                    raise
-                raise AitpRefused(
-                    error.get("data", {}).get("code"),
-                    error.get("message", ""),
-                    exc.close_code,
-                    exc.close_reason,
-                ) from None
-            except TimeoutError:
-                if error is None:
-                    raise TimeoutError(f"no HANDSHAKE_ACK within {timeout}s") from None
-                raise AitpRefused(
-                    error.get("data", {}).get("code"), error.get("message", ""), None, None
-                ) from None
-            if frame["type"] == "HANDSHAKE_ACK" and error is None:
-                self.ack = frame["payload"]
-                return self.ack
-            if system_event("error")(frame) and error is None:
-                error = frame["payload"]
-            self.received.append(frame)
+        ack = await await_ack(self.recv, timeout, self.received)
+        self.ack = ack["payload"]
+        return self.ack
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        if self.ws is not None:
-            await self.ws.close(code, reason)
+        await self.socket.close(code, reason)
 
     async def wait_closed(self, timeout: float | None = None) -> tuple[int | None, str | None]:
         """Read (into ``received``) until the server closes; return code and reason."""
@@ -300,41 +232,20 @@ class AitpClient:
 
     # --- frames -----------------------------------------------------------
 
-    def _require_ws(self) -> ClientConnection:
-        if self.ws is None:
-            raise AitpError("not connected")
-        return self.ws
-
     async def send(self, frame_type: str, payload: dict, *, meta: dict | None = None) -> dict:
         frame = envelope(frame_type, payload, meta=meta)
         await self.send_raw(json.dumps(frame))
         return frame
 
     async def send_raw(self, text: str | bytes) -> None:
-        ws = self._require_ws()
-        logger.debug("send %.200s", text)
-        try:
-            await ws.send(text)
-        except ConnectionClosed as exc:
-            raise self._closed(exc) from None
+        await self.socket.send_raw(text)
 
     async def recv(self, timeout: float | EllipsisType | None = ...) -> dict:
         """The next frame, parsed (and checked when ``strict``); ``None`` waits
         for ever, no value waits FRAME_TIMEOUT."""
         if isinstance(timeout, EllipsisType):
             timeout = FRAME_TIMEOUT
-        ws = self._require_ws()
-        try:
-            async with asyncio.timeout(timeout):
-                raw = await ws.recv()
-        except TimeoutError:
-            raise TimeoutError(f"no frame within {timeout}s") from None
-        except ConnectionClosed as exc:
-            raise self._closed(exc) from None
-        frame = self._parse(raw)
-        self.history.append(frame)
-        logger.debug("recv %s", frame.get("type"))
-        return frame
+        return await self.socket.recv(timeout)
 
     async def recv_until(self, match: FrameMatch, timeout: float | None = None) -> dict:
         """The first frame matching a type name or a predicate (within
@@ -357,30 +268,7 @@ class AitpClient:
             if predicate(frame):
                 return frame
             self.received.append(frame)
-            skipped.append(_describe(frame))
-
-    def _parse(self, raw: str | bytes) -> dict:
-        if isinstance(raw, bytes):
-            raise AitpProtocolError("binary frame (the client reads text frames only)", raw)
-        try:
-            frame = json.loads(raw)
-        except ValueError:
-            raise AitpProtocolError("frame is not json", raw) from None
-        if self.strict:
-            try:
-                check_frame(frame, sender="server")
-            except InvalidFrame as exc:
-                raise AitpProtocolError(
-                    f"the browser client would drop this frame: {exc}", raw, exc.problems
-                ) from None
-        elif not isinstance(frame, dict) or not isinstance(frame.get("payload"), dict):
-            raise AitpProtocolError("frame is not an object with a payload", raw)
-        return frame
-
-    def _closed(self, exc: ConnectionClosed) -> AitpClosed:
-        if exc.rcvd is not None:
-            return AitpClosed(exc.rcvd.code, exc.rcvd.reason)
-        return AitpClosed(1006, "")
+            skipped.append(describe(frame))
 
     # --- AITP messages ----------------------------------------------------
 
@@ -393,7 +281,7 @@ class AitpClient:
     ) -> dict:
         """Send a full snapshot of the page (protocol.md §4: never a diff)."""
         tools = list(tools)
-        self.tools = {tool["name"]: tool for tool in tools if isinstance(tool, dict) and "name" in tool}
+        self.page_tools.declare(tools)
         return await self.send(
             "CONTEXT_UPDATE",
             {
@@ -454,55 +342,15 @@ class AitpClient:
             try:
                 frame = await self.recv(timeout=max(remaining, 0.0))
             except TimeoutError:
-                seen = ", ".join(_describe(frame) for frame in frames) or "nothing"
+                seen = ", ".join(describe(frame) for frame in frames) or "nothing"
                 raise TimeoutError(f"turn not done within {timeout}s (saw {seen})") from None
             frames.append(frame)
             if on_frame is not None:
-                await _maybe_await(on_frame(frame))
+                await maybe_await(on_frame(frame))
             if frame["type"] == "TOOL_CALL" and on_tool_call is not None:
-                await self._answer_tool_call(frame["payload"], on_tool_call)
+                await self.page_tools.answer(frame["payload"], on_tool_call, self.tool_result)
             elif frame["type"] == "APPROVAL_REQUEST" and on_approval is not None:
-                approved = bool(await _maybe_await(on_approval(frame["payload"])))
+                approved = bool(await maybe_await(on_approval(frame["payload"])))
                 await self.approval_response(frame["payload"]["callId"], approved)
             elif turn_done(frame):
                 return frames
-
-    async def _answer_tool_call(self, payload: dict, handler: ToolHandler) -> None:
-        problems = arguments_problems(self.tools.get(payload["name"]), payload["args"])
-        if problems:
-            # As the browser does: the handler never sees arguments that do
-            # not fit the tool's declared parameters.
-            await self.tool_result(payload["callId"], error="invalid arguments: " + "; ".join(problems))
-            return
-        try:
-            result = await _maybe_await(handler(payload["name"], payload["args"]))
-        except Exception as exc:  # the handler's failure is the tool's error, as in the browser
-            await self.tool_result(payload["callId"], error=str(exc) or type(exc).__name__)
-        else:
-            await self.tool_result(payload["callId"], result=result)
-
-
-def arguments_problems(tool: dict | None, args: Any) -> list[str]:
-    """Why ``args`` do not fit a declared tool's parameters (empty: they do),
-    checked by the server's own function (``aitp.tools.validate_arguments``).
-    A tool this client never declared, or declared with parameters the
-    server refuses, is left to the handler."""
-    if tool is None:
-        return []
-    try:
-        schema = aitp_to_json_schema(tool.get("parameters"))
-    except ToolError:
-        return []
-    return validate_arguments(schema, args)
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
-def _describe(frame: dict) -> str:
-    if frame.get("type") == "SYSTEM_EVENT":
-        return f"SYSTEM_EVENT:{frame['payload'].get('kind')}"
-    return str(frame.get("type"))

@@ -118,6 +118,120 @@ class ReleasingChannelLock(ChannelLock):
             raise
 
 
+class RedisOutage:
+    """Whether Redis answers, as this process last saw it: one WARNING line
+    when it stops, one INFO line when it is back, and the waits between
+    attempts while it is away."""
+
+    def __init__(self, retry_max: float) -> None:
+        self.retry_max = retry_max
+        self.reachable = True
+        self.unreachable_since: float | None = None
+        # Set by every failure: the groups of this process may be missing.
+        self.rejoin_needed = False
+        self.failures = 0
+
+    def failed(self, error: BaseException) -> None:
+        self.failures += 1
+        self.rejoin_needed = True
+        if not self.reachable:
+            return
+        self.reachable = False
+        self.unreachable_since = time.monotonic()
+        logger.warning(
+            "channel layer: Redis is unreachable (%s: %s); pages stay connected, "
+            "notifications between processes are lost until it is back",
+            type(error).__name__, error,
+        )
+
+    def answered(self, groups: int) -> None:
+        if self.reachable:
+            return
+        self.reachable = True
+        away = time.monotonic() - (self.unreachable_since or time.monotonic())
+        logger.info(
+            "channel layer: Redis is back after %.1f s; the %d groups of this process are rejoined",
+            away, groups,
+        )
+
+    def next_delay(self, delay: float) -> float:
+        """The wait before the next attempt, with jitter so that processes do
+        not all knock at once when Redis comes back."""
+        return min(self.retry_max, delay * 2) if delay else FIRST_RETRY_DELAY
+
+    async def pause(self, delay: float) -> None:
+        await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+
+
+class Memberships:
+    """Which of this process's channels are in which groups (what a Redis
+    restart forgets), and the leaves Redis missed while it was away."""
+
+    def __init__(self) -> None:
+        # group -> channels of this process in it.
+        self.groups: dict[str, set[str]] = {}
+        # Discards that could not reach Redis; applied when it is back.
+        self.pending_discards: dict[str, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def joined(self, group, channel) -> None:
+        self.groups.setdefault(group, set()).add(channel)
+        discarded = self.pending_discards.get(group)
+        if discarded is not None:
+            discarded.discard(channel)
+
+    def left(self, group, channel) -> None:
+        channels = self.groups.get(group)
+        if channels is not None:
+            channels.discard(channel)
+            if not channels:
+                del self.groups[group]
+
+    def left_unseen(self, groups, channel) -> None:
+        """Redis did not hear these leaves: they wait for the next rejoin."""
+        for group in groups:
+            self.pending_discards.setdefault(group, set()).add(channel)
+
+    async def restore(self, write) -> int:
+        """Add every channel of this process to its groups again, and apply the
+        discards Redis missed, through ``write(adds, removes)``; the number of
+        groups of this process.
+
+        Channels keep joining and leaving while this runs (their calls skip
+        Redis until it counts as back), so it repeats with the difference
+        until nothing changed during the last write; the caller then declares
+        Redis back without yielding to the loop in between."""
+        written: dict[str, set[str]] = {}
+        taken: list[dict[str, set[str]]] = []
+        try:
+            while True:
+                current = {group: set(channels) for group, channels in self.groups.items() if channels}
+                removes: dict[str, set[str]] = {}
+                taken.append(self.pending_discards)
+                self.pending_discards = {}
+                for group, channels in taken[-1].items():
+                    removes.setdefault(group, set()).update(channels)
+                for group, channels in written.items():
+                    removes.setdefault(group, set()).update(channels - current.get(group, set()))
+                removes = {group: channels - current.get(group, set()) for group, channels in removes.items()}
+                adds = {group: channels - written.get(group, set()) for group, channels in current.items()}
+                adds = {group: channels for group, channels in adds.items() if channels}
+                removes = {group: channels for group, channels in removes.items() if channels}
+                if not adds and not removes:
+                    logger.debug("channel layer: %d groups rejoined", len(current))
+                    return len(current)
+                await write(adds, removes)
+                written = current
+        except BaseException:
+            # Not applied: kept for the next attempt.
+            for discards in taken:
+                for group, channels in discards.items():
+                    self.pending_discards.setdefault(group, set()).update(channels)
+            raise
+
+
 class ResilientRedisChannelLayer(RedisChannelLayer):
     def __init__(
         self,
@@ -131,20 +245,13 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         self.receive_clean_locks = ReleasingChannelLock()
         # channels-redis reads this class attribute for BZPOPMIN's timeout.
         self.brpop_timeout = blocking_read
-        self.retry_max = retry_max
+        self.outage = RedisOutage(retry_max)
         # How often the receiving loop checks that Redis still holds this
         # process's groups (a restart between two commands leaves no error).
         self.membership_check_interval = (
             membership_check_interval if membership_check_interval is not None else blocking_read
         )
-        # group -> channels of this process in it: what a Redis restart forgets.
-        self.memberships: dict[str, set[str]] = {}
-        # Discards that could not reach Redis; applied when it is back.
-        self.pending_discards: dict[str, set[str]] = {}
-        self.reachable = True
-        self.unreachable_since: float | None = None
-        self.rejoin_needed = False
-        self.failures = 0
+        self.memberships = Memberships()
         self.memberships_checked_at = 0.0
         # Whether this process ever left its marker in Redis: a marker gone
         # missing after that means Redis lost our groups.
@@ -171,42 +278,21 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
 
     # --- Redis up and down ------------------------------------------------------
 
+    @property
+    def reachable(self) -> bool:
+        return self.outage.reachable
+
     def _unreachable(self, error: BaseException) -> None:
-        self.failures += 1
-        self.rejoin_needed = True
-        if not self.reachable:
-            return
-        self.reachable = False
-        self.unreachable_since = time.monotonic()
-        logger.warning(
-            "channel layer: Redis is unreachable (%s: %s); pages stay connected, "
-            "notifications between processes are lost until it is back",
-            type(error).__name__, error,
-        )
+        self.outage.failed(error)
 
     def _answered(self) -> None:
-        if self.reachable:
-            return
-        self.reachable = True
-        away = time.monotonic() - (self.unreachable_since or time.monotonic())
-        logger.info(
-            "channel layer: Redis is back after %.1f s; the %d groups of this process are rejoined",
-            away, len(self.memberships),
-        )
+        self.outage.answered(len(self.memberships))
 
     def _answered_by_notification(self) -> None:
         # While a consumer of this process listens, its receive loop says when
         # Redis is back, after it has rejoined the groups.
         if self.receive_count == 0:
             self._answered()
-
-    def _next_delay(self, delay: float) -> float:
-        """The wait before the next attempt, with jitter so that processes do
-        not all knock at once when Redis comes back."""
-        return min(self.retry_max, delay * 2) if delay else FIRST_RETRY_DELAY
-
-    async def _pause(self, delay: float) -> None:
-        await asyncio.sleep(delay * random.uniform(0.8, 1.2))
 
     # --- receive: never give up ---------------------------------------------------
 
@@ -218,8 +304,8 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             except REDIS_DOWN_ERRORS as error:
                 _raise_if_cancelled()
                 self._unreachable(error)
-                delay = self._next_delay(delay)
-                await self._pause(delay)
+                delay = self.outage.next_delay(delay)
+                await self.outage.pause(delay)
 
     async def _brpop_with_clean(self, index, channel, timeout):
         # One coroutine of the process at a time gets here (channels-redis'
@@ -230,7 +316,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             _raise_if_cancelled()
             try:
                 await self._keep_memberships()
-                if self.rejoin_needed:
+                if self.outage.rejoin_needed:
                     # Something else failed meanwhile: rejoin again first.
                     continue
                 # Back for this process once its groups are back.
@@ -239,8 +325,8 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             except REDIS_DOWN_ERRORS as error:
                 _raise_if_cancelled()
                 self._unreachable(error)
-                delay = self._next_delay(delay)
-                await self._pause(delay)
+                delay = self.outage.next_delay(delay)
+                await self.outage.pause(delay)
 
     async def _clean_receive_backup(self, index, channel):
         try:
@@ -259,9 +345,9 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         """Rejoin every group of this process when Redis was away, or when it
         no longer knows this process (restarted empty, flushed)."""
         now = time.monotonic()
-        if not self.rejoin_needed and now - self.memberships_checked_at < self.membership_check_interval:
+        if not self.outage.rejoin_needed and now - self.memberships_checked_at < self.membership_check_interval:
             return
-        failures = self.failures
+        failures = self.outage.failures
         marker = self._marker_key()
         marker_ttl = max(60, int(self.membership_check_interval * 10))
         forgotten = False
@@ -269,51 +355,15 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             # SET ... GET: refresh the marker and learn whether it was there.
             if await self.connection(index).set(marker, b"1", ex=marker_ttl, get=True) is None:
                 forgotten = True
-        if self.rejoin_needed or forgotten:
-            count = await self._rejoin()
-            if forgotten and self.marker_set and not self.rejoin_needed and count:
+        if self.outage.rejoin_needed or forgotten:
+            count = await self.memberships.restore(self._write_groups)
+            if forgotten and self.marker_set and not self.outage.rejoin_needed and count:
                 logger.info("channel layer: Redis had forgotten this process's groups; "
                             "%d groups rejoined", count)
         self.memberships_checked_at = now
         self.marker_set = True
         # A failure elsewhere while this ran may have missed the groups again.
-        self.rejoin_needed = self.failures != failures
-
-    async def _rejoin(self) -> int:
-        """Add every channel of this process to its groups again, and apply the
-        discards Redis missed; the number of groups of this process.
-
-        Channels keep joining and leaving while this runs (their calls skip
-        Redis until it counts as back), so it repeats with the difference
-        until nothing changed during the last write; the caller then declares
-        Redis back without yielding to the loop in between."""
-        written: dict[str, set[str]] = {}
-        taken: list[dict[str, set[str]]] = []
-        try:
-            while True:
-                current = {group: set(channels) for group, channels in self.memberships.items() if channels}
-                removes: dict[str, set[str]] = {}
-                taken.append(self.pending_discards)
-                self.pending_discards = {}
-                for group, channels in taken[-1].items():
-                    removes.setdefault(group, set()).update(channels)
-                for group, channels in written.items():
-                    removes.setdefault(group, set()).update(channels - current.get(group, set()))
-                removes = {group: channels - current.get(group, set()) for group, channels in removes.items()}
-                adds = {group: channels - written.get(group, set()) for group, channels in current.items()}
-                adds = {group: channels for group, channels in adds.items() if channels}
-                removes = {group: channels for group, channels in removes.items() if channels}
-                if not adds and not removes:
-                    logger.debug("channel layer: %d groups rejoined", len(current))
-                    return len(current)
-                await self._write_groups(adds, removes)
-                written = current
-        except BaseException:
-            # Not applied: kept for the next attempt.
-            for discards in taken:
-                for group, channels in discards.items():
-                    self.pending_discards.setdefault(group, set()).update(channels)
-            raise
+        self.outage.rejoin_needed = self.outage.failures != failures
 
     async def _write_groups(self, adds: dict[str, set[str]], removes: dict[str, set[str]],
                             *, ask: str | None = None) -> int | None:
@@ -375,7 +425,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
     def _redis_known_away(self) -> bool:
         """Redis failed and a receiving loop of this process is probing it:
         skip the round trip (and its timeout) until that loop sees it back."""
-        return not self.reachable and self.receive_count > 0
+        return not self.outage.reachable and self.receive_count > 0
 
     async def group_add(self, group, channel):
         await self.groups_add([group], channel)
@@ -390,10 +440,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         in that round trip (``group_has_members``); None when not known."""
         for group in groups:
             assert self.require_valid_group_name(group), "Group name not valid"
-            self.memberships.setdefault(group, set()).add(channel)
-            discarded = self.pending_discards.get(group)
-            if discarded is not None:
-                discarded.discard(channel)
+            self.memberships.joined(group, channel)
         assert self.require_valid_channel_name(channel), "Channel name not valid"
         if self._redis_known_away():
             return None  # remembered above: joined for real when Redis is back
@@ -410,21 +457,15 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         """Take the channel out of each group, in one round trip."""
         for group in groups:
             assert self.require_valid_group_name(group), "Group name not valid"
-            channels = self.memberships.get(group)
-            if channels is not None:
-                channels.discard(channel)
-                if not channels:
-                    del self.memberships[group]
+            self.memberships.left(group, channel)
         assert self.require_valid_channel_name(channel), "Channel name not valid"
         if self._redis_known_away():
-            for group in groups:
-                self.pending_discards.setdefault(group, set()).add(channel)
+            self.memberships.left_unseen(groups, channel)
             return
         try:
             await self._write_groups_gathered({}, {group: {channel} for group in groups})
         except REDIS_DOWN_ERRORS as error:
-            for group in groups:
-                self.pending_discards.setdefault(group, set()).add(channel)
+            self.memberships.left_unseen(groups, channel)
             self._unreachable(error)
             return
         self._answered_by_notification()
