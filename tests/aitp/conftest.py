@@ -57,9 +57,11 @@ class Page:
     def __init__(self, communicator):
         self.ws = communicator
 
-    async def send(self, type_: str, payload: dict, **envelope) -> None:
+    async def send(self, type_: str, payload: dict, **envelope) -> dict:
+        """Send a frame; returns it, as the page sent it."""
         frame = {"id": "msg_test", "type": type_, "timestamp": 1, "payload": payload, **envelope}
         await self.ws.send_to(text_data=json.dumps(frame))
+        return frame
 
     async def recv(self, timeout: float = 5) -> dict:
         output = await self.ws.receive_output(timeout)
