@@ -1,9 +1,9 @@
 """Where the agent turn writes: the conversation, the ledger, usage, approvals.
 
 Each method is one ``db_call`` into the session store (``aitp.store``) (on the process's database
-threads, see ``aitp.db``), so the turn never touches the ORM from the event
+threads, see ``runtime.db``), so the turn never touches the ORM from the event
 loop; the checkpoints (and the progress marks) of turns that meet in time
-share one (``aitp.group_write``). Progress marks and final outcomes of tool
+share one (``runtime.group_write``). Progress marks and final outcomes of tool
 calls are written behind the turn: a mark in a task of its own, an outcome
 with the turn's next write. Each write first waits for the marks still on
 their way, so a call's rows change in the order the turn decided them.
@@ -21,17 +21,17 @@ import logging
 from django.utils import timezone
 
 from aitp import ports, store
-from aitp.db import db_call
-from aitp.group_write import GroupWrite
 from aitp.ledger import Outcome, PendingCall
 from aitp.llm.base import Usage
 from aitp.ports import ApprovalTicket
+from runtime.db import db_call
+from runtime.group_write import GroupWrite
 
 logger = logging.getLogger(__name__)
 
 # The checkpoints, and the progress marks, of every turn of this process: those
 # asked for while one is on its way go together, in one transaction
-# (aitp.group_write).
+# (runtime.group_write).
 CHECKPOINTS = GroupWrite(lambda writes: store.current().turn_checkpoints(writes))
 MARKS = GroupWrite(lambda writes: store.current().tool_call_marks(writes))
 

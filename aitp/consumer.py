@@ -24,9 +24,9 @@ from django.db import DatabaseError
 
 from aitp import processes
 from aitp.close_codes import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER
-from aitp.db import DbCallConsumer
 from aitp.limits import ConnectionLimits
 from aitp.session import Event, SessionMachine, State
+from runtime.db import DbCallConsumer
 
 logger = logging.getLogger(__name__)
 

@@ -16,10 +16,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from aitp import calls, ids
+from aitp import calls
 from aitp import protocol as p
 from aitp.calls import CallEvent, CallStatus, Party
 from aitp.tools import Risk, ToolSpec
+from runtime import ids
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ lets the open through with a log line: a rate limit never refuses or closes a
 session because its counter store is down.
 
 Refusals that come in floods are logged once per window with their count
-(``aitp.flood_log``), never a line per frame or per open.
+(``runtime.flood_log``), never a line per frame or per open.
 
 Every refusal is an error event with ``data.code`` (protocol.md §10
 decides the close code, where there is one):
@@ -50,13 +50,13 @@ from limits.util import WindowStats
 
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_TRY_AGAIN_LATER
-from aitp.flood_log import FloodLog
-from aitp.group_write import Gathered
 from aitp.quota import USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE, token_quota_used_up
-from aitp.recent import RecentAnswers
 from aitp.session import SessionMachine
 from runtime.config import LimitsConfig
 from runtime.config import config as current_config
+from runtime.flood_log import FloodLog
+from runtime.group_write import Gathered
+from runtime.recent import RecentAnswers
 
 logger = logging.getLogger(__name__)
 
@@ -453,7 +453,7 @@ _quota_verdicts: RecentAnswers[QuotaVerdict] = RecentAnswers(_usage_flush_interv
 
 
 async def _quota_verdict(tenant_id: int) -> QuotaVerdict:
-    from aitp.db import db_call
+    from runtime.db import db_call
     from tenants.models import Tenant
 
     def check() -> QuotaVerdict:

@@ -22,7 +22,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.utils import timezone
 
 from aitp import notify
-from aitp.recent import RecentAnswers
+from runtime.recent import RecentAnswers
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,6 @@ from django.utils import timezone
 
 from aitp import liveness, ports, quota, services, store
 from aitp.close_codes import CLOSE_ABNORMAL
-from aitp.db import db_call
 from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module offered them)
     START_TIME_TOLERANCE,
     PidState,
@@ -71,6 +70,7 @@ from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module o
 )
 from aitp.models import ServerProcess, Session
 from runtime.config import config
+from runtime.db import db_call
 
 logger = logging.getLogger(__name__)
 

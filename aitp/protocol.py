@@ -19,7 +19,6 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
-from aitp import ids
 from aitp.messages import (
     CLIENT_TYPES,
     PAYLOAD_MODELS,
@@ -57,6 +56,7 @@ from aitp.storable import (
     storable_text,
     text_problem,
 )
+from runtime import ids
 
 __all__ = [
     "CLIENT_TYPES", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DEPTH", "MAX_INTEGER", "PAYLOAD_MODELS",

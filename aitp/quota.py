@@ -54,11 +54,11 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from aitp import liveness
-from aitp.db import db_call
 from aitp.llm.base import LlmRequest, Usage
 from aitp.models import DailyUsage, ServerProcess, TokenReservation
 from aitp.store.statements import table_of
 from runtime.config import config
+from runtime.db import db_call
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class QuotaExceeded(Exception):
     status = None
 
 
-# --- the database side (on a database thread: aitp.db) -----------------------------
+# --- the database side (on a database thread: runtime.db) -----------------------------
 
 
 def _month_start(now: datetime):

@@ -8,7 +8,7 @@ timer), so neither the page's next frame nor the turn waits for the
 database. Only the latest values are written, every URL
 visited in between is kept for the page history, and watchers are told
 after the row changed. The writes of all connections of the process that
-meet in time go to the database in one call (``aitp.group_write``).
+meet in time go to the database in one call (``runtime.group_write``).
 
 When the connection ends, ``finish()`` lets a write already on its way land
 and hands back what is still owed: the connection's runner sends it with the row's
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from django.utils import timezone
 
 from aitp import store
-from aitp.group_write import GroupWrite
 from aitp.session import ContextChanged
 from aitp.store.statements import JsonText
+from runtime.group_write import GroupWrite
 
 # The session row (page snapshot, turn state) is written at most this often;
 # the connection holds the live values, the row is for watchers and the record.

@@ -18,7 +18,6 @@ from typing import Any
 
 from django.db import connection
 
-from aitp.db import db_call
 from aitp.tools import ToolError, ToolSpec
 from approvals.models import Policy, ServerTool
 from approvals.tool_specs import (
@@ -31,6 +30,7 @@ from approvals.tool_specs import (
 )
 from approvals.webhooks import ToolRunError, call_webhook, tool_networks
 from runtime.config import config
+from runtime.db import db_call
 
 logger = logging.getLogger(__name__)
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from aitp import ids, ports, voice
+from aitp import ports, voice
 from aitp.agent import Agent, AgentConfig, TurnIO
 from aitp.agent_store import AgentStore
 from aitp.limits import ConnectionLimits
 from aitp.llm import get_backend
 from aitp.quota import TokenQuota
-from aitp.recent import RecentAnswers
 from aitp.session import Limits
+from runtime import ids
 from runtime.config import config, derived
+from runtime.recent import RecentAnswers
 
 CAPABILITIES = ("text", "tools")
 VOICE_CAPABILITIES = ("text", "audio", "tools")

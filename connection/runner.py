@@ -24,8 +24,6 @@ from aitp import live, notify, processes, services, store
 from aitp import protocol as p
 from aitp.agent import Agent
 from aitp.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
-from aitp.db import db_call
-from aitp.group_write import GroupWrite
 from aitp.limits import connection_limits
 from aitp.operator_commands import OperatorCommands
 from aitp.row_writer import SessionRowWriter
@@ -41,11 +39,13 @@ from aitp.watch_feed import WatcherFeed
 from connection import opening
 from connection.turns import TurnOwner
 from runtime.config import config
+from runtime.db import db_call
+from runtime.group_write import GroupWrite
 
 logger = logging.getLogger(__name__)
 
 # The session rows this process's connections close: closes that meet in time
-# go to the database together (aitp.group_write).
+# go to the database together (runtime.group_write).
 SESSION_CLOSES = GroupWrite(lambda closes: store.current().sessions_close(closes))
 
 

@@ -31,10 +31,10 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from aitp import live, notify, processes
 from aitp.close_codes import CLOSE_FORBIDDEN, CLOSE_GOING_AWAY
-from aitp.db import DbCallConsumer, db_call
 from operators import selectors
 from operators.access import user_watch_group
 from runtime.config import config
+from runtime.db import DbCallConsumer, db_call
 from tenants.selectors import tenant_ids_for_user
 
 logger = logging.getLogger(__name__)

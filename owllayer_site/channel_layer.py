@@ -22,7 +22,7 @@ the record):
   on: a notification lost while Redis is away is a hint that was not given,
   and every receiver re-reads the database anyway;
 - the joins and leaves of a process's connections that meet in time share
-  one round trip (``aitp.group_write.Gathered``): at fifty opens a second
+  one round trip (``runtime.group_write.Gathered``): at fifty opens a second
   each connection's own pipeline was a tenth of the process's time;
 - each process remembers which of its channels joined which groups, and adds
   them again when Redis answers after an outage or comes back empty (Redis
@@ -51,8 +51,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from aitp import ids
-from aitp.group_write import Gathered
+from runtime import ids
+from runtime.group_write import Gathered
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         return create_pool(host)
 
     async def new_channel(self, prefix: str = "specific") -> str:
-        # channels-redis' own, with its random part drawn in blocks (aitp.ids).
+        # channels-redis' own, with its random part drawn in blocks (runtime.ids).
         return f"{prefix}.{self.client_prefix}!{ids.uuid4().hex}"
 
     def __str__(self) -> str:

@@ -256,7 +256,7 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     OWLLAYER_DB_THREADS = env_int("OWLLAYER_DB_THREADS", 1, minimum=1)
 else:
     # Threads running the database calls of this process's sessions at once
-    # (aitp/db.py); each holds a pooled connection only while it works.
+    # (runtime/db.py); each holds a pooled connection only while it works.
     OWLLAYER_DB_THREADS = env_int("OWLLAYER_DB_THREADS", 8, minimum=1)
 if _database["ENGINE"] == "django.db.backends.postgresql":
     # Django's pool (psycopg_pool): a call borrows an open connection instead

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 
-from aitp import ids
+from runtime import ids
 
 from .base import LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 

@@ -254,7 +254,7 @@ def _together_or_alone(
     writes: list[dict], write: Callable[[dict], None], *,
     alone: Callable[[dict], None] | None = None, committed: Callable[[dict], None] | None = None,
 ) -> Outcomes:
-    """The writes of several sessions (``aitp.group_write``) in one
+    """The writes of several sessions (``runtime.group_write``) in one
     transaction, ``statements.together``: one query on PostgreSQL. For each,
     None or what it raised: when the database refuses them together (a value
     of one session it cannot store), each is written alone (``alone``, or

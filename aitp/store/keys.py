@@ -7,9 +7,9 @@ import hmac
 from collections.abc import Callable
 
 from aitp.models import ApiKey
-from aitp.recent import RecentAnswers
 from aitp.store import open_statements
 from runtime.config import config
+from runtime.recent import RecentAnswers
 
 KEY_PREFIX = "pk_live_"
 # The lookup prefix: "pk_live_" + 8 characters of the random part. Unique per

@@ -12,7 +12,7 @@ the converters the ORM would apply, so the rows and instances are the ones
 the ORM would write and build (the services calling these say what they
 mean; the tests of the services pin it on both backends).
 
-Call only from a database thread (``aitp.db``), inside the service's
+Call only from a database thread (``runtime.db``), inside the service's
 transaction where it has one.
 """
 from __future__ import annotations

@@ -10,9 +10,9 @@ contract tests run both, on both databases):
   the day's usage written behind. What the server runs.
 
 Every method is synchronous database work: callers on the event loop run
-it on the database threads (``aitp.db.db_call``), and the writes of many
+it on the database threads (``runtime.db.db_call``), and the writes of many
 connections that meet in time go together through the ``*_many`` methods
-(``aitp.group_write``). Each of those returns, per write and in order, None
+(``runtime.group_write``). Each of those returns, per write and in order, None
 or the exception that write raised: one session's bad value fails only it.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ through its model field's own ``get_db_prep_save``: the rows are the ones
 the ORM would write (the services that call these say what they mean; the
 tests of the services pin it on both backends).
 
-Call only from a database thread (``aitp.db``), inside the service's
+Call only from a database thread (``runtime.db``), inside the service's
 transaction (``together``) where it has one.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The database threads (aitp.db): a call runs on one of them, its result or
+"""The database threads (runtime.db): a call runs on one of them, its result or
 error comes back to the caller, and a caller that stops waiting never stops
 a call that already runs."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from aitp import db
+from runtime import db
 
 # A bound against a hang only: a working path never comes near it.
 PATIENCE = 30

@@ -9,11 +9,11 @@ import threading
 import pytest
 from django.db import connection
 
-from aitp import db
 from aitp import store as session_store
 from aitp.agent_store import AgentStore
 from aitp.ledger import DISCONNECTED, SUCCESS, Outcome, PendingCall
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
+from runtime import db
 from tests.aitp.conftest import open_session_row
 
 # A bound against a hang only: a working path never comes near it.

@@ -18,10 +18,10 @@ import re
 import pytest
 from django.test import override_settings
 
-from aitp.flood_log import FloodLog
 from aitp.limits import ConnectionLimits, SharedLimits
 from aitp.session import Limits, SessionMachine
 from aitp_client import AitpClient, AitpClosed
+from runtime.flood_log import FloodLog
 from tests.aitp.conftest import CONSUMER_PATIENCE, ORIGIN
 from tests.aitp.test_limits import PAY, clock, quiet  # noqa: F401 (clock is a fixture)
 

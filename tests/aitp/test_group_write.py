@@ -1,4 +1,4 @@
-"""Writes of many connections that go together (aitp.group_write): live rows
+"""Writes of many connections that go together (runtime.group_write): live rows
 (store.current().sessions_write_live) and turn checkpoints
 (store.current().turn_checkpoints). Writes asked for while one is on its way go in
 one call; a write the database refuses fails alone."""
@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 
 from aitp import store
-from aitp.group_write import GroupWrite
 from aitp.models import DailyUsage, Session
+from runtime.group_write import GroupWrite
 from tests.aitp.conftest import open_session_row, queries_sent
 
 # A bound against a hang only.

@@ -5,7 +5,7 @@ import re
 import threading
 import uuid
 
-from aitp import ids
+from runtime import ids
 
 
 def test_random_ids_have_the_shapes_of_their_secrets_and_uuid_counterparts():

@@ -1,5 +1,5 @@
 """Answers reused while fresh and asked for once by everyone who needs them
-at the same moment (aitp/recent.py: the tenant's quota verdict, the watch
+at the same moment (runtime/recent.py: the tenant's quota verdict, the watch
 groups' presence)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from aitp.recent import RecentAnswers
+from runtime.recent import RecentAnswers
 
 
 class Question:

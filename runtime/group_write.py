@@ -28,7 +28,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aitp.db import db_call
+from runtime.db import db_call
 
 WriteMany = Callable[[list[dict]], list[BaseException | None]]
 # The requests of one group -> for each, in order, its answer or its exception.
