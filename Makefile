@@ -38,9 +38,9 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.services.x_live_sessions_filter__*' 'aitp.services.x_sessions_close_stale__*' \
 	'aitp.ledger.*' 'approvals.audit.*' 'approvals.services.*' \
 	'approvals.models.x_policy_parties__*' 'aitp.tools.xǁRiskǁhighest__*' 'aitp.calls.*' \
-	'aitp.agent_server_tools.xǁServerToolsǁrun__*' \
-	'aitp.agent_server_tools.xǁServerToolsǁawait_decision__*' \
-	'aitp.agent_approvals.xǁApprovalsǁapply_row__*' \
+	'agent.server_tools.xǁServerToolsǁrun__*' \
+	'agent.server_tools.xǁServerToolsǁawait_decision__*' \
+	'agent.approvals.xǁApprovalsǁapply_row__*' \
 	'aitp.llm.anthropic_backend.xǁAnthropicConfigǁfrom_settings__*' \
 	'aitp.llm.anthropic_backend.xǁCappedRetriesǁ*' 'aitp.llm.anthropic_backend.x_should_retry__*' \
 	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
@@ -58,9 +58,9 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 #  16 a WAV whose header rate is out of range is refused like a live chunk
 #  17 an APPROVAL_REQUEST for other arguments than the call's is refused in a turn
 MUTANTS_ISSUE_24 := \
-	'aitp.agent_page_tools.xǁPageToolsǁon_tool_result__*' 'aitp.agent_approvals.xǁApprovalsǁskipped__*' \
-	'aitp.agent.xǁAgentǁ_run_tools__*' 'aitp.agent.xǁAgentǁ_settle_cut_calls__*' \
-	'aitp.agent.x__to_the_end__*' 'aitp.agent.x__cancel_message__*' \
+	'agent.page_tools.xǁPageToolsǁon_tool_result__*' 'agent.approvals.xǁApprovalsǁskipped__*' \
+	'agent.loop.xǁAgentǁ_run_tools__*' 'agent.loop.xǁAgentǁ_settle_cut_calls__*' \
+	'agent.loop.x__to_the_end__*' 'agent.loop.x__cancel_message__*' \
 	'aitp.services.x_api_key_set_status__*' 'aitp.services.x_api_key_update__*' \
 	'console.services.x_key_update__*' 'console.admin.xǁApiKeyAdminǁsave_model__*' \
 	'console.admin.xǁApiKeyAdminǁ_owned__*' 'tenants.selectors.x_changeable_tenant_ids__*' \
@@ -70,8 +70,8 @@ MUTANTS_ISSUE_24 := \
 	'approvals.webhooks.x_call_webhook__*' 'approvals.webhooks.x__pinned__*' 'approvals.webhooks.x_sign__*' \
 	'aitp.voice.inbound.*' 'aitp.voice.audio.x_decode_wav__*' 'aitp.voice.audio.x_pcm_rate__*' \
 	'aitp.voice.audio.x_is_wav_mime__*' \
-	'aitp.agent_approvals.xǁApprovalsǁon_approval_request__*' 'aitp.agent_approvals.xǁApprovalsǁasked__*' \
-	'aitp.agent_approvals.xǁApprovalsǁopened__*'
+	'agent.approvals.xǁApprovalsǁon_approval_request__*' 'agent.approvals.xǁApprovalsǁasked__*' \
+	'agent.approvals.xǁApprovalsǁopened__*'
 
 .PHONY: help setup runtime chromium espeak nodejs nginx run test bench mutate lint lint-only clean distclean
 
@@ -237,7 +237,7 @@ mutate: setup
 # decorators below register what they decorate.
 # (`make test` runs the same line itself rather than a sub-make, so that
 # `make -n test` only prints what it would do.)
-VULTURE := $(VENV)/bin/vulture aitp aitp_client approvals bench connection console demo operators owllayer_site runtime \
+VULTURE := $(VENV)/bin/vulture agent aitp aitp_client approvals bench connection console demo operators owllayer_site runtime \
 	tenants tools/vulture_allow.py --exclude '*/migrations/*' --min-confidence 60 \
 	--ignore-decorators '@admin.display,@admin.action,@admin.register,@register.filter,@model_validator,@register_python_tool'
 LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VULTURE)

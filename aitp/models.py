@@ -66,7 +66,7 @@ class AudioSeconds:
 
 class Session(AudioSeconds, models.Model):
     class State(models.TextChoices):
-        # A turn's states come from the turn itself (aitp.agent_parts.TurnState).
+        # A turn's states come from the turn itself (agent.parts.TurnState).
         IDLE = TurnState.IDLE.value, "Idle"
         ANSWERING = TurnState.ANSWERING.value, "Agent answering"
         WAITING_TOOL = TurnState.WAITING_TOOL.value, "Waiting for a tool"

@@ -9,12 +9,12 @@ older rows or other writers, a bare string. Anything else is shown as JSON
 rather than dropped, so the record is never silently incomplete.
 
 The agent stores, beside the user's words, a text block describing the page
-they were on (``[page]`` then url, title and context lines; aitp.agent). It is
+they were on (``[page]`` then url, title and context lines; agent.loop). It is
 read here as a block of its own kind, "page", so pages show the words as the
 user wrote them and the page as a detail; the stored rows are unchanged.
 
 A voice turn's stored text blocks carry one more key, ``voice``
-(aitp.agent_voice.voice_record): "heard" on the user's words transcribed from
+(agent.voice.voice_record): "heard" on the user's words transcribed from
 their speech, "said" on the agent's words spoken, "interrupted" on the
 agent's words a barge-in cut (stored as far as they were said). It is read
 into ``Block.voice``; a block without it was typed or written.

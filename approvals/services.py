@@ -7,7 +7,7 @@ failed, with its result), and every ending the system writes (expired,
 cancelled, disconnected) move the ``ToolCall`` row in the event's
 transaction, and the event names the status it moved to (``data.call``).
 The turn writes behind only the calls that have no approval
-(``aitp.agent_store``).
+(``agent.store``).
 
 Every transaction starts by locking the audit chain head (see
 ``approvals.audit.lock_chain``): decisions on approvals are therefore
@@ -30,8 +30,8 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
+from agent.approvals import NOT_APPROVED_MESSAGE
 from aitp import calls, liveness, notify
-from aitp.agent_approvals import NOT_APPROVED_MESSAGE
 from aitp.calls import CallEvent, CallStatus
 from aitp.ledger import (
     CANCELLED_MESSAGE,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from agent.loop import Agent, AgentConfig, TurnIO
+from agent.store import AgentStore
 from aitp import ports, voice
-from aitp.agent import Agent, AgentConfig, TurnIO
-from aitp.agent_store import AgentStore
 from aitp.limits import ConnectionLimits
 from aitp.llm import get_backend
 from aitp.quota import TokenQuota

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
+from agent.loop import Agent
 from aitp import live, notify, processes, services, store
 from aitp import protocol as p
-from aitp.agent import Agent
 from aitp.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
 from aitp.limits import connection_limits
 from aitp.operator_commands import OperatorCommands

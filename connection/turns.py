@@ -21,9 +21,9 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from agent.loop import Agent, PageSnapshot, TurnOver
+from agent.voice import Listening
 from aitp import protocol as p
-from aitp.agent import Agent, PageSnapshot, TurnOver
-from aitp.agent_voice import Listening
 from aitp.limits import ConnectionLimits
 from aitp.row_writer import SessionRowWriter
 from aitp.session import (
@@ -180,7 +180,7 @@ class TurnOwner:
     def _run_utterance(self, move: Move, reason: str, done: p.Message | None) -> None:
         self._start(self._admitted(voice=self.listening, live=True))
 
-    # --- the agent's way back (aitp.agent_parts.TurnIO) --------------------------
+    # --- the agent's way back (agent.parts.TurnIO) --------------------------
 
     async def send(self, item: p.Message | TurnEvent | TurnOver) -> None:
         if isinstance(item, p.Message):

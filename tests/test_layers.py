@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APPS_ABOVE_AITP = {"approvals", "console", "operators", "demo", "connection"}
+APPS_ABOVE_AITP = {"approvals", "console", "operators", "demo", "connection", "agent"}
 # Imported by the site and the apps; imports none of them.
 LOW_LAYERS = {"runtime"}
 
@@ -176,4 +176,5 @@ def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one():
     assert "aitp" in graph["approvals"] and "approvals" in graph["operators"]
     assert "runtime" in graph["aitp"] and "runtime" in graph["owllayer_site"]
     assert "aitp" in graph["connection"] and "connection" in graph["owllayer_site"]
+    assert "aitp" in graph["agent"] and "agent" in graph["connection"]
     assert not graph.get("aitp", set()) & APPS_ABOVE_AITP

@@ -14,7 +14,7 @@ import json
 import pytest
 from django.utils import timezone
 
-from aitp.agent_store import AgentStore
+from agent.store import AgentStore
 from aitp.llm import reset_backend
 from aitp.llm.anthropic_backend import close_client
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
@@ -1238,7 +1238,7 @@ class CuttingPage:
         return self._surface
 
     def page(self):
-        from aitp.agent import PageSnapshot
+        from agent.loop import PageSnapshot
 
         return PageSnapshot(url="/products/headphones", title="Pro Headphones", context={})
 
@@ -1254,7 +1254,7 @@ async def agent_on(page: CuttingPage):
     """A real Agent (real SDK and store) whose connection is ``page``; (agent, session)."""
     from asgiref.sync import sync_to_async
 
-    from aitp.agent import Agent, AgentConfig
+    from agent.loop import Agent, AgentConfig
     from aitp.llm import get_backend
     from tests.aitp.conftest import open_session_row
 

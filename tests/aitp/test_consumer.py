@@ -344,7 +344,7 @@ async def test_a_database_outage_at_handshake_asks_the_client_to_retry_later(con
 
 
 async def test_a_server_bug_while_handling_a_frame_keeps_the_connection(connect, api_key, monkeypatch):
-    from aitp.agent import Agent
+    from agent.loop import Agent
 
     async def broken(self, payload):
         raise RuntimeError("bug")

@@ -9,8 +9,8 @@ import threading
 import pytest
 from django.db import connection
 
+from agent.store import AgentStore
 from aitp import store as session_store
-from aitp.agent_store import AgentStore
 from aitp.ledger import DISCONNECTED, SUCCESS, Outcome, PendingCall
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
 from runtime import db

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.text import TextStreamer, bounded_history
 from aitp import protocol as p
-from aitp.agent_text import TextStreamer, bounded_history
 from aitp.calls import CallStatus, ServerMistake
 from aitp.ledger import (
     DENIED,

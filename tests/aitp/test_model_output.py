@@ -22,8 +22,8 @@ import logging
 import pytest
 from asgiref.sync import sync_to_async
 
-from aitp.agent import Agent, AgentConfig
-from aitp.agent_store import AgentStore
+from agent.loop import Agent, AgentConfig
+from agent.store import AgentStore
 from aitp.ledger import unusable_arguments
 from aitp.llm.base import MessageComplete, TextDelta, Usage
 from aitp.models import ToolCall

@@ -21,9 +21,9 @@ from dataclasses import replace
 import pytest
 from django.test import override_settings
 
+from agent.loop import Agent, AgentConfig, PageSnapshot
+from agent.store import AgentStore
 from aitp import protocol as p
-from aitp.agent import Agent, AgentConfig, PageSnapshot
-from aitp.agent_store import AgentStore
 from aitp.limits import ConnectionLimits
 from aitp.llm.offline import OfflineBackend
 from aitp.tools import ToolSurface, parse_client_tools

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from aitp.agent_approvals import MISMATCH_MESSAGE
+from agent.approvals import MISMATCH_MESSAGE
 from aitp_client import AitpClient, system_event
 from approvals.audit import verify_chain
 from approvals.models import Approval, AuditEvent

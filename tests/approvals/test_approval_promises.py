@@ -20,8 +20,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 
-from aitp.agent import Agent, AgentConfig, PageSnapshot, TurnOver
-from aitp.agent_store import AgentStore
+from agent.loop import Agent, AgentConfig, PageSnapshot, TurnOver
+from agent.store import AgentStore
 from aitp.ledger import CANCELLED_MESSAGE, DECLINED_MESSAGE, LEFT_MESSAGE, SERVER_EXPIRED_MESSAGE
 from aitp.llm.offline import OfflineBackend
 from aitp.models import ToolCall
@@ -431,7 +431,7 @@ async def test_a_failing_server_tool_is_audited_as_failed_and_the_model_is_told_
     assert events[-1] == ("failed", {"error": "card declined", "call": "error"})
     assert [action for action, _ in events] == ["requested", "approved", "failed"]
     assert (f"session {session.id}: server tool cancel_order failed: card declined"
-            in [r.getMessage() for r in caplog.records if r.name == "aitp.agent"])
+            in [r.getMessage() for r in caplog.records if r.name == "agent.loop"])
 
 
 async def test_a_server_tool_failing_without_words_tells_the_model_it_failed(session):

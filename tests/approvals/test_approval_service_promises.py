@@ -33,7 +33,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from aitp.agent_approvals import NOT_APPROVED_MESSAGE
+from agent.approvals import NOT_APPROVED_MESSAGE
 from aitp.models import Session, ToolCall
 from aitp.tools import Risk, args_hash
 from approvals import services

@@ -171,10 +171,10 @@ async def test_a_disconnect_while_waiting_closes_the_approval(connect, api_key, 
 
 
 async def test_a_lost_operator_notification_only_delays_the_turn(connect, api_key, tenant, monkeypatch):
-    import aitp.agent_server_tools
+    import agent.server_tools
     import aitp.notify
 
-    monkeypatch.setattr(aitp.agent_server_tools, "DECISION_RECHECK_SECONDS", 0.1)
+    monkeypatch.setattr(agent.server_tools, "DECISION_RECHECK_SECONDS", 0.1)
     operator = await in_db(operator_of)(tenant)
     page = await start_cancel(connect, api_key, tenant, "operator")
     await page.recv_until("SYSTEM_EVENT", kind="waiting")

@@ -12,8 +12,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from agent.voice import voice_record
 from aitp import store
-from aitp.agent_voice import voice_record
 from aitp.models import DailyUsage, Session
 from aitp.store import usage
 from aitp.transcript import INTERRUPTED_NOTE, Block, message_blocks

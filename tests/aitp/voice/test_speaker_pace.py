@@ -1,12 +1,12 @@
-"""The agent's voice goes out at the pace it plays (aitp.agent_voice.Speaker)."""
+"""The agent's voice goes out at the pace it plays (agent.voice.Speaker)."""
 from __future__ import annotations
 
 import asyncio
 import base64
 
-from aitp import agent_voice
+from agent import voice as agent_voice
+from agent.voice import Speaker
 from aitp import protocol as p
-from aitp.agent_voice import Speaker
 from aitp.voice.base import Audio
 
 RATE = 24000

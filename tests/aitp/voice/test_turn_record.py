@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from aitp.agent_voice import Listening, audio_usage, voice_record
+from agent.voice import Listening, audio_usage, voice_record
 from aitp.voice.base import Audio, SpeechError
 
 SPEAKING = SimpleNamespace(failed=None, seconds=1.25)

@@ -3,7 +3,7 @@
 A page's call (interface tool) is approved in the page: its APPROVAL_REQUEST
 opens an approval row, its APPROVAL_RESPONSE carries the user's decision and
 the tool's result. A server tool's call is approved by the page's user, an
-operator or both (``aitp.agent_server_tools`` waits; this module applies the
+operator or both (``agent.server_tools`` waits; this module applies the
 decisions as they arrive). A risky page call answered without asking is
 refused and audited as a violation. The rows belong to the approvals app,
 reached through ``aitp.ports`` by the ``AgentStore``.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
+from agent.parts import TurnParts, unknown_call
 from aitp import protocol as p
-from aitp.agent_parts import TurnParts, unknown_call
 from aitp.calls import APPROVAL_DECISIONS, CallEvent, Party
 from aitp.ledger import DECLINED_MESSAGE, DENIED, ERROR, OPERATOR_DECLINED_MESSAGE, SUCCESS, Outcome, PendingCall
 from aitp.ports import ApprovalError

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from agent.approvals import Approvals, declined_message
+from agent.parts import TurnParts
 from aitp import protocol as p
-from aitp.agent_approvals import Approvals, declined_message
-from aitp.agent_parts import TurnParts
 from aitp.calls import CallEvent, CallStatus, Party
 from aitp.ledger import (
     CANCELLED,
@@ -37,7 +37,7 @@ from aitp.tools import canonical_json
 from aitp.turn import TurnEvent
 
 # The turn logs under one name, whichever piece of it writes the line.
-logger = logging.getLogger("aitp.agent")
+logger = logging.getLogger("agent.loop")
 
 # How often a turn waiting on a human re-reads the approval row, in case a
 # channel-layer notification was lost.

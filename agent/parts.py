@@ -2,9 +2,9 @@
 in, the one port back to the connection (``TurnIO``: its ``send``), and
 ``TurnParts``.
 
-The turn is split by concern (``aitp.agent`` the model loop,
-``aitp.agent_page_tools``, ``aitp.agent_server_tools``,
-``aitp.agent_approvals``); each piece holds the same ``TurnParts`` and knows
+The turn is split by concern (``agent.loop`` the model loop,
+``agent.page_tools``, ``agent.server_tools``,
+``agent.approvals``); each piece holds the same ``TurnParts`` and knows
 nothing of the consumer but ``TurnIO``.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent.store import AgentStore
 from aitp import protocol as p
-from aitp.agent_store import AgentStore
 from aitp.ledger import Ledger
 from aitp.tools import ToolSurface
 from aitp.turn import TurnEvent

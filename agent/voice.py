@@ -1,6 +1,6 @@
 """The voice side of an agent turn: hearing the user, speaking the answer.
 
-A voice turn is the ordinary turn (``aitp.agent``) with two ends added:
+A voice turn is the ordinary turn (``agent.loop``) with two ends added:
 - ``Listening`` is one utterance on its way in: the live microphone's chunks
   in an ``UtteranceBuffer`` until VOICE_INPUT_END, the server's VAD, the
   longest utterance or a stalled stream (the idle deadline) ends it -- or a
@@ -240,7 +240,7 @@ def voice_record(role: str, content: list[dict], speaker: Speaker, *, interrupte
     barge-in cut (stored as far as it was said). Text the voice failed to
     say is left unmarked. New blocks: the model's copy keeps none of this."""
     if role == "user":
-        # The words come first, the page's description after (aitp.agent).
+        # The words come first, the page's description after (agent.loop).
         first = content[0] if content else None
         if isinstance(first, dict) and first.get("type") == "text":
             return [{**first, "voice": HEARD}, *content[1:]]

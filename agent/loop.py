@@ -10,12 +10,12 @@ frames for the page, where the turn is (``aitp.turn.TurnEvent``), and last
 of all ``TurnOver``. A cancelled turn's calls end with the status its task
 was cancelled with (cancelled, or disconnected when the page left).
 
-The rest of the turn, by concern: ``aitp.agent_page_tools`` (TOOL_CALL out,
-TOOL_RESULT in), ``aitp.agent_server_tools`` (run on the server, after
-approval), ``aitp.agent_approvals`` (a person decides), ``aitp.agent_text``
-(text frames, history window), ``aitp.agent_request`` (what the model is
-asked), ``aitp.agent_parts`` (what they share),
-``aitp.agent_voice`` (a voice turn's listening and speaking: the same turn,
+The rest of the turn, by concern: ``agent.page_tools`` (TOOL_CALL out,
+TOOL_RESULT in), ``agent.server_tools`` (run on the server, after
+approval), ``agent.approvals`` (a person decides), ``agent.text``
+(text frames, history window), ``agent.request`` (what the model is
+asked), ``agent.parts`` (what they share),
+``agent.voice`` (a voice turn's listening and speaking: the same turn,
 with the user's words transcribed first and the answer spoken as it streams).
 Inbound answers arrive through the ``on_*`` methods, called from the
 connection's inbox; they resolve futures the turn awaits, never
@@ -28,10 +28,9 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from aitp import protocol as p
-from aitp.agent_approvals import Approvals
-from aitp.agent_page_tools import PageTools
-from aitp.agent_parts import (
+from agent.approvals import Approvals
+from agent.page_tools import PageTools
+from agent.parts import (
     AgentConfig,
     AgentIO,
     ApprovalLimits,
@@ -40,11 +39,12 @@ from aitp.agent_parts import (
     TurnOver,
     TurnParts,
 )
-from aitp.agent_request import ToolParams, as_recorded, ask_model, build_request
-from aitp.agent_server_tools import ServerTools
-from aitp.agent_store import AgentStore
-from aitp.agent_text import TextStreamer, bounded_history
-from aitp.agent_voice import Listening, Speaker, audio_usage, voice_record
+from agent.request import ToolParams, as_recorded, ask_model, build_request
+from agent.server_tools import ServerTools
+from agent.store import AgentStore
+from agent.text import TextStreamer, bounded_history
+from agent.voice import Listening, Speaker, audio_usage, voice_record
+from aitp import protocol as p
 from aitp.ledger import (
     CANCELLED,
     CANCELLED_MESSAGE,

@@ -4,15 +4,15 @@
 call's deadline (which an approval request moves later); ``on_tool_result()``
 takes the page's answer from the connection (``connection.turns``) and resolves the
 call the turn waits on. A risky call must be approved in the page first
-(``aitp.agent_approvals``).
+(``agent.approvals``).
 """
 from __future__ import annotations
 
 import asyncio
 
+from agent.approvals import Approvals
+from agent.parts import TurnParts, unknown_call
 from aitp import protocol as p
-from aitp.agent_approvals import Approvals
-from aitp.agent_parts import TurnParts, unknown_call
 from aitp.calls import CallEvent, CallStatus
 from aitp.ledger import (
     ERROR,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from agent.parts import AgentConfig
+from agent.text import TextStreamer, bounded_history
+from agent.voice import Speaker
 from aitp import protocol as p
-from aitp.agent_parts import AgentConfig
-from aitp.agent_text import TextStreamer, bounded_history
-from aitp.agent_voice import Speaker
 from aitp.ledger import INVALID_ARGS, Outcome, checked_arguments, unusable_arguments
 from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.quota import TokenQuota
@@ -117,7 +117,7 @@ def as_recorded(content: list[dict], *, max_depth: int,
     What the model writes gets the check a page's frame gets
     (``aitp.protocol.find_unstorable``): its text keeps each character
     the layers cannot hold (U+0000, a lone surrogate) as U+FFFD, as the
-    page was sent it (``aitp.agent``), and so do a tool_use's id and name;
+    page was sent it (``agent.loop``), and so do a tool_use's id and name;
     a tool_use whose input no later layer
     could hold (the ledger's row, the conversation, a TOOL_CALL frame,
     the next model request) keeps an empty input and ends
