@@ -273,12 +273,4 @@ def _together_or_alone(
                 for each in writes:
                     committed(each)
             return [None] * len(writes)
-    outcomes: Outcomes = []
-    for each in writes:
-        try:
-            alone(each)
-        except Exception as exc:
-            outcomes.append(exc)
-        else:
-            outcomes.append(None)
-    return outcomes
+    return port.each_alone(writes, alone)
