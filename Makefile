@@ -46,7 +46,8 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
 	'aitp.llm.anthropic_backend.x_get_client__*' \
 	$(MUTANTS_ISSUE_24)
-# Issue 24's promises 9-17, one line each (docs/mutation.md).
+# Issue 24's promises 9-17: per promise, the functions that decide it
+# (docs/mutation.md).
 #  9 a high- or critical-risk page call answered by a bare TOOL_RESULT is refused
 #  10 a cancelled turn's finished calls keep their real outcome for the model
 #  11 disabling a key or changing its expiry closes or re-checks its live sessions
@@ -59,13 +60,13 @@ MUTANTS ?= 'aitp.services.x_api_key_lookup__*' 'aitp.services.x__key_hash__*' \
 #  17 an APPROVAL_REQUEST for other arguments than the call's is refused in a turn
 MUTANTS_ISSUE_24 := \
 	'aitp.agent_page_tools.xǁPageToolsǁon_tool_result__*' 'aitp.agent_approvals.xǁApprovalsǁskipped__*' \
-	'aitp.agent.xǁAgentǁ_run_tools__*' 'aitp.agent.xǁAgentǁ_settle_cut_calls__*' \
-	'aitp.agent.x__to_the_end__*' 'aitp.agent.x__cancel_message__*' \
+	'aitp.agent.xǁAgentǁ_settle_cut_calls__*' 'aitp.agent.x__to_the_end__*' 'aitp.agent.x__cancel_message__*' \
 	'aitp.services.x_api_key_set_status__*' 'aitp.services.x_api_key_update__*' \
 	'console.services.x_key_update__*' 'console.admin.xǁApiKeyAdminǁsave_model__*' \
 	'console.admin.xǁApiKeyAdminǁ_owned__*' 'tenants.selectors.x_changeable_tenant_ids__*' \
-	'operators.access.*' 'operators.consumer.xǁOperatorWatchConsumerǁwatch_access__*' \
-	'operators.consumer.x__tenant_groups__*' \
+	'operators.access.x_access_changed__*' 'operators.access.x__membership_saved__*' \
+	'operators.access.x__account_saved__*' 'operators.access.x__account_deleted__*' \
+	'operators.consumer.xǁOperatorWatchConsumerǁwatch_access__*' 'operators.consumer.x__tenant_groups__*' \
 	'aitp.session.xǁSessionMachineǁ_context_update__*' 'aitp.session.xǁSessionMachineǁaccept_handshake__*' \
 	'approvals.webhooks.x_call_webhook__*' 'approvals.webhooks.x__pinned__*' 'approvals.webhooks.x_sign__*' \
 	'aitp.voice.inbound.*' 'aitp.voice.audio.x_decode_wav__*' 'aitp.voice.audio.x_pcm_rate__*' \
