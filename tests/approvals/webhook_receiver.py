@@ -69,6 +69,28 @@ class Receiver(BaseHTTPRequestHandler):
         if self.path == "/slow":
             self.release.wait(10)
             return self._answer(200, b"{}")
+        if self.path == "/drip":
+            # A valid answer a byte at a time, each byte soon after the last,
+            # for ten seconds: only a bound on the whole exchange cuts it.
+            answer = b"[" + b" " * 100 + b"1]"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            try:
+                for byte in answer:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the client gave up, as it should
+            return
+        if self.path == "/no-content":
+            return self._answer(204, b"")
+        if self.path == "/empty":
+            return self._answer(200, b"")
+        if self.path == "/multiple-choices":
+            return self._answer(300, b'{"choices": []}')
         if self.path == "/fail":
             return self._answer(500, b'{"error": "boom"}')
         if self.path == "/garbage":
