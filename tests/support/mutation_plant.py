@@ -12,7 +12,7 @@ starts from ``mutants/``), the tests run until the first failure, and one
 line says ``killed NAME TEST`` or ``SURVIVED NAME``. It saves mutmut's
 fork and warm-up per mutant, at the price of one process for all: a mutant
 that leaves state behind could fail the tests of the next one, so the test
-that failed is run again with no mutant, and when it fails then too the
+that failed is run twice more with no mutant, and when it fails then too the
 line says ``UNSURE NAME TEST`` (worth mutmut's own run). A survivor found
 here is worth a look.
 
@@ -51,12 +51,13 @@ def pytest_runtestloop(session) -> bool:
             continue
         if not name:
             raise session.Failed(f"no mutant planted: {killed_by.nodeid} fails without one")
-        # The same test again with no mutant: a failure then is the state a
-        # test left behind, not the mutant's doing.
+        # The same test twice more with no mutant: a failure then is the
+        # state a test left behind, not the mutant's doing (a test that fails
+        # every other run after one failure passes only one of the two).
         session._setupstate.teardown_exact(killed_by)
         os.environ["MUTANT_UNDER_TEST"] = ""
-        doubt = _fails(killed_by, then)
-        if not doubt:
+        doubt = _fails(killed_by, items[0]) or _fails(killed_by, then)
+        if doubt:
             session._setupstate.teardown_exact(then)
         print(f"{'UNSURE' if doubt else 'killed'} {name} {killed_by.nodeid}", flush=True)
     os.environ.pop("MUTANT_UNDER_TEST", None)
