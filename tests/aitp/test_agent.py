@@ -1333,3 +1333,28 @@ async def test_a_turn_cut_twice_during_a_call_still_ends_every_call_and_answers_
     messages = await stored_messages(session.id)
     assert_stored_conversation_valid(messages)
     assert [results_told(m.content) for m in messages if results_told(m.content)] == [told]
+
+
+async def test_settling_a_cut_round_runs_to_its_end_and_says_whether_another_cancel_came():
+    from agent.loop import _to_the_end
+
+    async def quick() -> None:
+        await asyncio.sleep(0)
+
+    assert await _to_the_end(quick()) is False
+
+    started, release, finished = asyncio.Event(), asyncio.Event(), []
+
+    async def slow() -> None:
+        started.set()
+        await release.wait()
+        finished.append(True)
+
+    settling = asyncio.ensure_future(_to_the_end(slow()))
+    await started.wait()
+    settling.cancel()
+    await asyncio.sleep(0)
+    release.set()
+
+    assert await settling is True
+    assert finished == [True]

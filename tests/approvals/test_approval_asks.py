@@ -24,10 +24,11 @@ from django.test import override_settings
 from agent.loop import Agent, AgentConfig, PageSnapshot
 from agent.store import AgentStore
 from aitp import protocol as p
+from aitp.ledger import ERROR, SUCCESS, Outcome
 from aitp.limits import ConnectionLimits
 from aitp.llm.offline import OfflineBackend
 from aitp.tools import ToolSurface, parse_client_tools
-from approvals.models import AuditEvent
+from approvals.models import Approval, AuditEvent
 from runtime.config import config
 from tests.aitp.conftest import api_key, connect, in_db, open_page, open_session_row, tenant  # noqa: F401 (fixtures)
 
@@ -114,8 +115,8 @@ class StandInPage:
     """The connection's side of the turn: keeps the frames, and says when
     the TOOL_CALL is out."""
 
-    def __init__(self) -> None:
-        self._surface = ToolSurface.build([], parse_client_tools([PAY]))
+    def __init__(self, tool: dict = PAY) -> None:
+        self._surface = ToolSurface.build([], parse_client_tools([tool]))
         self.frames: list[p.Message] = []
         self.called = asyncio.Event()
 
@@ -133,10 +134,11 @@ class StandInPage:
         return PageSnapshot(url="/checkout", title="Checkout", context={})
 
 
-async def waiting_payment():
-    """An agent whose turn waits on the page's ``pay`` call; (agent, call, turn task)."""
+async def waiting_payment(tool: dict = PAY, command: str = PAY_COMMAND):
+    """An agent whose turn waits on the page's ``pay`` call (or ``tool``'s,
+    called by ``command``); (agent, call, turn task)."""
     session = await in_db(open_session_row)()
-    page = StandInPage()
+    page = StandInPage(tool)
     agent = Agent(
         session_id=session.id, tenant_id=session.tenant_id, system_prompt="",
         backend=OfflineBackend(),
@@ -145,7 +147,7 @@ async def waiting_payment():
         io=page, store=AgentStore(session_id=session.id, tenant_id=session.tenant_id),
         limits=ConnectionLimits(replace(config().limits, approval_requests_per_call=0)),
     )
-    task = asyncio.ensure_future(agent.run_turn(PAY_COMMAND))
+    task = asyncio.ensure_future(agent.run_turn(command))
     await asyncio.wait_for(page.called.wait(), PATIENCE)
     [call] = agent.ledger.open_calls()
     return agent, call, task
@@ -187,4 +189,50 @@ async def test_an_ask_about_a_call_the_turn_does_not_hold_is_unknown_call_naming
         "error", {"code": "unknown_call", "callId": "tc_not_a_real_call"})
     assert call.deadline == before and call.approval_id is None
     await agent.on_tool_result(p.ToolResult(callId=call.call_id, status="error", error="gone"))
+    await asyncio.wait_for(task, PATIENCE)
+
+
+async def test_a_pending_approval_result_opens_the_approval_with_no_words_the_page_did_not_send():
+    agent, call, task = await waiting_payment()
+
+    assert await send_ask(agent, "pending_approval", call.call_id) is None
+
+    approval = await Approval.objects.aget(pk=call.approval_id)
+    assert (approval.tool_name, approval.arguments, approval.message) == ("pay", {"amount": 42}, "")
+    await agent.on_approval_response(p.ApprovalResponse(callId=call.call_id, approved=False,
+                                                        error="Action denied by user"))
+    await asyncio.wait_for(task, PATIENCE)
+
+
+async def test_a_direct_answer_to_a_call_awaiting_its_approval_is_approval_pending_naming_the_call():
+    agent, call, task = await waiting_payment()
+    assert await send_ask(agent, "approval_request", call.call_id) is None
+
+    refused = await agent.on_tool_result(
+        p.ToolResult(callId=call.call_id, status="success", result={"paid": 1}))
+
+    assert (refused.payload.kind, refused.payload.message, refused.payload.data) == (
+        "error", "This call is waiting for the user's decision; answer with APPROVAL_RESPONSE.",
+        {"code": "approval_pending", "callId": call.call_id})
+    assert not call.future.done()
+    await agent.on_approval_response(p.ApprovalResponse(callId=call.call_id, approved=False,
+                                                        error="Action denied by user"))
+    await asyncio.wait_for(task, PATIENCE)
+
+
+SHOW = {"name": "show", "description": "Show a product", "risk": "low",
+        "parameters": {"type": "OBJECT", "properties": {"sku": {"type": "STRING"}}}}
+
+
+@pytest.mark.parametrize("answer, outcome", [
+    ({"status": "success", "result": {"shown": True}}, Outcome(SUCCESS, result={"shown": True})),
+    ({"status": "error", "error": "No such product"}, Outcome(ERROR, error="No such product")),
+    ({"status": "error"}, Outcome(ERROR, error="The tool failed in the page.")),
+], ids=["success", "error", "error-without-words"])
+async def test_a_bare_answer_to_a_low_risk_call_is_its_outcome_for_the_model(answer, outcome):
+    agent, call, task = await waiting_payment(SHOW, '/tool show {"sku": "A1"}')
+
+    assert await agent.on_tool_result(p.ToolResult(callId=call.call_id, **answer)) is None
+
+    assert call.future.result() == outcome
     await asyncio.wait_for(task, PATIENCE)

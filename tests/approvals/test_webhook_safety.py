@@ -11,6 +11,7 @@ traffic goes to receivers on 127.0.0.1.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import threading
 
@@ -224,6 +225,18 @@ async def test_a_webhook_to_an_internal_address_is_refused_before_any_connection
     assert no_connection == []
 
 
+async def test_a_refused_address_is_logged_once_naming_the_session_and_the_tool(
+    nothing_allowed, no_connection, caplog
+):
+    caplog.set_level(logging.WARNING, logger="approvals.webhooks")
+
+    with pytest.raises(ToolRunError):
+        await call("http://127.0.0.1/hook")
+
+    assert [r.getMessage() for r in caplog.records if r.name == "approvals.webhooks"] == [
+        "session ses_acme: webhook tool refund: address not allowed"]
+
+
 async def test_a_name_that_resolves_to_loopback_is_refused_before_any_connection(
     nothing_allowed, no_connection, dns
 ):
@@ -301,6 +314,37 @@ async def test_the_request_goes_to_the_checked_address_with_the_original_host_he
     assert Receiver.received[0]["host"] == f"hooks.shop.test:{port}"
 
 
+@pytest.mark.parametrize("url, address, pinned", [
+    ("https://hooks.shop.test/refund?order=A1", "203.0.113.5",
+     ("https://203.0.113.5/refund?order=A1", "hooks.shop.test", "hooks.shop.test")),
+    ("http://hooks.shop.test", "203.0.113.5",
+     ("http://203.0.113.5/", "hooks.shop.test", "hooks.shop.test")),
+    # A scheme's own port may be written out; the pinned url leaves it implied.
+    ("http://hooks.shop.test:80/refund", "203.0.113.5",
+     ("http://203.0.113.5/refund", "hooks.shop.test:80", "hooks.shop.test")),
+    ("https://hooks.shop.test:443/refund", "203.0.113.5",
+     ("https://203.0.113.5/refund", "hooks.shop.test:443", "hooks.shop.test")),
+    # The other scheme's port is an ordinary port: kept.
+    ("https://hooks.shop.test:80/refund", "203.0.113.5",
+     ("https://203.0.113.5:80/refund", "hooks.shop.test:80", "hooks.shop.test")),
+    ("http://hooks.shop.test:443/refund", "203.0.113.5",
+     ("http://203.0.113.5:443/refund", "hooks.shop.test:443", "hooks.shop.test")),
+    ("https://hooks.shop.test/refund", "2001:db8::5",
+     ("https://[2001:db8::5]/refund", "hooks.shop.test", "hooks.shop.test")),
+    ("http://hooks.shop.test:8080/refund", "2001:db8::5",
+     ("http://[2001:db8::5]:8080/refund", "hooks.shop.test:8080", "hooks.shop.test")),
+    # Credentials in the url never reach the Host header, even with an @ in them.
+    ("https://bot:p@ss@hooks.shop.test:8443/refund#part", "203.0.113.5",
+     ("https://203.0.113.5:8443/refund", "hooks.shop.test:8443", "hooks.shop.test")),
+], ids=["https", "http-bare", "http-own-port", "https-own-port", "https-on-80", "http-on-443",
+        "ipv6", "ipv6-port", "credentials"])
+def test_a_webhook_goes_to_the_checked_address_with_the_urls_port_path_and_host_name(
+    url, address, pinned
+):
+    """(the url connected to, the Host header, the name the certificate must carry)"""
+    assert webhooks._pinned(url, ipaddress.ip_address(address)) == pinned
+
+
 # --- a tool's own networks ------------------------------------------------------
 
 
@@ -359,6 +403,25 @@ async def test_a_tool_opened_to_one_local_port_reaches_it_and_not_another_port(
     assert answer["ok"] is True
     assert caught.value.message == NOT_ALLOWED
     assert [r["host"] for r in Receiver.received] == [f"127.0.0.1:{port}"]
+
+
+@pytest.mark.parametrize("scheme, opened, allowed", [
+    ("https", 443, True), ("https", 80, False), ("http", 80, True), ("http", 443, False),
+])
+async def test_a_url_without_a_port_is_checked_against_its_schemes_own_port(
+    settings, scheme, opened, allowed
+):
+    settings.OWLLAYER_WEBHOOK_ALLOWED_NETWORKS = LOOPBACK_ONLY
+
+    try:
+        await call(f"{scheme}://127.0.0.1/refund", timeout=2.0,
+                   networks=tool_networks(f"127.0.0.1/32:{opened}"))
+        refusal = None
+    except ToolRunError as exc:
+        refusal = exc.message
+
+    # Allowed: whatever listens there (usually nothing) answers; never the refusal.
+    assert (refusal != NOT_ALLOWED) is allowed
 
 
 @pytest.mark.django_db(transaction=True)

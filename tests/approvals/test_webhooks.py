@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 
 import httpx
@@ -9,6 +10,7 @@ import pytest
 
 from approvals import webhooks
 from approvals.webhooks import NO_ANSWER, ToolRunError, call_webhook, sign
+from runtime.config import config
 from tests.approvals.webhook_receiver import (
     MAX_AGE_SECONDS,
     SECRET,
@@ -33,6 +35,45 @@ async def test_posts_a_signed_call_and_returns_the_json_answer(receiver):
     assert answer["got"] == {"tool": "refund", "arguments": {"order": "A1001", "amount": 5},
                              "sessionId": "ses_acme", "callId": "tc_1"}
     assert Receiver.received[0]["signed"] is True
+
+
+async def test_the_call_is_posted_as_compact_utf8_json_naming_its_type_and_the_server(receiver):
+    await call_webhook(
+        url=receiver + "/echo", secret=SECRET, tool="refund",
+        arguments={"note": "Café – 5 €"}, session_id="ses_acme", call_id="tc_1",
+        timeout=5.0, max_bytes=4096,
+    )
+
+    (request,) = Receiver.received
+    assert request["raw_body"] == (
+        '{"tool":"refund","arguments":{"note":"Café – 5 €"},'
+        '"sessionId":"ses_acme","callId":"tc_1"}'
+    ).encode()
+    assert request["headers"]["Content-Type"] == "application/json"
+    assert request["headers"]["User-Agent"] == f"OwlLayer/{config().protocol.server_version}"
+    assert request["genuine"] is True
+
+
+async def test_without_a_limit_of_its_own_a_call_is_held_to_the_configured_answer_size(
+    receiver, settings
+):
+    settings.OWLLAYER_WEBHOOK_MAX_BYTES = 4096
+
+    with pytest.raises(ToolRunError) as caught:
+        await call_webhook(
+            url=receiver + "/huge-declared", secret=SECRET, tool="refund", arguments={},
+            session_id="ses_acme", call_id="tc_1", timeout=5.0,
+        )
+
+    assert caught.value.message == "response too large"
+
+
+async def test_an_answer_dripped_past_the_tools_timeout_did_not_answer(receiver):
+    # Each byte comes well within the timeout; the whole answer does not.
+    with pytest.raises(ToolRunError) as caught:
+        await call(receiver + "/drip", timeout=1.0)
+
+    assert caught.value.message == NO_ANSWER
 
 
 async def test_a_receiver_with_another_secret_sees_a_bad_signature(receiver):
@@ -64,6 +105,24 @@ async def test_an_error_status_is_reported_with_its_code(receiver):
     assert caught.value.message == "webhook answered 500"
 
 
+async def test_an_answer_with_no_content_is_a_result_of_none(receiver):
+    assert await call(receiver + "/no-content") is None
+
+
+async def test_an_empty_answer_other_than_no_content_is_not_json(receiver):
+    with pytest.raises(ToolRunError) as caught:
+        await call(receiver + "/empty")
+
+    assert caught.value.message == "webhook returned invalid JSON"
+
+
+async def test_any_status_outside_2xx_is_refused_even_with_a_json_body(receiver):
+    with pytest.raises(ToolRunError) as caught:
+        await call(receiver + "/multiple-choices")
+
+    assert caught.value.message == "webhook answered 300"
+
+
 async def test_a_redirect_is_not_followed(receiver):
     with pytest.raises(ToolRunError) as caught:
         await call(receiver + "/redirect")
@@ -87,7 +146,10 @@ async def test_an_oversized_answer_is_refused(receiver, path):
     assert caught.value.message == "response too large"
 
 
-async def test_an_unreachable_webhook_is_reported():
+async def test_an_unreachable_webhook_is_reported_and_logged_naming_the_session_and_the_tool(
+    caplog
+):
+    caplog.set_level(logging.WARNING, logger="approvals.webhooks")
     # A bound socket that never listens holds the port and refuses connections.
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -95,6 +157,8 @@ async def test_an_unreachable_webhook_is_reported():
             await call(f"http://127.0.0.1:{closed.getsockname()[1]}/echo")
 
     assert caught.value.message == "the webhook did not answer"
+    assert [r.getMessage() for r in caplog.records if r.name == "approvals.webhooks"] == [
+        "session ses_acme: webhook tool refund did not answer: ConnectError"]
 
 
 @pytest.mark.parametrize("url", ["ftp://127.0.0.1/x", "file:///etc/passwd", "127.0.0.1/echo"])

@@ -50,6 +50,16 @@ class Receiver(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    # Paths answered the same way every time: (status, body, content type).
+    FIXED = {
+        "/no-content": (204, b"", "application/json"),
+        "/empty": (200, b"", "application/json"),
+        "/multiple-choices": (300, b'{"choices": []}', "application/json"),
+        "/fail": (500, b'{"error": "boom"}', "application/json"),
+        "/garbage": (200, b"<html>not json</html>", "text/html"),
+        "/huge-declared": (200, b"[" + b"1," * 5000 + b"1]", "application/json"),
+    }
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         timestamp = self.headers["X-OwlLayer-Timestamp"]
@@ -62,40 +72,60 @@ class Receiver(BaseHTTPRequestHandler):
         self.received.append({"path": self.path, "body": json.loads(body), "signed": signed,
                               "genuine": genuine, "host": self.headers.get("Host"),
                               "arrived": now, "raw_body": body, "headers": dict(self.headers)})
+        if self.path in self.FIXED:
+            return self._answer(*self.FIXED[self.path])
         if self.path == "/echo":
-            if not genuine:
-                return self._answer(401, b'{"error": "bad signature or stale timestamp"}')
-            return self._answer(200, json.dumps({"ok": True, "got": json.loads(body)}).encode())
-        if self.path == "/slow":
-            self.release.wait(10)
-            return self._answer(200, b"{}")
-        if self.path == "/fail":
-            return self._answer(500, b'{"error": "boom"}')
-        if self.path == "/garbage":
-            return self._answer(200, b"<html>not json</html>", "text/html")
-        if self.path == "/huge-declared":
-            return self._answer(200, b"[" + b"1," * 5000 + b"1]")
-        if self.path == "/huge-streamed":
-            # No Content-Length: the client only learns the size by reading.
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            try:
-                self.wfile.write(b"[")
-                for _ in range(200):
-                    self.wfile.write(b"1," * 5000)
-                    self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                return  # the client stopped reading, as it should
-            return
-        if self.path == "/redirect":
-            self.send_response(302)
-            self.send_header("Location", "/echo")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        self._answer(404, b"{}")
+            return self._echo(genuine, body)
+        special = {"/slow": self._slow, "/drip": self._drip, "/huge-streamed": self._huge_streamed,
+                   "/redirect": self._redirect}.get(self.path)
+        if special is None:
+            return self._answer(404, b"{}")
+        return special()
+
+    def _echo(self, genuine: bool, body: bytes) -> None:
+        if not genuine:
+            return self._answer(401, b'{"error": "bad signature or stale timestamp"}')
+        return self._answer(200, json.dumps({"ok": True, "got": json.loads(body)}).encode())
+
+    def _slow(self) -> None:
+        self.release.wait(10)
+        self._answer(200, b"{}")
+
+    def _drip(self) -> None:
+        # A valid answer a byte at a time, each byte soon after the last,
+        # for ten seconds: only a bound on the whole exchange cuts it.
+        answer = b"[" + b" " * 100 + b"1]"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        try:
+            for byte in answer:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client gave up, as it should
+
+    def _huge_streamed(self) -> None:
+        # No Content-Length: the client only learns the size by reading.
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            self.wfile.write(b"[")
+            for _ in range(200):
+                self.wfile.write(b"1," * 5000)
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client stopped reading, as it should
+
+    def _redirect(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", "/echo")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
 
 def start_receiver(tls: ssl.SSLContext | None = None) -> tuple[ThreadingHTTPServer, threading.Thread]:

@@ -266,3 +266,35 @@ async def test_a_change_no_notice_announces_is_caught_by_the_sockets_own_recheck
         closed = await communicator.receive_output(CONSUMER_PATIENCE)
         assert (closed["type"], closed.get("code")) == ("websocket.close", 4403)
         await communicator.disconnect(timeout=CONSUMER_PATIENCE)
+
+
+def test_a_change_of_what_an_account_may_watch_tells_its_sockets_and_a_sign_in_does_not(
+    monkeypatch
+):
+    from aitp import notify
+
+    account = get_user_model().objects.create_user("oscar", password="not-used-here", is_staff=True)
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(notify, "send", lambda group, event_type, **fields: sent.append(
+        (group, event_type)))
+
+    account.is_staff = False
+    account.save(update_fields=["is_staff"])
+    assert sent == [(f"operators.watcher.{account.pk}", "watch.access")]
+
+    account.save(update_fields=["last_login"])
+    assert sent == [(f"operators.watcher.{account.pk}", "watch.access")]
+
+
+def test_deleting_an_account_tells_its_watch_sockets(monkeypatch):
+    from aitp import notify
+
+    account = get_user_model().objects.create_user("oscar", password="not-used-here", is_staff=True)
+    group = f"operators.watcher.{account.pk}"
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(notify, "send", lambda group, event_type, **fields: sent.append(
+        (group, event_type)))
+
+    account.delete()
+
+    assert sent == [(group, "watch.access")]

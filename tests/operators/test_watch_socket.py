@@ -8,6 +8,7 @@ message that arrives must be the own one (the channel keeps their order).
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -105,6 +106,25 @@ async def test_an_operator_removed_from_a_tenant_stops_getting_its_rows(
     await live.publish_session(acme_session, "state", state="answering")
     assert (await watcher.recv())["session"]["id"] == "ses_acme"
     await watcher.close()
+
+
+async def test_an_operator_who_is_no_longer_staff_is_closed_and_the_log_names_her(
+    watch, olivia, acme_session, caplog
+):
+    # The project's logging does not pass this logger's records up to the root.
+    consumer_log = logging.getLogger("operators.consumer")
+    consumer_log.addHandler(caplog.handler)
+    try:
+        watcher = await watch(olivia)
+
+        olivia.is_staff = False
+        await olivia.asave(update_fields=["is_staff"])
+
+        assert await watcher.recv() == {"type": "__close__", "code": 4403}
+    finally:
+        consumer_log.removeHandler(caplog.handler)
+    assert f"watch socket of user {olivia.pk} closed: no longer allowed to watch" in [
+        r.getMessage() for r in caplog.records if r.name == "operators.consumer"]
 
 
 async def test_a_closed_session_is_sent_as_no_longer_live(watch, olivia, acme_session):
