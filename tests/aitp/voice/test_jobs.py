@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -227,7 +228,8 @@ def test_closing_the_pool_fails_its_jobs_and_stops_every_worker(make_pool, folde
 def test_a_worker_loads_its_decoder_before_its_first_job_and_keeps_it_across_jobs(settings, caplog):
     settings.OWLLAYER_STT = "pocketsphinx"
     config = sphinx_config()
-    pool = SpeechPool(pool_settings())
+    # One worker: both jobs find the decoder its warm-up loaded.
+    pool = SpeechPool(replace(pool_settings(), workers=1, queue=1, timeout=PATIENCE))
     try:
         first = pool.submit(speech_jobs.decoder_id, (config,)).result(PATIENCE)
         second = pool.submit(speech_jobs.decoder_id, (config,)).result(PATIENCE)
