@@ -1,20 +1,7 @@
 """The project's own AITP client: tests, benchmarks and the terminal chat use it."""
-from aitp_client.client import (
-    PROTOCOL_VERSION,
-    SDK_VERSION,
-    AitpClient,
-    AitpClosed,
-    AitpError,
-    AitpProtocolError,
-    AitpRefused,
-    AitpUpgradeRefused,
-    envelope,
-    final_text,
-    new_message_id,
-    streamed_text,
-    system_event,
-    turn_done,
-)
+from aitp_client.client import PROTOCOL_VERSION, SDK_VERSION, AitpClient
+from aitp_client.errors import AitpClosed, AitpError, AitpProtocolError, AitpRefused, AitpUpgradeRefused
+from aitp_client.frames import envelope, final_text, new_message_id, streamed_text, system_event, turn_done
 from aitp_client.validate import InvalidFrame, check_frame, frame_problems
 
 __all__ = [

@@ -20,13 +20,8 @@ from dataclasses import dataclass, field
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
-from aitp_client.client import (
-    AitpClient,
-    AitpClosed,
-    AitpProtocolError,
-    AitpRefused,
-    AitpUpgradeRefused,
-)
+from aitp_client.client import AitpClient
+from aitp_client.errors import AitpClosed, AitpProtocolError, AitpRefused, AitpUpgradeRefused
 
 NO_TOOLS = "no tools in the terminal"
 NO_ANSWER = "the terminal user gave no answer before the input ended"

@@ -17,7 +17,8 @@ Typical use::
 the socket that receives and checks frames (``transport.FrameSocket``), the
 wait for the server's HANDSHAKE_ACK (``handshake.await_ack``) and the page's
 declared tools with the answers to their calls (``page_tools.PageTools``).
-Its errors (``errors``) and the frame helpers (``frames``) are named here too.
+Its errors are in ``errors`` and the frame helpers in ``frames``; the package
+names them all.
 """
 from __future__ import annotations
 
@@ -32,22 +33,14 @@ from websockets.asyncio.client import ClientConnection
 
 from aitp_client.errors import (
     AitpClosed,
-    AitpError,
-    AitpProtocolError,
-    AitpRefused,
-    AitpUpgradeRefused,
 )
 from aitp_client.frames import (
     describe,
     envelope,
-    final_text,
-    new_message_id,
-    streamed_text,
-    system_event,
     turn_done,
 )
 from aitp_client.handshake import await_ack
-from aitp_client.page_tools import PageTools, ToolHandler, arguments_problems, maybe_await
+from aitp_client.page_tools import PageTools, ToolHandler, maybe_await
 from aitp_client.transport import FrameSocket
 
 __all__ = [
@@ -57,18 +50,6 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SDK_VERSION",
     "AitpClient",
-    "AitpClosed",
-    "AitpError",
-    "AitpProtocolError",
-    "AitpRefused",
-    "AitpUpgradeRefused",
-    "arguments_problems",
-    "envelope",
-    "final_text",
-    "new_message_id",
-    "streamed_text",
-    "system_event",
-    "turn_done",
 ]
 
 PROTOCOL_VERSION = "1.0.0"

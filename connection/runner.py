@@ -101,7 +101,8 @@ class ConnectionRunner:
     def show_watchers(self, events: list[Event], frame: str | bytes) -> None:
         """A frame the page sent, and the events the session machine made of it."""
         if self.feed is not None:
-            self.feed.inbound(events, frame)
+            with self._watch_step():
+                self.feed.inbound(events, frame)
 
     # --- opening the session ---------------------------------------------------------
 
@@ -190,7 +191,8 @@ class ConnectionRunner:
                 return
             await self.socket.send(text_data=frame)
             if self.feed is not None:
-                self.feed.outbound(frame)
+                with self._watch_step():
+                    self.feed.outbound(frame)
         if self.machine.close is not None and not self.closed:
             self.closed = True
             await self.socket.close(code=self.machine.close.code, reason=self.machine.close.reason)
@@ -309,6 +311,15 @@ class ConnectionRunner:
             row = self.session_row
             logger.info("session %s: closed (%s) for tenant %s after %.1f s", row.id, code,
                         row.tenant_id, (timezone.now() - row.started_at).total_seconds())
+
+    @contextlib.contextmanager
+    def _watch_step(self):
+        """Showing a frame to the watchers: when it fails, it is logged and
+        the page's session goes on as if nobody watched."""
+        try:
+            yield
+        except Exception:
+            logger.exception("session %s: the watchers could not be shown a frame", self.machine.session_id)
 
     @contextlib.contextmanager
     def _step(self, what: str):

@@ -44,6 +44,14 @@ def pytest_configure(config: pytest.Config) -> None:
     aitp_client.client.FRAME_TIMEOUT = CLIENT_PATIENCE
 
 
+@pytest.fixture(scope="session", autouse=True)
+def site_application_loaded() -> None:
+    """The site's ASGI module is loaded once, before any test reads its log:
+    loading it sets Django up again, which replaces the logging handlers
+    (among them the one a test's ``caplog`` reads)."""
+    import owllayer_site.asgi  # noqa: F401
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "daphne_factory" in getattr(item, "fixturenames", ()):

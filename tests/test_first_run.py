@@ -20,7 +20,7 @@ import httpx
 import pytest
 import websockets
 
-from aitp_client.client import AitpClient, AitpRefused
+from aitp_client import AitpClient, AitpRefused
 from tests.support.daphne import PROJECT_ROOT, free_port, start_daphne
 
 pytestmark = pytest.mark.e2e

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import websockets
 
-from aitp_client.client import AitpClient, envelope
+from aitp_client import AitpClient, envelope
 from tests.support.certificates import CertificateAuthority
 from tests.support.daphne import (
     PROJECT_ROOT,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from aitp.tools import aitp_to_json_schema, validate_arguments
-from aitp_client.client import arguments_problems
+from aitp_client.page_tools import arguments_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES_FILE = ROOT / "tests" / "cases" / "tool_arguments.json"

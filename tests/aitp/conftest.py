@@ -91,7 +91,8 @@ class Page:
             **overrides,
         }
         await self.send("HANDSHAKE_INIT", {k: v for k, v in payload.items() if v is not None})
-        return await self.recv()
+        # A process's first HANDSHAKE_ACK waits for its speech check.
+        return await self.recv(CONSUMER_PATIENCE)
 
     async def context(self, url="/", title="Home", tools=(), context=None) -> dict:
         await self.send(

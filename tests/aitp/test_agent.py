@@ -247,6 +247,30 @@ async def close(page: Page) -> None:
 # --- text --------------------------------------------------------------------------
 
 
+async def test_a_watch_feed_that_fails_is_logged_and_the_page_is_answered_all_the_same(
+    llm, connect, api_key, monkeypatch, caplog
+):
+    from aitp.watch_feed import WatcherFeed
+
+    def broken(self, *args):
+        raise RuntimeError("the watchers' feed broke")
+
+    monkeypatch.setattr(WatcherFeed, "inbound", broken)
+    monkeypatch.setattr(WatcherFeed, "outbound", broken)
+    llm.enqueue(text_response("Still here."))
+    page = await open_shop(connect, api_key)
+
+    with caplog.at_level("ERROR", logger="connection"):
+        frames = await turn(page, "are you there?")
+
+    assert errors(frames) == []
+    assert streamed(frames)[1] == "Still here."
+    shown = [r for r in caplog.records if "the watchers could not be shown a frame" in r.getMessage()]
+    assert shown and all(r.getMessage() == f"session {page.session_id}: the watchers could not be shown a frame"
+                         for r in shown)
+    await close(page)
+
+
 async def test_a_text_answer_streams_deltas_that_add_up_to_the_complete_text(llm, connect, api_key):
     answer = "Hello! The Pro Headphones are in stock and ship tomorrow."
     llm.enqueue(text_response(answer, chunks=6))
@@ -1096,6 +1120,49 @@ async def test_a_page_that_leaves_while_its_user_decides_ends_the_call_with_its_
     assert call["payload"]["callId"] not in written_behind
 
 
+async def test_a_barge_in_while_the_user_decides_ends_the_call_and_its_approval_as_cancelled(
+    llm, connect, api_key, settings, written_behind
+):
+    page, call = await start_payment(llm, connect, api_key, settings)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+    await approval_opened(call)
+
+    await page.send("VOICE_INTERRUPT", {"reason": "barge_in"})
+    await page.recv_until("VOICE_STATE_EVENT", event="interrupted")
+
+    assert await the_calls_end(page.session_id) == (
+        ("cancelled", None, "The turn was cancelled before the tool answered."),
+        ("cancelled", {"call": "cancelled"}))
+    assert call["payload"]["callId"] not in written_behind
+    await close(page)
+
+
+async def test_a_cut_call_whose_approval_cannot_be_closed_still_ends_and_the_log_names_it(
+    llm, connect, api_key, settings, monkeypatch, caplog
+):
+    async def refused(self, call, status, outcome):
+        raise RuntimeError("the database refused the approval's close")
+
+    monkeypatch.setattr(AgentStore, "approval_close", refused)
+    page, call = await start_payment(llm, connect, api_key, settings)
+    await page.send("APPROVAL_REQUEST", approval_request(call))
+    await approval_opened(call)
+
+    with caplog.at_level("ERROR", logger="agent"):
+        await close(page)
+        async with asyncio.timeout(30):
+            # The page's socket is closed before its session's teardown ends.
+            while (await stored_calls(page.session_id))[0].status not in ToolCall.FINAL_STATUSES:
+                await asyncio.sleep(0.05)
+
+    (row,) = await stored_calls(page.session_id)
+    assert (row.status, row.error) == ("disconnected", "The user left the page before the tool answered.")
+    (line,) = [r for r in caplog.records if "could not be written with its approval" in r.getMessage()]
+    assert line.getMessage() == (f"session {page.session_id}: the end of call {call['payload']['callId']} "
+                                 "could not be written with its approval")
+    assert line.exc_info is not None and "refused the approval's close" in str(line.exc_info[1])
+
+
 async def test_a_page_asking_about_other_arguments_ends_the_call_with_the_approvals_close(
     llm, connect, api_key, settings, written_behind
 ):
@@ -1293,6 +1360,28 @@ async def test_an_answer_that_arrived_as_the_turn_was_cancelled_keeps_its_real_o
         ("toolu_3", "success", {"added": 3})]
     messages = await stored_messages(session.id)
     assert [results_told(m.content) for m in messages if results_told(m.content)] == told
+
+
+async def test_a_cut_as_the_second_answer_lands_keeps_it_and_ends_the_call_not_yet_sent(llm):
+    """The turn is cut the moment the second call's answer is in: that
+    answer stands, and the third call, never sent, ends cancelled."""
+    page = CuttingPage(add_to_cart_surface(), cut_after=2, answers=ANSWERED_ONE_AND_TWO)
+    agent, session = await agent_on(page)
+    llm.enqueue(tool_use_response(ALL_ANSWERED_ADDS))
+    page.task = asyncio.ensure_future(agent.run_turn("add one, two, three"))
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(page.task), 30)
+    await asyncio.gather(*page.tasks)
+
+    told = [("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
+            ("toolu_3", True, "The turn was cancelled before the tool answered.")]
+    assert [results_told(m["content"]) for m in agent.history if results_told(m["content"])] == [told]
+    rows = await stored_calls(session.id)
+    assert [(r.tool_use_id, r.status) for r in rows] == [
+        ("toolu_1", "success"), ("toolu_2", "error"), ("toolu_3", "cancelled")]
+    messages = await stored_messages(session.id)
+    assert [results_told(m.content) for m in messages if results_told(m.content)] == [told]
 
 
 @pytest.mark.parametrize("second_cut", ["while_the_calls_are_settled", "at_the_turns_last_write"])
