@@ -29,7 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from aitp import ports, services
+from aitp import ports, tenancy
 from aitp.models import ApiKey
 from aitp.store import keys
 from runtime.config import config
@@ -60,7 +60,7 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
     with transaction.atomic():
         tenant = Tenant.objects.filter(slug=DEMO_SLUG).first()
         if tenant is None:
-            tenant = services.tenant_create(slug=DEMO_SLUG, name=DEMO_NAME)
+            tenant = tenancy.tenant_create(slug=DEMO_SLUG, name=DEMO_NAME)
         raw_key = _read_key(key_file)
         key = keys.api_key_lookup(raw_key) if raw_key else None
         created = not _is_usable_demo_key(key, tenant)
@@ -73,16 +73,16 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
             # running, and their pages read the new key from the same file.
             served = [origin for old_key in demo_keys.order_by("pk")
                       for origin in old_key.allowed_origins]
-            key, raw_key = services.api_key_create(
+            key, raw_key = tenancy.key_create(
                 tenant=tenant, name=DEMO_KEY_NAME, allowed_origins=_merged(served, origins)
             )
         elif not set(origins) <= set(key.allowed_origins):
-            key = services.api_key_update(
-                key=key, allowed_origins=_merged(key.allowed_origins, origins)
+            key = tenancy.key_update(
+                key=key, changes={"allowed_origins": _merged(key.allowed_origins, origins)}
             )
         # Older demo keys (from a lost or deleted key file) stop working.
         for old_key in stale.exclude(pk=key.pk):
-            services.api_key_revoke(key=old_key)
+            tenancy.key_revoke(key=old_key)
         if created:
             # Inside the transaction: a key whose plaintext could not be
             # saved would be unusable, so it is not kept either.
