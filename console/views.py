@@ -25,7 +25,6 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from aitp import selectors, tenancy
-from aitp.management.commands.ensure_demo import is_the_demo_pages_key
 from aitp.models import ApiKey, OperatorAction, Session, ToolCall
 from aitp.quota import tenant_quota_status
 from aitp.store import admission
@@ -274,7 +273,7 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
     live = Session.objects.filter(_live_q(), api_key=key).count()
     return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
                        section="keys", key=key, live_sessions=live,
-                       demo_key=key.status != ApiKey.Status.REVOKED and is_the_demo_pages_key(key))
+                       demo_key=key.status != ApiKey.Status.REVOKED and selectors.is_the_demo_pages_key(key))
 
 
 # --- members ---------------------------------------------------------------------

@@ -235,7 +235,7 @@ def test_another_tenants_key_named_demo_gives_the_demo_key_none_of_its_origins(t
 
 
 def test_the_key_in_the_demo_key_file_is_known_as_the_demo_pages_key(tmp_path):
-    from aitp.management.commands.ensure_demo import is_the_demo_pages_key
+    from aitp.selectors import is_the_demo_pages_key
 
     key_file = tmp_path / ".demo-key"
     run(key_file)

@@ -3,6 +3,8 @@
 Keys are stored hashed, so an existing key cannot be shown again. The demo
 key's plaintext is kept in ``.demo-key`` (mode 600, ignored by git) and reused
 while it still matches an active demo key; otherwise a new key replaces it.
+The console knows that key by the file (``aitp.selectors.is_the_demo_pages_key``)
+and warns before it is revoked.
 
 Several local servers on several ports share the database and so the key:
 each run adds its port's origins to the key and never removes one, so a
@@ -29,9 +31,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from aitp import ports, tenancy
+from aitp import tenancy
 from aitp.models import ApiKey
 from aitp.store import keys
+from demo.order_tools import demo_tools_install
 from runtime.config import config
 from tenants.models import Tenant
 
@@ -138,16 +141,6 @@ def _read_logins(logins_file: Path) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in lines if " " in line)
 
 
-def is_the_demo_pages_key(key: ApiKey, key_file: Path | None = None) -> bool:
-    """Whether ``key`` is the one saved in the demo key file
-    (``OWLLAYER_DEMO_KEY_FILE``, .demo-key), which the demo store's pages use."""
-    raw_key = _read_key(key_file or config().console.demo_key_file)
-    if not raw_key.startswith(key.prefix):
-        return False
-    found = keys.api_key_lookup(raw_key)
-    return found is not None and found.pk == key.pk
-
-
 def _is_usable_demo_key(key: ApiKey | None, tenant: Tenant) -> bool:
     return (
         key is not None
@@ -206,7 +199,7 @@ class Command(BaseCommand):
             raise CommandError(f"port must be between 1 and 65535, got {port_number}")
         demo = ensure_demo(key_file=Path(key_file), origins=demo_origins(port_number))
         # The shop's server-side tools (order lookup; cancelling needs approval).
-        ports.demo_tools()(tenant=demo.tenant)
+        demo_tools_install(tenant=demo.tenant)
         base = f"127.0.0.1:{port_number}"
         ws_url = f"ws://{base}{config().protocol.ws_path}?apiKey={quote(demo.raw_key, safe='')}"
         state = f"new, saved to {key_file}" if demo.created else f"from {key_file}"
