@@ -2,7 +2,7 @@
 and the tenant scoping every admin of the product builds on.
 
 Tenants, their members and their keys are changed in ``console.admin``,
-through the console's services.
+through ``aitp.tenancy`` as the console's pages are.
 
 Operators (staff, not superusers) see only their tenants' rows, and the
 tenant filters name only those tenants; the admin never shows a full key

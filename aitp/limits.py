@@ -67,7 +67,7 @@ TOO_MANY_FRAMES = "too_many_frames"
 # answering each would double the flood on the way out.
 _NOTICE = RateLimitItemPerSecond(1)
 # The characters of a key its log lines show: "pk_live_" and the 8 of its
-# lookup prefix (aitp.services.LOOKUP_PREFIX_LENGTH).
+# lookup prefix (aitp.store.keys.LOOKUP_PREFIX_LENGTH).
 KEY_SHOWN = 16
 
 

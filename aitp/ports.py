@@ -9,8 +9,7 @@ implementation at start-up, in its ``AppConfig.ready()``::
     from aitp import ports
     ports.provide(approvals=ApprovalsProvider())
 
-The turn asks ``ports.approvals()`` (and ``manage.py ensure_demo`` asks
-``ports.demo_tools()``, which the demo app provides); a port nobody provided raises
+The turn asks ``ports.approvals()``; a port nobody provided raises
 ``PortMissing`` naming it, never a bare ``AttributeError`` half way through a
 turn. Every method of ``ApprovalDesk`` except ``load_server_tools`` is
 synchronous ORM work: callers run it on the database threads (``db_call``).
@@ -113,17 +112,11 @@ class ApprovalDesk(Protocol):
     async def load_server_tools(self, tenant_id: int) -> list[ServerTool]: ...
 
 
-class InstallDemoTools(Protocol):
-    """Offer the demo store's server tools to a tenant (``manage.py ensure_demo``)."""
-
-    def __call__(self, *, tenant: Any) -> Any: ...
-
-
 # The ports a turn may use; another joins in the same shape: a Protocol above,
 # a slot below, a getter. Speech engines need none: they live on the ground
 # floor (aitp.voice), chosen by settings like the LLM backends.
 _provided: dict[str, Any] = {}
-PORTS = ("approvals", "demo_tools")
+PORTS = ("approvals",)
 
 
 def provide(**implementations: Any) -> None:
@@ -143,7 +136,3 @@ def _get(name: str) -> Any:
 
 def approvals() -> ApprovalDesk:
     return _get("approvals")
-
-
-def demo_tools() -> InstallDemoTools:
-    return _get("demo_tools")

@@ -1,5 +1,8 @@
-"""Writes to tenants, keys and sessions outside a live connection's own
-(those go through the session store, ``aitp.store``).
+"""Writes to sessions outside a live connection's own (those go through
+the session store, ``aitp.store``): re-checking a live session's key, its
+heartbeat, closing the rows of sessions whose process is gone, and
+operators' commands to a live session. Tenants, their members and their keys
+are written in ``aitp.tenancy``.
 
 Sync functions, one transaction per unit of work; async callers wrap each one
 in a single ``database_sync_to_async`` call. Functions that must reach live
@@ -9,7 +12,6 @@ sessions on other processes write first, then notify over the channel layer
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -18,137 +20,11 @@ from django.utils import timezone
 
 from aitp import notify, ports
 from aitp.close_codes import CLOSE_ABNORMAL
-from aitp.models import ApiKey, OperatorAction, Session, ToolCall
-from aitp.store import keys
+from aitp.models import OperatorAction, Session, ToolCall
 from aitp.store.admission import Refusal, api_key_refusal
-from aitp.store.keys import KEY_PREFIX, LOOKUP_PREFIX_LENGTH
 from runtime.config import config
-from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
-
-__all__ = ["KEY_PREFIX", "LOOKUP_PREFIX_LENGTH", "Refusal"]
-
-
-# --- tenants --------------------------------------------------------------
-
-
-def tenant_create(*, slug: str, name: str = "", **fields) -> Tenant:
-    """A new tenant; ``fields`` (e.g. its ceilings) replace the defaults for new tenants."""
-    return Tenant.objects.create(slug=slug, name=name or slug, **fields)
-
-
-# --- API keys -------------------------------------------------------------
-
-
-class KeyCeilingReached(ValueError):
-    """The tenant holds as many keys as its ceiling (``Tenant.max_keys``) allows."""
-
-
-def key_ceiling_refusal(tenant_id: int, *, lock: bool = False) -> str | None:
-    """Why this tenant may not have one more key (its keys that are not
-    revoked already fill its ceiling), or None. ``lock``: counted under the
-    tenant's row lock (inside a transaction), as ``api_key_create`` does;
-    forms ask without it, to answer before anything is written."""
-    tenants = Tenant.objects.select_for_update(no_key=True) if lock else Tenant.objects
-    ceiling = tenants.values_list("max_keys", flat=True).get(pk=tenant_id)
-    if ceiling is None:
-        return None
-    held = ApiKey.objects.filter(tenant_id=tenant_id).exclude(status=ApiKey.Status.REVOKED).count()
-    if held < ceiling:
-        return None
-    keys = "1 key" if held == 1 else f"{held} keys"
-    return (f"This tenant already has {keys}, as many as its ceiling allows: revoke a key it "
-            "no longer uses, or ask the service's operators to raise the ceiling.")
-
-
-def api_key_create(
-    *,
-    tenant: Tenant,
-    name: str = "",
-    allowed_origins: list[str] | tuple[str, ...] = (),
-    max_sessions: int | None = None,
-    expires_at: datetime | None = None,
-) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the plaintext key, which is never
-    stored. Raises KeyCeilingReached when the tenant already holds
-    ``max_keys`` keys that are not revoked (counted under the tenant's row
-    lock, so two creations at once cannot both take the last one)."""
-    raw_key = KEY_PREFIX + secrets.token_urlsafe(24).replace("-", "x").replace("_", "y")
-    with transaction.atomic():
-        refusal = key_ceiling_refusal(tenant.pk, lock=True)
-        if refusal is not None:
-            raise KeyCeilingReached(refusal)
-        key = ApiKey.objects.create(
-            tenant=tenant,
-            name=name,
-            prefix=raw_key[:LOOKUP_PREFIX_LENGTH],
-            key_hash=keys.key_hash(raw_key),
-            allowed_origins=list(allowed_origins),
-            max_sessions=max_sessions or config().store.default_session_cap,
-            expires_at=expires_at,
-        )
-    return key, raw_key
-
-
-def api_key_update(
-    *,
-    key: ApiKey,
-    name: str | None = None,
-    allowed_origins: list[str] | None = None,
-    max_sessions: int | None = None,
-    expires_at: datetime | None = None,
-    user=None,
-) -> ApiKey:
-    changed = {}
-    if name is not None:
-        key.name = name
-        changed["name"] = name
-    if allowed_origins is not None:
-        key.allowed_origins = list(allowed_origins)
-        changed["allowed_origins"] = list(allowed_origins)
-    if max_sessions is not None:
-        key.max_sessions = max_sessions
-        changed["max_sessions"] = max_sessions
-    if expires_at is not None:
-        key.expires_at = expires_at
-        changed["expires_at"] = expires_at.isoformat()
-    with transaction.atomic():
-        key.save()
-        OperatorAction.objects.create(
-            tenant_id=key.tenant_id, user=user, action="key_updated",
-            data={"prefix": key.prefix, **changed},
-        )
-    keys.key_changed(key)
-    if "allowed_origins" in changed or "expires_at" in changed:
-        # Live sessions re-check their key: one from an origin just removed closes.
-        transaction.on_commit(lambda: notify.key_changed(key.pk))
-    return key
-
-
-def api_key_set_status(*, key: ApiKey, status: str, user=None) -> ApiKey:
-    """Disable, revoke or re-activate a key; live sessions of a key that can
-    no longer be used are closed on every process."""
-    if key.status == ApiKey.Status.REVOKED and status != ApiKey.Status.REVOKED:
-        raise ValueError("a revoked key cannot be re-activated")
-    if key.status == status:
-        return key
-    with transaction.atomic():
-        key.status = status
-        if status == ApiKey.Status.REVOKED:
-            key.revoked_at = timezone.now()
-        key.save(update_fields=["status", "revoked_at"])
-        OperatorAction.objects.create(
-            tenant_id=key.tenant_id, user=user, action=f"key_{status}", data={"prefix": key.prefix}
-        )
-    keys.key_changed(key)
-    if status != ApiKey.Status.ACTIVE:
-        transaction.on_commit(lambda: notify.key_changed(key.pk))
-    return key
-
-
-def api_key_revoke(*, key: ApiKey, user=None) -> ApiKey:
-    return api_key_set_status(key=key, status=ApiKey.Status.REVOKED, user=user)
 
 
 # --- sessions ---------------------------------------------------------------

@@ -188,12 +188,12 @@ def setup_database() -> None:
 
 def create_key(*, max_sessions: int):
     """A fresh tenant and key for this run; returns (tenant, plaintext key)."""
-    from aitp import services
+    from aitp import tenancy
 
     # The run's sessions all belong to this one tenant: its key's cap alone bounds them.
-    tenant = services.tenant_create(slug=f"bench-{secrets.token_hex(4)}", name="Benchmark",
-                                    max_sessions=None)
-    _key, raw_key = services.api_key_create(tenant=tenant, name="bench", max_sessions=max_sessions)
+    tenant = tenancy.tenant_create(slug=f"bench-{secrets.token_hex(4)}", name="Benchmark",
+                                   max_sessions=None)
+    _key, raw_key = tenancy.key_create(tenant=tenant, name="bench", max_sessions=max_sessions)
     return tenant, raw_key
 
 

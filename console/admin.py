@@ -1,10 +1,10 @@
 """Django admin for tenants, their members and their keys.
 
-Every write goes through the same services as the console's pages
-(``console.services``, ``aitp.services``): an operator action is recorded
-with who made the change, and a key whose origins or expiry changed is
-re-checked by its live sessions at once, so a page from a removed origin is
-closed as it is when the change is made in the console.
+Every write goes through the same functions as the console's pages
+(``aitp.tenancy``): an operator action is recorded with who made the
+change, and a key whose origins or expiry changed is re-checked by its live
+sessions at once, so a page from a removed origin is closed as it is when
+the change is made in the console.
 
 The tenant's own staff see only their tenants; only the service's operators
 (superusers) create a tenant, set a quota or its ceilings (live sessions,
@@ -19,11 +19,10 @@ from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
-from aitp import services as aitp_services
+from aitp import tenancy
 from aitp.admin import TenantScopedAdmin, VisibleTenantFilter
 from aitp.models import ApiKey
 from aitp.quota import tenant_quota_status
-from console import services
 from console.forms import MAX_SESSION_CAP
 from console.origins import MAX_ORIGINS, InvalidOrigin, normalize_origin
 from tenants.models import Tenant, TenantMembership
@@ -96,7 +95,7 @@ class TenantAdmin(admin.ModelAdmin):
         # service's operators (superusers) set them, never a tenant's own staff.
         readonly = [*super().get_readonly_fields(request, obj), "created_at", "tokens_this_month"]
         if not request.user.is_superuser:
-            readonly += ["monthly_token_quota", *services.CEILING_FIELDS]
+            readonly += ["monthly_token_quota", *tenancy.CEILING_FIELDS]
         return readonly
 
     @admin.display(description="Monthly token quota")
@@ -133,8 +132,8 @@ class TenantAdmin(admin.ModelAdmin):
     def save_model(self, request, obj: Tenant, form, change):
         if not change:
             data = form.cleaned_data
-            tenant = services.tenant_create(
-                by=request.user, **{field: data[field] for field in services.TENANT_FIELDS if field in data},
+            tenant = tenancy.tenant_create(
+                by=request.user, **{field: data[field] for field in tenancy.TENANT_FIELDS if field in data},
             )
             # The members' inline is saved next, onto this object.
             obj.pk, obj.name, obj.created_at = tenant.pk, tenant.name, tenant.created_at
@@ -142,10 +141,10 @@ class TenantAdmin(admin.ModelAdmin):
             return None
         current = Tenant.objects.get(pk=obj.pk)
         changes = {
-            field: form.cleaned_data[field] for field in services.TENANT_FIELDS
+            field: form.cleaned_data[field] for field in tenancy.TENANT_FIELDS
             if field in form.changed_data and form.cleaned_data[field] != getattr(current, field)
         }
-        services.tenant_update(tenant=current, by=request.user, changes=changes)
+        tenancy.tenant_update(tenant=current, by=request.user, changes=changes)
         return None
 
     def save_formset(self, request, form, formset, change):
@@ -163,17 +162,17 @@ class TenantAdmin(admin.ModelAdmin):
             # Owners are added and promoted before any is demoted or removed,
             # so handing a tenant over in one save never leaves it ownerless.
             for row in added:
-                formset.new_objects.append(services.membership_add(
+                formset.new_objects.append(tenancy.membership_add(
                     tenant=tenant, user=row.cleaned_data["user"], role=row.cleaned_data["role"],
                     by=by, operators_allowed=by.is_superuser,
                 ))
             for row in promoted + demoted:
-                services.membership_set_role(membership=row.instance, role=row.cleaned_data["role"], by=by)
+                tenancy.membership_set_role(membership=row.instance, role=row.cleaned_data["role"], by=by)
                 formset.changed_objects.append((row.instance, ["role"]))
             for row in deleted:
-                services.membership_remove(membership=row.instance, by=by)
+                tenancy.membership_remove(membership=row.instance, by=by)
                 formset.deleted_objects.append(row.instance)
-        except services.LastOwnerError as exc:
+        except tenancy.LastOwnerError as exc:
             # Another owner changed the members since this form was shown.
             messages.error(request, f"Members not all saved: {exc}.")
 
@@ -230,7 +229,7 @@ class ApiKeyAdminForm(forms.ModelForm):
         # under the tenant's lock, when it writes).
         tenant = self.cleaned_data["tenant"]
         if self.instance.pk is None and tenant is not None:
-            refusal = aitp_services.key_ceiling_refusal(tenant.pk)
+            refusal = tenancy.key_ceiling_refusal(tenant.pk)
             if refusal is not None:
                 raise forms.ValidationError(refusal)
         return tenant
@@ -286,7 +285,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
     def save_model(self, request, obj: ApiKey, form, change):
         data = form.cleaned_data
         if not change:
-            key, raw = services.key_create(
+            key, raw = tenancy.key_create(
                 tenant=data["tenant"], by=request.user, name=data["name"],
                 allowed_origins=data["allowed_origins"], max_sessions=data["max_sessions"],
                 expires_at=data["expires_at"],
@@ -299,14 +298,13 @@ class ApiKeyAdmin(TenantScopedAdmin):
             return
         key = ApiKey.objects.get(pk=obj.pk)
         changes = {
-            field: data[field] for field in services.KEY_FIELDS
+            field: data[field] for field in tenancy.KEY_FIELDS
             if field in form.changed_data and data[field] != getattr(key, field)
         }
         if changes:
-            services.key_update(key=key, by=request.user, changes=changes)
-        if "status" in form.changed_data:
-            # The service closes the key's live sessions on every process.
-            aitp_services.api_key_set_status(key=key, status=data["status"], user=request.user)
+            # A disabled or revoked key's live sessions close on every
+            # process; one whose origins or expiry changed is checked again.
+            tenancy.key_update(key=key, by=request.user, changes=changes)
             obj.revoked_at = key.revoked_at
 
     def response_add(self, request, obj, post_url_continue=None):
@@ -343,7 +341,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
     def revoke_keys(self, request, queryset):
         keys = list(self._owned(request, queryset).exclude(status=ApiKey.Status.REVOKED))
         for key in keys:
-            aitp_services.api_key_revoke(key=key, user=request.user)
+            tenancy.key_revoke(key=key, by=request.user)
         if keys:
             self.message_user(request, f"{_keys(len(keys))} revoked; their live sessions are closing.",
                               messages.SUCCESS)
@@ -354,7 +352,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         keys = list(self._owned(request, queryset).exclude(
             status__in=[ApiKey.Status.REVOKED, ApiKey.Status.DISABLED]))
         for key in keys:
-            aitp_services.api_key_set_status(key=key, status=ApiKey.Status.DISABLED, user=request.user)
+            tenancy.key_update(key=key, by=request.user, changes={"status": ApiKey.Status.DISABLED})
         if keys:
             self.message_user(request, f"{_keys(len(keys))} disabled; their live sessions are closing.",
                               messages.SUCCESS)

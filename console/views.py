@@ -24,13 +24,11 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from aitp import selectors, services
-from aitp.management.commands.ensure_demo import is_the_demo_pages_key
+from aitp import selectors, tenancy
 from aitp.models import ApiKey, OperatorAction, Session, ToolCall
 from aitp.quota import tenant_quota_status
 from aitp.store import admission
 from aitp.transcript import message_blocks, pretty_json
-from console import services as console_services
 from console.access import Access, render_page, tenant_view
 from console.forms import (
     ApiKeyCreateForm,
@@ -158,7 +156,7 @@ def key_create(request: HttpRequest, access: Access) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            key, raw_key = console_services.key_create(
+            key, raw_key = tenancy.key_create(
                 tenant=access.tenant,
                 by=request.user,
                 name=form.cleaned_data["name"],
@@ -166,7 +164,7 @@ def key_create(request: HttpRequest, access: Access) -> HttpResponse:
                 max_sessions=form.cleaned_data["max_sessions"],
                 expires_at=form.cleaned_data["expires_at"],
             )
-        except services.KeyCeilingReached as refused:
+        except tenancy.KeyCeilingReached as refused:
             form.add_error(None, str(refused))
             return render_page(request, access, "console/key_form.html", title="New key",
                                section="keys", form=form, creating=True)
@@ -247,7 +245,7 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
                                section="keys", form=form, key=key, creating=False, ending=ending,
                                live_sessions=Session.objects.filter(_live_q(), api_key=key).count())
         if changes:
-            console_services.key_update(key=key, by=request.user, changes=changes)
+            tenancy.key_update(key=key, by=request.user, changes=changes)
             messages.success(request, f"Key {key.prefix} updated." + (
                 f" {ending} live session{'s' if ending != 1 else ''} from removed origins "
                 f"{'are' if ending != 1 else 'is'} being ended." if ending else ""))
@@ -267,7 +265,7 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
             messages.info(request, f"Key {key.prefix} was already revoked.")
         else:
             # The service closes the key's live sessions on every process.
-            services.api_key_revoke(key=key, user=request.user)
+            tenancy.key_revoke(key=key, by=request.user)
             logger.info("key revoked tenant=%s prefix=%s user=%s", access.tenant.slug, key.prefix,
                         request.user.pk)
             messages.success(request, f"Key {key.prefix} revoked; its live sessions are being closed.")
@@ -275,7 +273,7 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
     live = Session.objects.filter(_live_q(), api_key=key).count()
     return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
                        section="keys", key=key, live_sessions=live,
-                       demo_key=key.status != ApiKey.Status.REVOKED and is_the_demo_pages_key(key))
+                       demo_key=key.status != ApiKey.Status.REVOKED and selectors.is_the_demo_pages_key(key))
 
 
 # --- members ---------------------------------------------------------------------
@@ -287,17 +285,17 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         # The same answer whatever accounts exist: an invitation is made and
         # sent for any address; who may accept is decided when the link is used.
-        invitation, token = console_services.invitation_create(
+        invitation, token = tenancy.invitation_create(
             tenant=access.tenant, email=form.cleaned_data["email"], role=form.cleaned_data["role"],
             by=request.user,
         )
         try:
-            console_services.invitation_send(
+            tenancy.invitation_send(
                 invitation=invitation, accept_url=_invitation_url(request, token),
             )
         except (OSError, smtplib.SMTPException) as exc:
             logger.warning("invitation %s not sent: %s", invitation.pk, type(exc).__name__)
-            console_services.invitation_withdraw(invitation=invitation, by=None, reason="not sent")
+            tenancy.invitation_withdraw(invitation=invitation, by=None, reason="not sent")
             messages.error(request, f"The invitation to {invitation.email} could not be sent (the mail "
                                     "server did not take it); nothing changed. Try again later.")
             return redirect("console:members", slug=access.tenant.slug)
@@ -335,7 +333,7 @@ def _invitation_url(request: HttpRequest, token: str) -> str:
 @tenant_view(owner_only=True)
 def invitation_withdraw(request: HttpRequest, access: Access, invitation_id: int) -> HttpResponse:
     invitation = get_object_or_404(Invitation, tenant=access.tenant, pk=invitation_id)
-    if console_services.invitation_withdraw(invitation=invitation, by=request.user):
+    if tenancy.invitation_withdraw(invitation=invitation, by=request.user):
         messages.success(request, f"The invitation to {invitation.email} was withdrawn; its link no "
                                   "longer works.")
     else:
@@ -357,18 +355,18 @@ def invitation(request: HttpRequest) -> HttpResponse:
         request.session[INVITATION_SESSION_KEY] = request.GET["token"][:200]
         return redirect("console:invitation")
     token = request.session.get(INVITATION_SESSION_KEY)
-    found = console_services.invitation_for_token(token)
+    found = tenancy.invitation_for_token(token)
     user = request.user if request.user.is_authenticated else None
     sign_up = None
     if request.method == "POST":
         try:
             if request.POST.get("action") == "accept" and user is not None:
-                membership, created = console_services.invitation_accept(token=token, user=user)
+                membership, created = tenancy.invitation_accept(token=token, user=user)
                 return _joined(request, membership, created)
             if request.POST.get("action") == "sign_up" and user is None:
                 sign_up = InvitationSignUpForm(request.POST)
                 if sign_up.is_valid():
-                    new_user = console_services.invitation_sign_up(
+                    new_user = tenancy.invitation_sign_up(
                         token=token, username=sign_up.cleaned_data["username"],
                         password=sign_up.cleaned_data["password1"],
                     )
@@ -376,13 +374,13 @@ def invitation(request: HttpRequest) -> HttpResponse:
                     membership = TenantMembership.objects.select_related("tenant").get(
                         user=new_user, tenant_id=found.tenant_id)
                     return _joined(request, membership, True)
-        except console_services.InvitationRefused as refused:
+        except tenancy.InvitationRefused as refused:
             messages.error(request, str(refused))
         except IntegrityError:  # the username was taken meanwhile
             messages.error(request, "That username was just taken: choose another.")
-    refusal = console_services.invitation_refusal(found, user)
-    usable = console_services.invitation_refusal(found) is None
-    has_account = usable and console_services.invitation_has_account(found)
+    refusal = tenancy.invitation_refusal(found, user)
+    usable = tenancy.invitation_refusal(found) is None
+    has_account = usable and tenancy.invitation_has_account(found)
     if usable and user is None and not has_account and config().console.invitation_sign_up:
         sign_up = sign_up or InvitationSignUpForm()
     else:
@@ -416,11 +414,11 @@ def member_role(request: HttpRequest, access: Access, membership_id: int) -> Htt
         messages.error(request, "Unknown role.")
     else:
         try:
-            console_services.membership_set_role(
+            tenancy.membership_set_role(
                 membership=membership, role=form.cleaned_data["role"], by=request.user
             )
             messages.success(request, f"{membership.user.get_username()} is now {form.cleaned_data['role']}.")
-        except console_services.LastOwnerError:
+        except tenancy.LastOwnerError:
             messages.error(
                 request, "The last owner cannot stop being an owner; make someone else owner first."
             )
@@ -434,8 +432,8 @@ def member_remove(request: HttpRequest, access: Access, membership_id: int) -> H
     )
     if request.method == "POST":
         try:
-            console_services.membership_remove(membership=membership, by=request.user)
-        except console_services.LastOwnerError:
+            tenancy.membership_remove(membership=membership, by=request.user)
+        except tenancy.LastOwnerError:
             messages.error(request, "The last owner cannot be removed; make someone else owner first.")
             return redirect("console:members", slug=access.tenant.slug)
         messages.success(request, f"{membership.user.get_username()} removed.")

@@ -1,3 +1,5 @@
+from importlib import import_module
+
 from django.apps import AppConfig
 
 
@@ -7,10 +9,6 @@ class DemoConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from aitp import ports
-
-        # Registers the shop's Python server tools (order_status, cancel_order).
-        from demo import order_tools
-
-        # manage.py ensure_demo (in the protocol app) offers them through this.
-        ports.provide(demo_tools=order_tools.demo_tools_install)
+        # Importing it registers the shop's Python server tools (order_status,
+        # cancel_order); manage.py ensure_demo offers them to the demo tenant.
+        import_module("demo.order_tools")

@@ -45,9 +45,9 @@ def signed_in(user) -> Client:
 
 @pytest.fixture
 def rows():
+    from aitp import tenancy
     from aitp.models import ApiKey, OperatorAction
     from approvals.models import Approval
-    from console import services as console_services
     from demo.models import DemoOrder
     from tenants.models import Invitation
 
@@ -59,7 +59,7 @@ def rows():
     OperatorAction.objects.update(created_at=MOMENT)
     tenant = made.tenants[0]
     owner = tenant.memberships.get().user
-    console_services.invitation_create(tenant=tenant, email="ivy@shop.example", role="viewer", by=owner)
+    tenancy.invitation_create(tenant=tenant, email="ivy@shop.example", role="viewer", by=owner)
     Invitation.objects.update(created_at=MOMENT, expires_at=MOMENT)
     made.owner = owner
     return made
@@ -116,11 +116,11 @@ def test_a_moment_on_hover_is_written_the_same_way_with_its_zone(rows):
 
 
 def test_the_invitation_email_writes_its_expiry_the_same_way(rows, settings):
-    from console import services as console_services
+    from aitp import tenancy
     from tenants.models import Invitation
 
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-    console_services.invitation_send(invitation=Invitation.objects.get(), accept_url="https://owl.example/x")
+    tenancy.invitation_send(invitation=Invitation.objects.get(), accept_url="https://owl.example/x")
 
     (message,) = mail.outbox
     assert f"until {WRITTEN} UTC)" in message.body

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from aitp import services
+from aitp import tenancy
 from aitp_client import AitpClient
 from tests.support.daphne import DaphneStartError
 
@@ -39,8 +39,8 @@ def test_a_started_server_answers_http_and_exits_when_stopped(daphne_factory):
 
 
 def test_the_server_sees_a_key_the_test_created(daphne_factory):
-    tenant = services.tenant_create(slug="harness", name="Harness")
-    _, raw_key = services.api_key_create(tenant=tenant, name="e2e")
+    tenant = tenancy.tenant_create(slug="harness", name="Harness")
+    _, raw_key = tenancy.key_create(tenant=tenant, name="e2e")
     server = daphne_factory()
 
     async def handshake() -> dict:

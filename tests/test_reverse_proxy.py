@@ -171,10 +171,10 @@ def proxied(tmp_path, live_db_url):
 
 @pytest.fixture
 def raw_key(db):
-    from aitp import services
+    from aitp import tenancy
 
-    tenant = services.tenant_create(slug="proxied", name="Proxied Shop")
-    _, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
+    tenant = tenancy.tenant_create(slug="proxied", name="Proxied Shop")
+    _, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
     return raw
 
 

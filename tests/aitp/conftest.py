@@ -30,17 +30,17 @@ ADD_TO_CART = {
 
 @pytest.fixture
 def tenant(db):
-    from aitp import services
+    from aitp import tenancy
 
-    return services.tenant_create(slug="acme", name="Acme Store")
+    return tenancy.tenant_create(slug="acme", name="Acme Store")
 
 
 @pytest.fixture
 def api_key(tenant):
     """A key for the shop's origin; ``api_key.raw`` is the plaintext."""
-    from aitp import services
+    from aitp import tenancy
 
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
     key.raw = raw
     return key
 
@@ -146,10 +146,10 @@ def open_session_row():
     database thread or a sync test)."""
     import secrets
 
-    from aitp import services
+    from aitp import tenancy
 
-    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
-    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    tenant = tenancy.tenant_create(slug=f"t{secrets.token_hex(4)}")
+    _, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     session, refusal = store.current().session_open(raw_key=raw, info=store.HandshakeInfo(
         session_id=f"ses_{secrets.token_hex(6)}", origin=ORIGIN, user_agent="pytest",
         viewport="1x1", sdk_version="0.4.0", protocol_version="1.0.0", channel_name="test.x",

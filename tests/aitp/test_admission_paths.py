@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from aitp import services, store
+from aitp import services, store, tenancy
 from aitp.models import ApiKey, ServerProcess, Session
 from aitp.store import keys
 from aitp.store.fast import FastStore
@@ -97,12 +97,12 @@ def rows(key: ApiKey, count: int, **fields) -> None:
 
 def arrange(case: Case) -> tuple[ApiKey, str]:
     now = timezone.now()
-    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}")
+    tenant = tenancy.tenant_create(slug=f"t{secrets.token_hex(4)}")
     tenant.max_sessions, tenant.max_keys = case.ceiling, None
     tenant.save(update_fields=["max_sessions", "max_keys"])
-    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN],
-                                       max_sessions=case.key_cap)
-    other, _ = services.api_key_create(tenant=tenant, max_sessions=1000)
+    key, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN],
+                                  max_sessions=case.key_cap)
+    other, _ = tenancy.key_create(tenant=tenant, max_sessions=1000)
     rows(key, case.on_key)
     rows(other, case.on_other_key)
     rows(key, case.silent, last_seen_at=now - timedelta(seconds=10 * HEARTBEAT))
@@ -112,8 +112,8 @@ def arrange(case: Case) -> tuple[ApiKey, str]:
                                             pid=1, stopped_at=now)
         rows(key, case.of_gone_process, process=gone.id)
     if case.other_tenant:
-        stranger = services.tenant_create(slug=f"s{secrets.token_hex(4)}")
-        stranger_key, _ = services.api_key_create(tenant=stranger, max_sessions=1000)
+        stranger = tenancy.tenant_create(slug=f"s{secrets.token_hex(4)}")
+        stranger_key, _ = tenancy.key_create(tenant=stranger, max_sessions=1000)
         rows(stranger_key, case.other_tenant)
     ApiKey.objects.filter(pk=key.pk).update(
         status=case.status, expires_at=now - timedelta(seconds=1) if case.expired else None)
@@ -158,8 +158,8 @@ def test_every_way_of_opening_decides_each_case_alike(path, case):
 def test_the_tenants_ceiling_refuses_in_its_own_words(tenant):
     tenant.max_sessions = 1
     tenant.save(update_fields=["max_sessions"])
-    _, first = services.api_key_create(tenant=tenant)
-    _, second = services.api_key_create(tenant=tenant)
+    _, first = tenancy.key_create(tenant=tenant)
+    _, second = tenancy.key_create(tenant=tenant)
     assert store.current().session_open(raw_key=first, info=handshake())[1] is None
 
     session, refusal = store.current().session_open(raw_key=second, info=handshake())

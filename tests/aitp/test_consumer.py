@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from aitp import row_writer, services, store
+from aitp import row_writer, store, tenancy
 from aitp.models import ApiKey, Session, ToolCall
 from tests.aitp.conftest import ADD_TO_CART, CONSUMER_PATIENCE, ORIGIN, in_db, open_page
 from tests.support.pages import patient
@@ -51,7 +51,7 @@ async def test_the_key_may_come_from_the_query_string_alone(connect, api_key):
 
 
 async def test_different_keys_in_query_and_handshake_are_refused_with_1008(connect, api_key, tenant):
-    _, other = await in_db(services.api_key_create)(tenant=tenant)
+    _, other = await in_db(tenancy.key_create)(tenant=tenant)
     page = await connect(query=f"apiKey={other}")
     error = await page.handshake(api_key.raw)
     assert error["payload"]["kind"] == "error"
@@ -91,7 +91,7 @@ async def test_an_origin_not_on_the_key_list_is_refused(connect, api_key):
 
 
 async def test_a_key_with_no_origin_list_accepts_a_client_without_origin(connect, tenant):
-    _, raw = await in_db(services.api_key_create)(tenant=tenant)
+    _, raw = await in_db(tenancy.key_create)(tenant=tenant)
     page = await connect(origin=None)
     assert (await page.handshake(raw))["type"] == "HANDSHAKE_ACK"
     await page.close()
@@ -122,7 +122,7 @@ async def test_no_handshake_within_the_timeout_closes_the_socket(connect):
 
 
 async def test_the_concurrent_session_cap_refuses_one_more(connect, tenant):
-    key, raw = await in_db(services.api_key_create)(tenant=tenant, max_sessions=2)
+    key, raw = await in_db(tenancy.key_create)(tenant=tenant, max_sessions=2)
     pages = []
     for _ in range(2):
         page = await connect()
@@ -282,7 +282,7 @@ async def test_revoking_a_key_closes_its_live_sessions(connect, api_key):
     # before its row is written, with what the process remembers of the key.
     pages = [await open_page(connect, api_key), await open_page(connect, api_key)]
     key = await ApiKey.objects.aget(pk=api_key.pk)
-    await in_db(services.api_key_revoke)(key=key)
+    await in_db(tenancy.key_revoke)(key=key)
     for page in pages:
         error = await page.recv()
         assert error["payload"]["data"]["code"] == "api_key_revoked"

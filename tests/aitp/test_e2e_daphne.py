@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from channels.db import database_sync_to_async
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import Session, ToolCall
 from aitp_client import AitpClient, AitpRefused
 from tests.aitp.conftest import ADD_TO_CART
@@ -27,9 +27,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def tenant_key(db):
-    tenant = services.tenant_create(slug="e2e", name="E2E")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
-                                       max_sessions=2)
+    tenant = tenancy.tenant_create(slug="e2e", name="E2E")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
+                                  max_sessions=2)
     return key, raw
 
 

@@ -26,7 +26,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from aitp import consumer as consumer_module
-from aitp import notify, services, store
+from aitp import notify, store, tenancy
 from aitp.models import Session, ToolCall
 from aitp.session import SessionMachine
 from connection import opening
@@ -400,9 +400,9 @@ def flood(sock: socket.socket, frame_bytes: bytes, count: int) -> tuple[int, str
 
 @pytest.fixture
 def open_key(db):
-    tenant = services.tenant_create(slug="hostile", name="Hostile")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
-                                       max_sessions=50)
+    tenant = tenancy.tenant_create(slug="hostile", name="Hostile")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
+                                  max_sessions=50)
     return key, raw
 
 

@@ -22,7 +22,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from aitp import services, store
+from aitp import services, store, tenancy
 from aitp.models import ApiKey, Session
 from aitp.store import admission, keys
 from tests.aitp.conftest import ORIGIN, queries_sent
@@ -59,7 +59,7 @@ def refusal_code(key, origin, now=None) -> str | None:
 
 
 def test_a_key_with_allowed_origins_accepts_exactly_each_of_them(tenant):
-    key, _ = services.api_key_create(
+    key, _ = tenancy.key_create(
         tenant=tenant, allowed_origins=[ORIGIN, "https://www.shop.example"]
     )
     assert refusal_code(key, ORIGIN) is None
@@ -67,19 +67,19 @@ def test_a_key_with_allowed_origins_accepts_exactly_each_of_them(tenant):
 
 
 def test_a_key_with_allowed_origins_refuses_a_request_without_origin(tenant):
-    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    key, _ = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     assert refusal_code(key, None) == "origin_not_allowed"
     assert refusal_code(key, "") == "origin_not_allowed"
 
 
 @pytest.mark.parametrize("lookalike", LOOKALIKES)
 def test_a_key_with_allowed_origins_refuses_an_origin_that_only_looks_like_one(tenant, lookalike):
-    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    key, _ = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     assert refusal_code(key, lookalike) == "origin_not_allowed"
 
 
 def test_an_origin_refusal_tells_the_page_why_in_its_own_words(tenant):
-    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    key, _ = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     refusal = services.api_key_refusal(key, origin="https://evil.example", now=timezone.now())
     assert refusal == services.Refusal(
         "origin_not_allowed", "This page's origin is not allowed for this API key.",
@@ -88,20 +88,20 @@ def test_an_origin_refusal_tells_the_page_why_in_its_own_words(tenant):
 
 
 def test_a_key_without_allowed_origins_accepts_any_origin_or_none(tenant):
-    key, _ = services.api_key_create(tenant=tenant)
+    key, _ = tenancy.key_create(tenant=tenant)
     for origin in (None, "", ORIGIN, "https://anywhere.example"):
         assert refusal_code(key, origin) is None, origin
 
 
 def test_a_key_with_allowed_origins_opens_no_session_without_origin(tenant):
-    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    _, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     session, refusal = store.current().session_open(raw_key=raw, info=handshake(origin=""))
     assert session is None and refusal.code == "origin_not_allowed"
     assert not Session.objects.exists()
 
 
 def test_a_key_with_allowed_origins_opens_no_session_from_a_prefix_lookalike(tenant):
-    _, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    _, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     session, refusal = store.current().session_open(raw_key=raw, info=handshake(origin=ORIGIN + ".evil.test"))
     assert session is None and refusal.code == "origin_not_allowed"
     assert not Session.objects.exists()
@@ -131,7 +131,7 @@ def test_an_unknown_key_is_refused_as_invalid():
 
 
 def test_a_revoked_or_disabled_key_is_refused_even_from_an_allowed_origin(tenant):
-    key, _ = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    key, _ = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     key.status = ApiKey.Status.DISABLED
     assert refusal_code(key, ORIGIN) == "api_key_disabled"
     key.status = ApiKey.Status.REVOKED
@@ -140,7 +140,7 @@ def test_a_revoked_or_disabled_key_is_refused_even_from_an_allowed_origin(tenant
 
 def test_a_key_is_refused_from_the_moment_it_expires(tenant):
     now = timezone.now()
-    key, _ = services.api_key_create(tenant=tenant, expires_at=now)
+    key, _ = tenancy.key_create(tenant=tenant, expires_at=now)
     assert refusal_code(key, ORIGIN, now=now) == "api_key_expired"
     assert refusal_code(key, ORIGIN, now=now - timedelta(microseconds=1)) is None
 
@@ -149,16 +149,16 @@ def test_a_key_is_refused_from_the_moment_it_expires(tenant):
 
 
 def test_a_key_is_found_by_its_full_secret(tenant):
-    key, raw = services.api_key_create(tenant=tenant)
+    key, raw = tenancy.key_create(tenant=tenant)
     assert keys.api_key_lookup(raw) == key
 
 
 def test_a_wrong_key_with_the_right_prefix_is_refused(tenant):
-    _, raw = services.api_key_create(tenant=tenant)
-    prefix = raw[:services.LOOKUP_PREFIX_LENGTH]
+    _, raw = tenancy.key_create(tenant=tenant)
+    prefix = raw[:keys.LOOKUP_PREFIX_LENGTH]
     # Same prefix, same length, one character of the secret changed.
     wrong = raw[:-1] + ("a" if raw[-1] != "a" else "b")
-    assert wrong[:services.LOOKUP_PREFIX_LENGTH] == prefix
+    assert wrong[:keys.LOOKUP_PREFIX_LENGTH] == prefix
     assert keys.api_key_lookup(wrong) is None
     assert keys.api_key_lookup(prefix) is None
     assert keys.api_key_lookup(raw + "x") is None
@@ -167,7 +167,7 @@ def test_a_wrong_key_with_the_right_prefix_is_refused(tenant):
 
 
 def test_the_key_hash_is_compared_in_constant_time(tenant, monkeypatch):
-    key, raw = services.api_key_create(tenant=tenant)
+    key, raw = tenancy.key_create(tenant=tenant)
     compared = []
     real = keys.hmac.compare_digest
 
@@ -187,13 +187,13 @@ def test_an_unknown_prefix_is_hashed_like_a_wrong_key(tenant, monkeypatch):
     hashed = []
     real = keys.key_hash
     monkeypatch.setattr(keys, "key_hash", lambda raw: hashed.append(raw) or real(raw))
-    unknown = services.KEY_PREFIX + "z" * 32
+    unknown = keys.KEY_PREFIX + "z" * 32
     assert keys.api_key_lookup(unknown) is None
     assert hashed == [unknown]
 
 
 def test_the_stored_hash_is_keyed_by_the_server_secret(tenant, settings):
-    key, raw = services.api_key_create(tenant=tenant)
+    key, raw = tenancy.key_create(tenant=tenant)
     assert raw not in key.key_hash
     settings.OWLLAYER_KEY_HASH_SECRET = settings.OWLLAYER_KEY_HASH_SECRET + "-rotated"
     # The same plaintext under another server secret is a different hash.
@@ -202,33 +202,33 @@ def test_the_stored_hash_is_keyed_by_the_server_secret(tenant, settings):
 
 @pytest.mark.parametrize("raw", ["", "pk_live_", "pk_live_1234567", None])
 def test_a_key_shorter_than_its_lookup_prefix_finds_nothing(tenant, raw):
-    services.api_key_create(tenant=tenant)
+    tenancy.key_create(tenant=tenant)
     assert keys.api_key_lookup(raw) is None
 
 
 def test_an_oversized_key_is_refused_without_a_lookup(tenant, django_assert_num_queries):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     with django_assert_num_queries(0):
         assert keys.api_key_lookup(raw + "x" * 200) is None
 
 
 def test_a_key_of_the_longest_accepted_length_is_still_looked_up(tenant, django_assert_num_queries):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     with django_assert_num_queries(1):
         assert keys.api_key_lookup(raw + "x" * (200 - len(raw))) is None
 
 
 def test_a_key_of_exactly_the_lookup_prefix_length_is_looked_up(tenant, django_assert_num_queries):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     with django_assert_num_queries(1):
-        assert keys.api_key_lookup(raw[:services.LOOKUP_PREFIX_LENGTH]) is None
+        assert keys.api_key_lookup(raw[:keys.LOOKUP_PREFIX_LENGTH]) is None
 
 
 # --- the session cap ----------------------------------------------------------------------
 
 
 def test_a_key_admits_exactly_max_sessions_and_refuses_the_next(tenant):
-    _, raw = services.api_key_create(tenant=tenant, max_sessions=3)
+    _, raw = tenancy.key_create(tenant=tenant, max_sessions=3)
     opened = [store.current().session_open(raw_key=raw, info=handshake()) for _ in range(3)]
     assert all(session is not None and refusal is None for session, refusal in opened)
     session, refusal = store.current().session_open(raw_key=raw, info=handshake())
@@ -246,7 +246,7 @@ async def test_a_page_past_its_tenants_ceiling_over_two_keys_is_refused_with_its
 
     def arrange():
         type(tenant).objects.filter(pk=tenant.pk).update(max_sessions=2)
-        return [services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=5)[1]
+        return [tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=5)[1]
                 for _ in range(2)]
 
     first_key, second_key = await in_db(arrange)()
@@ -273,7 +273,7 @@ async def test_a_page_past_its_tenants_ceiling_over_two_keys_is_refused_with_its
 
 
 def test_a_closed_session_frees_its_slot_for_the_next(tenant):
-    _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    _, raw = tenancy.key_create(tenant=tenant, max_sessions=1)
     first, _ = store.current().session_open(raw_key=raw, info=handshake())
     assert store.current().session_open(raw_key=raw, info=handshake())[1].code == "session_limit"
     store.current().session_close(session_id=first.id, code=1000)
@@ -282,14 +282,14 @@ def test_a_closed_session_frees_its_slot_for_the_next(tenant):
 
 
 def test_the_cap_counts_only_the_keys_own_sessions(tenant):
-    _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
-    _, other_raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    _, raw = tenancy.key_create(tenant=tenant, max_sessions=1)
+    _, other_raw = tenancy.key_create(tenant=tenant, max_sessions=1)
     assert store.current().session_open(raw_key=other_raw, info=handshake())[1] is None
     assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
 
 
 def test_an_opened_session_records_its_handshake_and_the_keys_use(tenant):
-    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    key, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     info = handshake(session_id="ses_recorded")
     session, refusal = store.current().session_open(raw_key=raw, info=info)
     assert refusal is None
@@ -306,7 +306,7 @@ def test_an_opened_session_records_its_handshake_and_the_keys_use(tenant):
 def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
     # The key can change while a handshake is on its way (revoked
     # meanwhile): the row read under the lock decides.
-    key, raw = services.api_key_create(tenant=tenant)
+    key, raw = tenancy.key_create(tenant=tenant)
     real = keys.api_key_lookup
 
     def read_before_it_was_revoked(raw_key, *, for_update=False):
@@ -315,7 +315,7 @@ def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
             loaded.status = ApiKey.Status.ACTIVE
         return loaded
 
-    services.api_key_revoke(key=key)
+    tenancy.key_revoke(key=key)
     monkeypatch.setattr(keys, "api_key_lookup", read_before_it_was_revoked)
     session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "api_key_revoked"
@@ -323,7 +323,7 @@ def test_a_key_refused_under_the_lock_opens_no_session(tenant, monkeypatch):
 
 
 def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tenant, monkeypatch):
-    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    key, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
     real = keys.api_key_lookup
 
     def read_before_the_origin_was_removed(raw_key, *, for_update=False):
@@ -332,7 +332,7 @@ def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tena
             loaded.allowed_origins = [ORIGIN]
         return loaded
 
-    services.api_key_update(key=key, allowed_origins=["https://other.example"])
+    tenancy.key_update(key=key, changes={"allowed_origins": ["https://other.example"]})
     monkeypatch.setattr(keys, "api_key_lookup", read_before_the_origin_was_removed)
     session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and refusal.code == "origin_not_allowed"
@@ -344,7 +344,7 @@ def test_an_origin_removed_while_a_handshake_is_on_its_way_opens_no_session(tena
 
 def test_an_open_soon_after_another_of_the_same_key_does_not_read_the_key_again(
         tenant, monkeypatch):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
     store.current().session_open(raw_key=raw, info=handshake())
     with queries_sent() as soon_after:
@@ -359,7 +359,7 @@ def test_an_open_soon_after_another_of_the_same_key_does_not_read_the_key_again(
 def test_a_key_revoked_elsewhere_just_after_an_open_refuses_the_next_open_at_once(tenant, monkeypatch):
     monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
     # Another process revokes it: this one's recent read of the key is stale.
-    key, raw = services.api_key_create(tenant=tenant)
+    key, raw = tenancy.key_create(tenant=tenant)
     assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
     ApiKey.objects.filter(pk=key.pk).update(status=ApiKey.Status.REVOKED)
     session, refusal = store.current().session_open(raw_key=raw, info=handshake())
@@ -369,7 +369,7 @@ def test_a_key_revoked_elsewhere_just_after_an_open_refuses_the_next_open_at_onc
 
 def test_a_session_opened_just_after_its_tenant_changed_its_prompt_gets_the_new_one(tenant, monkeypatch):
     monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     store.current().session_open(raw_key=raw, info=handshake())
     type(tenant).objects.filter(pk=tenant.pk).update(system_prompt="Answer in French.")
     session, _ = store.current().session_open(raw_key=raw, info=handshake())
@@ -378,9 +378,9 @@ def test_a_session_opened_just_after_its_tenant_changed_its_prompt_gets_the_new_
 
 def test_a_wrong_secret_with_a_recently_read_prefix_is_still_refused(tenant, monkeypatch):
     monkeypatch.setattr(keys, "KEY_READ_FRESH_FOR", 3600)
-    key, raw = services.api_key_create(tenant=tenant)
+    key, raw = tenancy.key_create(tenant=tenant)
     store.current().session_open(raw_key=raw, info=handshake())
-    wrong = raw[:services.LOOKUP_PREFIX_LENGTH] + "x" * (len(raw) - services.LOOKUP_PREFIX_LENGTH)
+    wrong = raw[:keys.LOOKUP_PREFIX_LENGTH] + "x" * (len(raw) - keys.LOOKUP_PREFIX_LENGTH)
     session, refusal = store.current().session_open(raw_key=wrong, info=handshake())
     assert session is None and refusal.code == "invalid_api_key"
 
@@ -454,7 +454,7 @@ def test_the_window_follows_the_heartbeat_setting(tenant, settings):
 
 
 def test_a_silent_session_no_longer_holds_a_slot(tenant, heartbeat):
-    key, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    key, raw = tenancy.key_create(tenant=tenant, max_sessions=1)
     # Far past the window, whatever the clock did between these lines.
     Session.objects.create(
         id="ses_silent", tenant=tenant, api_key=key,
@@ -465,7 +465,7 @@ def test_a_silent_session_no_longer_holds_a_slot(tenant, heartbeat):
 
 
 def test_a_recently_seen_session_still_holds_its_slot(tenant, heartbeat):
-    key, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    key, raw = tenancy.key_create(tenant=tenant, max_sessions=1)
     # Well inside the window (two heartbeats of margin).
     Session.objects.create(
         id="ses_quiet", tenant=tenant, api_key=key,
@@ -490,7 +490,7 @@ def test_a_heartbeat_refreshes_only_an_open_session(tenant, heartbeat):
 
 
 def test_a_closed_session_records_how_it_ended(tenant):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     session, _ = store.current().session_open(raw_key=raw, info=handshake())
     store.current().session_close(session_id=session.id, code=4001, reason="r" * 300)
     session.refresh_from_db()
@@ -525,7 +525,7 @@ def test_the_sweeper_never_rewrites_how_an_ended_session_ended(tenant, heartbeat
 ])
 def test_each_refusal_tells_the_page_why_in_its_own_words(tenant, status, expires, refusal):
     now = timezone.now()
-    key, _ = services.api_key_create(tenant=tenant)
+    key, _ = tenancy.key_create(tenant=tenant)
     key.status = status
     key.expires_at = None if expires is None else now + expires
     assert services.api_key_refusal(key, origin=ORIGIN, now=now) == refusal
@@ -537,13 +537,13 @@ def test_an_unknown_key_is_refused_in_its_own_words():
 
 
 def test_a_key_that_expires_later_opens_a_session(tenant):
-    _, raw = services.api_key_create(tenant=tenant, expires_at=timezone.now() + timedelta(days=1))
+    _, raw = tenancy.key_create(tenant=tenant, expires_at=timezone.now() + timedelta(days=1))
     session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert refusal is None and session is not None
 
 
 def test_an_opened_session_keeps_long_handshake_fields_to_their_column_size(tenant):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     info = store.HandshakeInfo(
         session_id="ses_long", origin="o" * 600, user_agent="u" * 600, viewport="v" * 60,
         sdk_version="s" * 60, protocol_version="p" * 60, channel_name="test.long",
@@ -561,7 +561,7 @@ def test_an_opened_session_keeps_long_handshake_fields_to_their_column_size(tena
 def test_each_opened_session_is_counted_once_in_the_days_usage(tenant):
     from aitp.models import DailyUsage
 
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     for _ in range(2):
         assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
     assert store.current().session_open(raw_key="pk_live_" + "z" * 32, info=handshake())[0] is None
@@ -571,7 +571,7 @@ def test_each_opened_session_is_counted_once_in_the_days_usage(tenant):
 
 def test_a_key_one_character_over_the_longest_is_refused_without_a_lookup(
         tenant, django_assert_num_queries):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     with django_assert_num_queries(0):
         assert keys.api_key_lookup(raw + "x" * (201 - len(raw))) is None
 
@@ -582,7 +582,7 @@ def test_a_tenant_whose_token_quota_is_used_up_opens_no_session(tenant):
     tenant.monthly_token_quota = 100
     tenant.save(update_fields=["monthly_token_quota"])
     DailyUsage.objects.create(tenant=tenant, date=timezone.localdate(), input_tokens=100)
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     session, refusal = store.current().session_open(raw_key=raw, info=handshake())
     assert session is None and not Session.objects.exists()
     assert refusal == services.Refusal(
@@ -590,7 +590,7 @@ def test_a_tenant_whose_token_quota_is_used_up_opens_no_session(tenant):
 
 
 def test_a_keys_last_use_is_rewritten_only_once_it_is_older_than_a_minute(tenant):
-    key, raw = services.api_key_create(tenant=tenant)
+    key, raw = tenancy.key_create(tenant=tenant)
     recent = timezone.now() - timedelta(seconds=50)
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=recent)
     store.current().session_open(raw_key=raw, info=handshake())

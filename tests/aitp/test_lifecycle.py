@@ -19,7 +19,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from aitp import processes, services, store
+from aitp import processes, store, tenancy
 from aitp.models import ServerProcess, Session, ToolCall
 from aitp_client import AitpClient, AitpRefused
 from approvals import services as approvals
@@ -55,9 +55,9 @@ POLL_INTERVAL = 0.05
 
 @pytest.fixture
 def shop(db):
-    tenant = services.tenant_create(slug="lifecycle", name="Lifecycle")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
-                                       max_sessions=3)
+    tenant = tenancy.tenant_create(slug="lifecycle", name="Lifecycle")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
+                                  max_sessions=3)
     return key, raw
 
 
@@ -369,7 +369,7 @@ def test_the_sweep_closes_a_gone_process_rows_whatever_their_age_and_keeps_the_r
     reaped_pid, settings
 ):
     settings.OWLLAYER_HEARTBEAT_INTERVAL = 60
-    tenant = services.tenant_create(slug="sweep", name="Sweep")
+    tenant = tenancy.tenant_create(slug="sweep", name="Sweep")
     gone = process_row(pid=reaped_pid)
     alive = process_row(started_at=timezone.now() + timedelta(seconds=1))
     now = timezone.now()
@@ -409,7 +409,7 @@ def test_the_sweep_closes_a_gone_process_rows_whatever_their_age_and_keeps_the_r
 
 @pytest.mark.django_db
 def test_the_sweep_closes_a_row_left_open_by_a_process_marked_stopped():
-    tenant = services.tenant_create(slug="late", name="Late")
+    tenant = tenancy.tenant_create(slug="late", name="Late")
     stopped = process_row(stopped_at=timezone.now())
     late_row = make_session(tenant, process=stopped.id, last_seen_at=timezone.now())
 
@@ -420,9 +420,9 @@ def test_the_sweep_closes_a_row_left_open_by_a_process_marked_stopped():
 
 @pytest.mark.django_db
 def test_a_handshake_does_not_count_sessions_of_a_gone_process_against_the_cap(reaped_pid):
-    tenant = services.tenant_create(slug="cap", name="Cap")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
-                                       max_sessions=1)
+    tenant = tenancy.tenant_create(slug="cap", name="Cap")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN],
+                                  max_sessions=1)
     gone = process_row(pid=reaped_pid)
     Session.objects.create(id="ses_dead", tenant=tenant, api_key=key, process=gone.id)
 
@@ -457,7 +457,7 @@ def pending_payment(tenant, policy_operator: bool = False):
 
 @pytest.mark.django_db
 def test_an_operator_cannot_approve_an_approval_whose_session_has_ended():
-    tenant = services.tenant_create(slug="ended", name="Ended")
+    tenant = tenancy.tenant_create(slug="ended", name="Ended")
     operator = make_user("olivia", tenant=tenant)
     session, approval = pending_payment(tenant, policy_operator=True)
     store.current().session_close(session_id=session.id, code=1006, reason="server process lost")
@@ -474,7 +474,7 @@ def test_an_operator_cannot_approve_an_approval_whose_session_has_ended():
 
 @pytest.mark.django_db
 def test_a_page_answer_for_an_ended_session_approves_nothing():
-    tenant = services.tenant_create(slug="ended-page", name="Ended page")
+    tenant = tenancy.tenant_create(slug="ended-page", name="Ended page")
     session, approval = pending_payment(tenant)
     store.current().session_close(session_id=session.id, code=1001, reason="server shutting down")
 
@@ -503,9 +503,9 @@ async def test_sigterm_closes_operator_watch_sockets_and_a_server_tool_awaiting_
     from tests.operators.test_scale_out import sign_in
 
     def make_shop():
-        tenant = services.tenant_create(slug="shop", name="Shop")
+        tenant = tenancy.tenant_create(slug="shop", name="Shop")
         demo_tools_install(tenant=tenant, policy="operator")
-        key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
+        key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
         operator = get_user_model().objects.create_user("olga", password="pw-olga-123", is_staff=True)
         TenantMembership.objects.create(tenant=tenant, user=operator, role="owner")
         return tenant, key, raw

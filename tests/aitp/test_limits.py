@@ -21,7 +21,7 @@ from django.test import override_settings
 from django.utils import timezone
 from limits.util import WindowStats
 
-from aitp import limits, quota, services
+from aitp import limits, quota, tenancy
 from aitp.limits import ConnectionLimits, LimitSettings, SharedLimits
 from aitp.models import DailyUsage, Session
 from aitp.session import Limits, SessionMachine, State
@@ -292,7 +292,7 @@ async def test_a_quota_the_database_cannot_check_lets_the_turn_start(monkeypatch
 
 
 def test_the_quota_counts_this_months_input_and_output_tokens_only(db):
-    tenant = services.tenant_create(slug="quota", name="Quota")
+    tenant = tenancy.tenant_create(slug="quota", name="Quota")
     now = timezone.now()
     today = timezone.localdate(now)
     last_month = today.replace(day=1) - timedelta(days=1)
@@ -333,8 +333,8 @@ def done(frame: dict) -> bool:
 
 
 def other_tenant_key(slug: str):
-    tenant = services.tenant_create(slug=slug, name=slug)
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
+    tenant = tenancy.tenant_create(slug=slug, name=slug)
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
     key.raw = raw
     return key
 

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from aitp import services, store
+from aitp import store, tenancy
 from aitp.models import ApiKey, Session
 from aitp.store import open_statements
 from tests.aitp.conftest import ORIGIN, queries_sent
@@ -34,7 +34,7 @@ def field_values(instance) -> dict:
 def test_the_key_read_for_an_open_is_the_row_and_tenant_the_orm_reads(tenant):
     tenant.monthly_token_quota = 1_000_000
     tenant.save()
-    key, _ = services.api_key_create(
+    key, _ = tenancy.key_create(
         tenant=tenant, name="shop", allowed_origins=[ORIGIN, "https://b.example"], max_sessions=7,
         expires_at=timezone.now() + timedelta(days=3),
     )
@@ -49,7 +49,7 @@ def test_the_key_read_for_an_open_is_the_row_and_tenant_the_orm_reads(tenant):
 
 
 def test_the_key_read_under_the_lock_is_the_same_row(tenant):
-    key, _ = services.api_key_create(tenant=tenant, name="shop")
+    key, _ = tenancy.key_create(tenant=tenant, name="shop")
     with transaction.atomic():
         read = open_statements.key_with_tenant(key.prefix, for_update=True)
     assert field_values(read) == field_values(ApiKey.objects.get(pk=key.pk))
@@ -103,7 +103,7 @@ def test_a_session_closes_once_and_keeps_its_first_close(api_key):
 def test_an_open_on_postgresql_reads_the_key_then_admits_in_one_query(tenant):
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only (the second test pass)")
-    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=1)
+    key, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=1)
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
     with queries_sent() as sent:
         session, refusal = store.current().session_open(raw_key=raw, info=handshake())

@@ -30,7 +30,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from aitp import processes, quota, services
+from aitp import processes, quota, tenancy
 from aitp.llm import reset_backend
 from aitp.llm.anthropic_backend import close_client
 from aitp.llm.base import LlmRequest
@@ -69,15 +69,15 @@ def tokens_this_month(tenant_id: int) -> int:
 
 
 def new_tenant(*, monthly_quota: int | None, used: int = 0) -> Tenant:
-    tenant = services.tenant_create(slug=f"q{secrets.token_hex(4)}", monthly_token_quota=monthly_quota)
+    tenant = tenancy.tenant_create(slug=f"q{secrets.token_hex(4)}", monthly_token_quota=monthly_quota)
     if used:
         DailyUsage.objects.create(tenant=tenant, date=timezone.localdate(), input_tokens=used)
     return tenant
 
 
 def new_key(tenant: Tenant, *, max_sessions: int = 50):
-    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN],
-                                       max_sessions=max_sessions)
+    key, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN],
+                                  max_sessions=max_sessions)
     key.raw = raw
     return key
 

@@ -23,7 +23,7 @@ import websockets
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
-from aitp import services
+from aitp import tenancy
 from aitp.close_codes import FINAL_CODES
 from aitp.models import ConversationMessage, ToolCall
 from aitp_client import AitpClient, final_text
@@ -117,9 +117,9 @@ def own_redis(tmp_path):
 
 @pytest.fixture
 def shop(db):
-    tenant = services.tenant_create(slug="shop", name="Shop")
+    tenant = tenancy.tenant_create(slug="shop", name="Shop")
     demo_tools_install(tenant=tenant, policy="operator")
-    _, raw = services.api_key_create(
+    _, raw = tenancy.key_create(
         tenant=tenant, name="web", allowed_origins=[PAGE_ORIGIN], max_sessions=60
     )
     operator = get_user_model().objects.create_user("olga", password="pw-olga-123", is_staff=True)

@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from aitp import processes, services
+from aitp import processes, tenancy
 from aitp.models import Session
 from tests.support.people import make_session
 
@@ -21,7 +21,7 @@ PATIENCE = 30
 
 @pytest.fixture
 def tenant():
-    return services.tenant_create(slug="beat", name="Beat")
+    return tenancy.tenant_create(slug="beat", name="Beat")
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ async def test_the_heartbeats_of_many_sessions_are_one_database_call(tenant, cou
 async def test_a_session_whose_key_was_revoked_is_told_at_its_heartbeat(tenant):
     kept = await sync_to_async(make_session)(tenant)
     revoked = await sync_to_async(make_session)(tenant)
-    await sync_to_async(services.api_key_revoke)(key=revoked.api_key)
+    await sync_to_async(tenancy.key_revoke)(key=revoked.api_key)
     answers = await asyncio.wait_for(asyncio.gather(
         processes.session_heartbeat(kept.id), processes.session_heartbeat(revoked.id),
         processes.session_heartbeat("ses_unknown")), PATIENCE)

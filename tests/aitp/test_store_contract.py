@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from aitp import services, store
+from aitp import store, tenancy
 from aitp.models import ApiKey, ConversationMessage, DailyUsage, Session, ToolCall
 from aitp.store import HandshakeInfo, port, usage
 from aitp.store.fast import FastStore
@@ -31,8 +31,8 @@ def sessions(request, settings, monkeypatch) -> port.SessionStore:
 
 @pytest.fixture
 def key(db):
-    tenant = services.tenant_create(slug=f"t{secrets.token_hex(4)}", name="Shop")
-    key, raw = services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=2)
+    tenant = tenancy.tenant_create(slug=f"t{secrets.token_hex(4)}", name="Shop")
+    key, raw = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=2)
     key.raw = raw
     return key
 
@@ -92,7 +92,7 @@ def test_a_wrong_secret_a_revoked_key_and_a_foreign_origin_are_refused(sessions,
         "invalid_api_key"
     assert sessions.session_open(raw_key=key.raw, info=handshake("https://evil.example"))[1].code \
         == "origin_not_allowed"
-    services.api_key_revoke(key=key)
+    tenancy.key_revoke(key=key)
     assert sessions.session_open(raw_key=key.raw, info=handshake())[1].code == "api_key_revoked"
     assert not Session.objects.exists()
 

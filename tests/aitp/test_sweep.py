@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import Session
 from tests.support.people import make_session
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def acme_tenant():
-    return services.tenant_create(slug="acme", name="Acme")
+    return tenancy.tenant_create(slug="acme", name="Acme")
 
 
 def test_sweep_closes_sessions_whose_process_stopped_refreshing_them(acme_tenant, settings):

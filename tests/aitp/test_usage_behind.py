@@ -20,7 +20,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from aitp import processes, services, store
+from aitp import processes, store, tenancy
 from aitp.models import DailyUsage, Session
 from aitp.store import usage
 from aitp_client import AitpClient, AitpRefused
@@ -53,7 +53,7 @@ def behind(settings, monkeypatch):
 
 @pytest.fixture
 def tenant(db):
-    return services.tenant_create(slug="usage", name="Usage")
+    return tenancy.tenant_create(slug="usage", name="Usage")
 
 
 def day_of(tenant) -> dict:
@@ -73,7 +73,7 @@ def a_turn(session: Session, turn: int) -> None:
 
 
 def test_opens_and_turns_are_counted_exactly_once_flushed(tenant, behind):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     sessions = [store.current().session_open(raw_key=raw, info=handshake())[0] for _ in range(3)]
     for turn, session in enumerate(sessions * 2, start=1):
         a_turn(session, turn)
@@ -89,7 +89,7 @@ def test_opens_and_turns_are_counted_exactly_once_flushed(tenant, behind):
 
 
 def test_a_refused_open_counts_nothing(tenant, behind):
-    _, raw = services.api_key_create(tenant=tenant, max_sessions=1)
+    _, raw = tenancy.key_create(tenant=tenant, max_sessions=1)
     assert store.current().session_open(raw_key=raw, info=handshake())[1] is None
     assert store.current().session_open(raw_key=raw, info=handshake())[1].code == "session_limit"
     store.current().usage_flush()
@@ -97,7 +97,7 @@ def test_a_refused_open_counts_nothing(tenant, behind):
 
 
 def test_a_flush_the_database_refuses_keeps_its_counts_for_the_next(tenant, behind, monkeypatch):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     store.current().session_open(raw_key=raw, info=handshake())
     real = usage._usage_write
 
@@ -113,7 +113,7 @@ def test_a_flush_the_database_refuses_keeps_its_counts_for_the_next(tenant, behi
 
 
 def test_the_clean_stop_writes_what_the_process_counted(tenant, behind):
-    _, raw = services.api_key_create(tenant=tenant)
+    _, raw = tenancy.key_create(tenant=tenant)
     for _ in range(2):
         store.current().session_open(raw_key=raw, info=handshake())
     processes.mark_stopped()
@@ -123,7 +123,7 @@ def test_the_clean_stop_writes_what_the_process_counted(tenant, behind):
 @pytest.mark.django_db(transaction=True)
 def test_the_counts_of_two_processes_add_up(settings):
     settings.OWLLAYER_USAGE_FLUSH_INTERVAL = NEVER
-    tenant = services.tenant_create(slug="two", name="Two")
+    tenant = tenancy.tenant_create(slug="two", name="Two")
     per_process, rounds = 25, 8
     start = threading.Barrier(2)
     errors: list[BaseException] = []
@@ -154,9 +154,9 @@ def test_the_counts_of_two_processes_add_up(settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_opens_take_exactly_the_keys_cap():
-    tenant = services.tenant_create(slug="race", name="Race")
+    tenant = tenancy.tenant_create(slug="race", name="Race")
     cap, racers = 3, 12
-    key, raw = services.api_key_create(tenant=tenant, max_sessions=cap)
+    key, raw = tenancy.key_create(tenant=tenant, max_sessions=cap)
     start = threading.Barrier(racers)
     outcomes: list = []
 
@@ -181,13 +181,13 @@ def test_concurrent_opens_take_exactly_the_keys_cap():
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_opens_over_several_keys_take_exactly_the_tenants_ceiling():
-    tenant = services.tenant_create(slug="ceiling-race", name="Ceiling race")
+    tenant = tenancy.tenant_create(slug="ceiling-race", name="Ceiling race")
     ceiling, racers = 4, 16
     tenant.max_sessions = ceiling
     tenant.save(update_fields=["max_sessions"])
     # Each key alone would take every racer: only the tenant's ceiling refuses.
     KEYS = 4
-    raws = [services.api_key_create(tenant=tenant, max_sessions=racers)[1] for _ in range(KEYS)]
+    raws = [tenancy.key_create(tenant=tenant, max_sessions=racers)[1] for _ in range(KEYS)]
     start = threading.Barrier(racers)
     outcomes: list = []
 
@@ -226,8 +226,8 @@ def test_an_open_waits_for_its_tenants_row_lock_whichever_key_it_uses(path, monk
 
     if path == "several statements":
         monkeypatch.setattr(statements, "one_query_transactions", lambda: False)
-    tenant = services.tenant_create(slug="locked", name="Locked")
-    _, raw = services.api_key_create(tenant=tenant)
+    tenant = tenancy.tenant_create(slug="locked", name="Locked")
+    _, raw = tenancy.key_create(tenant=tenant)
     held, release = threading.Event(), threading.Event()
 
     def another_open_of_the_tenant() -> None:
@@ -259,8 +259,8 @@ def test_an_open_waits_for_its_tenants_row_lock_whichever_key_it_uses(path, monk
 @pytest.mark.django_db(transaction=True)
 async def test_two_processes_admit_exactly_the_tenants_ceiling_over_two_keys(daphne_factory):
     def arrange():
-        tenant = services.tenant_create(slug="ceiling-two", name="Two", max_sessions=3)
-        return [services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=10)[1]
+        tenant = tenancy.tenant_create(slug="ceiling-two", name="Two", max_sessions=3)
+        return [tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN], max_sessions=10)[1]
                 for _ in range(2)]
 
     raws = await asyncio.to_thread(arrange)
@@ -286,9 +286,9 @@ async def test_two_processes_admit_exactly_the_tenants_ceiling_over_two_keys(dap
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 async def test_sigterm_writes_the_usage_counted_behind(daphne_factory):
-    tenant = await asyncio.to_thread(lambda: services.tenant_create(slug="stop", name="Stop"))
+    tenant = await asyncio.to_thread(lambda: tenancy.tenant_create(slug="stop", name="Stop"))
     _, raw = await asyncio.to_thread(
-        lambda: services.api_key_create(tenant=tenant, allowed_origins=[ORIGIN]))
+        lambda: tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN]))
     server = daphne_factory(OWLLAYER_USAGE_FLUSH_INTERVAL=NEVER, OWLLAYER_SHUTDOWN_DRAIN=DRAIN)
     pages = [AitpClient(server.ws_url(), api_key=raw, origin=ORIGIN) for _ in range(2)]
     for page in pages:

@@ -42,10 +42,10 @@ SPEECH_PATIENCE = 180
 @pytest.fixture
 def other_key(db):
     """A key of another tenant."""
-    from aitp import services
+    from aitp import tenancy
 
-    tenant = services.tenant_create(slug="globex", name="Globex")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
+    tenant = tenancy.tenant_create(slug="globex", name="Globex")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
     key.raw = raw
     return key
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aitp import services as aitp_services
+from aitp import tenancy
 from tests.approvals.test_admin import logged_in, operator_approval, url
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +33,7 @@ def test_a_staff_member_of_one_tenant_is_offered_only_that_tenant(acme_session, 
 def test_a_staff_member_of_two_tenants_is_offered_those_two(acme_session, globex_session, olivia):
     from tenants.models import TenantMembership
 
-    initech = aitp_services.tenant_create(slug="initech", name="Initech")
+    initech = tenancy.tenant_create(slug="initech", name="Initech")
     TenantMembership.objects.create(tenant=initech, user=olivia, role="viewer")
     operator_approval(globex_session, name="globex_refund")
 
@@ -45,7 +45,7 @@ def test_a_staff_member_of_two_tenants_is_offered_those_two(acme_session, globex
 
 def test_a_superuser_is_offered_every_tenant(acme_session, globex_session, root):
     operator_approval(acme_session, name="acme_refund")
-    aitp_services.tenant_create(slug="initech", name="Initech")  # nothing pending there
+    tenancy.tenant_create(slug="initech", name="Initech")  # nothing pending there
 
     page = logged_in(root).get(url("pendingapproval_changelist"))
 

@@ -102,11 +102,11 @@ class Store:
 
 
 def start_store(factory: DaphneFactory, env: dict[str, str]) -> Store:
-    from aitp import services
+    from aitp import tenancy
 
     server = factory(env)
-    tenant = services.tenant_create(slug="owl-store", name="Owl Store")
-    key, raw_key = services.api_key_create(
+    tenant = tenancy.tenant_create(slug="owl-store", name="Owl Store")
+    key, raw_key = tenancy.key_create(
         tenant=tenant, name="browser", allowed_origins=[server.http_url]
     )
     return Store(factory=factory, server=server, raw_key=raw_key, key=key, env=env)

@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from playwright.async_api import Page, WebSocketRoute, expect
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ToolCall
 from tests.browser.store_support import (
     answers,
@@ -266,7 +266,7 @@ async def test_a_server_tool_that_needs_approval_asks_in_the_page(store, page):
 
 
 async def test_an_origin_the_key_does_not_allow_is_explained_and_not_retried(store, page, shot):
-    _, raw_key = await sync_to_async(services.api_key_create)(
+    _, raw_key = await sync_to_async(tenancy.key_create)(
         tenant=store.key.tenant, name="elsewhere", allowed_origins=["https://shop.example"]
     )
 
@@ -569,9 +569,9 @@ def stop_the_key(key, how: str) -> None:
     from django.utils import timezone
 
     if how == "expired":
-        services.api_key_update(key=key, expires_at=timezone.now() - timedelta(minutes=1))
+        tenancy.key_update(key=key, changes={"expires_at": timezone.now() - timedelta(minutes=1)})
     else:
-        services.api_key_set_status(key=key, status=how)
+        tenancy.key_update(key=key, changes={"status": how})
 
 
 @pytest.mark.parametrize("how, said", [
@@ -591,7 +591,7 @@ async def test_a_demo_key_that_no_longer_works_is_explained_with_how_to_get_a_ne
 
 
 async def test_a_key_of_ones_own_that_was_revoked_is_not_told_to_run_make_run(store, page):
-    await sync_to_async(services.api_key_revoke)(key=store.key)
+    await sync_to_async(tenancy.key_revoke)(key=store.key)
 
     await page.goto(store.url)
 

@@ -227,15 +227,15 @@ async def test_a_server_that_cannot_be_reached_is_one_line_without_the_key():
 async def test_against_a_real_server_an_approval_answered_yes_runs_the_tool(daphne_factory):
     from asgiref.sync import sync_to_async
 
-    from aitp import services
+    from aitp import tenancy
     from demo.order_tools import demo_tools_install
 
     server = await sync_to_async(daphne_factory)()
 
     def shop() -> str:
-        tenant = services.tenant_create(slug="acme", name="Acme Store")
-        _key, raw_key = services.api_key_create(tenant=tenant, name="terminal",
-                                                allowed_origins=[server.http_url])
+        tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
+        _key, raw_key = tenancy.key_create(tenant=tenant, name="terminal",
+                                           allowed_origins=[server.http_url])
         demo_tools_install(tenant=tenant)  # cancel_order: high risk, the page user approves
         return raw_key
 

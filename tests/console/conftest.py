@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import Session
 from tenants.models import TenantMembership
 
@@ -17,12 +17,12 @@ VIEWER = TenantMembership.Role.VIEWER
 
 @pytest.fixture
 def acme(db):
-    return services.tenant_create(slug="acme", name="Acme Store")
+    return tenancy.tenant_create(slug="acme", name="Acme Store")
 
 
 @pytest.fixture
 def beta(db):
-    return services.tenant_create(slug="beta", name="Beta Shop")
+    return tenancy.tenant_create(slug="beta", name="Beta Shop")
 
 
 def member(django_user_model, tenant, username: str, role: str, **fields):
@@ -74,7 +74,7 @@ def bea_client(bea):
 
 @pytest.fixture
 def acme_key(acme):
-    key, raw = services.api_key_create(
+    key, raw = tenancy.key_create(
         tenant=acme, name="shop", allowed_origins=["https://shop.example"], max_sessions=5
     )
     key.raw = raw
@@ -83,7 +83,7 @@ def acme_key(acme):
 
 @pytest.fixture
 def beta_key(beta):
-    key, _ = services.api_key_create(tenant=beta, name="beta web", allowed_origins=["https://beta.example"])
+    key, _ = tenancy.key_create(tenant=beta, name="beta web", allowed_origins=["https://beta.example"])
     return key
 
 

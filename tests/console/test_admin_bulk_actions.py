@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ApiKey, OperatorAction
 from tenants.selectors import changeable_tenant_ids
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
@@ -29,7 +29,7 @@ def olivia(django_user_model, acme, beta):
 
 @pytest.fixture
 def beta_key(beta):
-    key, _raw = services.api_key_create(tenant=beta, name="beta web")
+    key, _raw = tenancy.key_create(tenant=beta, name="beta web")
     return key
 
 
@@ -80,7 +80,7 @@ def test_a_bulk_action_over_owned_and_viewed_keys_changes_only_the_owned_ones(
 
 @ACTIONS
 def test_keys_left_unchanged_are_counted_and_told_as_an_error(olivia, beta_key, action):
-    second, _raw = services.api_key_create(tenant=beta_key.tenant, name="beta app")
+    second, _raw = tenancy.key_create(tenant=beta_key.tenant, name="beta app")
 
     page = run_action(olivia, action, beta_key, second)
 
@@ -114,10 +114,10 @@ def test_the_tenants_a_user_may_change_are_exactly_the_ids_of_those_it_owns(
 
 
 def test_the_key_lists_tenant_filter_names_only_tenants_the_user_sees(olivia, acme_key, beta_key):
-    from aitp.services import tenant_create
+    from aitp.tenancy import tenant_create
 
     hidden = tenant_create(slug="gamma-hidden", name="Gamma")
-    services.api_key_create(tenant=hidden, name="gamma web")
+    tenancy.key_create(tenant=hidden, name="gamma web")
 
     page = signed_in(olivia).get(reverse("admin:aitp_apikey_changelist"))
 

@@ -1,7 +1,7 @@
-"""The admin creates and changes tenants, keys and members through the
-console's services: the same operator actions are recorded, and a page from
-an origin just removed is closed at once, with the same error and close code
-as from the console."""
+"""The admin creates and changes tenants, keys and members through the same
+functions as the console (``aitp.tenancy``): the same operator actions are
+recorded, and a page from an origin just removed is closed at once, with the
+same error and close code as from the console."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 from django.urls import reverse
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ApiKey, OperatorAction, Session
 from tenants.models import Tenant, TenantMembership
 from tests.aitp.conftest import ORIGIN, connect, open_page  # noqa: F401 (connect is a fixture)
@@ -68,8 +68,8 @@ def members_form(tenant, rows: list[dict]) -> dict:
 
 
 def _two_origin_key(django_user_model):
-    tenant = services.tenant_create(slug="acme", name="Acme Store")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN, OTHER_ORIGIN])
+    tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN, OTHER_ORIGIN])
     key.raw = raw
     owner = django_user_model.objects.create_user(username="olivia", password="x", is_staff=True)
     TenantMembership.objects.create(tenant=tenant, user=owner, role=TenantMembership.Role.OWNER)
@@ -180,7 +180,7 @@ def test_an_origin_that_is_not_an_origin_is_refused_in_the_admin(admin_client, a
 
 
 def test_a_revoked_key_cannot_be_reactivated_in_the_admin(admin_client, staff_owner, acme_key):
-    services.api_key_revoke(key=acme_key, user=staff_owner)
+    tenancy.key_revoke(key=acme_key, by=staff_owner)
     acme_key.refresh_from_db()
 
     response = admin_client.post(reverse("admin:aitp_apikey_change", args=[acme_key.pk]),
@@ -238,13 +238,11 @@ def test_a_key_added_in_the_admin_cannot_be_already_expired(admin_client, acme):
 
 @pytest.mark.parametrize("status", ["revoked", "disabled"])
 def test_the_key_service_makes_no_key_that_is_not_active(acme, staff_owner, status):
-    from console import services as console_services
-
     with pytest.raises(TypeError):
-        console_services.key_create(tenant=acme, by=staff_owner, name="x", allowed_origins=[],
-                                    max_sessions=1, status=status)
+        tenancy.key_create(tenant=acme, by=staff_owner, name="x", allowed_origins=[],
+                           max_sessions=1, status=status)
     with pytest.raises(TypeError):
-        services.api_key_create(tenant=acme, name="x", status=status)
+        tenancy.key_create(tenant=acme, name="x", status=status)
     assert not ApiKey.objects.filter(name="x").exists()
 
 

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ApiKey, DailyUsage, Session
 from tenants.models import TenantMembership
 from tests.browser.conftest import ARTIFACTS
@@ -31,7 +31,7 @@ OTHER_SHOP = "https://other.example"
 @pytest.fixture
 def console(daphne_factory, django_user_model):
     server = daphne_factory()
-    tenant = services.tenant_create(slug="acme", name="Acme Store")
+    tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
     owner = django_user_model.objects.create_user(username="olivia", password=None)
     TenantMembership.objects.create(tenant=tenant, user=owner, role=TenantMembership.Role.OWNER)
     viewer = django_user_model.objects.create_user(username="victor", password=None)

@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from aitp import services
+from aitp import tenancy
 from aitp.store import keys
 
 pytestmark = pytest.mark.django_db
@@ -47,7 +47,7 @@ def test_the_revoke_page_of_the_demo_key_warns_that_the_demo_store_uses_it_and_h
 
 def test_the_revoke_page_of_another_key_of_the_demo_tenant_does_not_warn(demo):
     key, owner = demo
-    other, _ = services.api_key_create(tenant=key.tenant, name="demo")
+    other, _ = tenancy.key_create(tenant=key.tenant, name="demo")
 
     assert "data-demo-key" not in revoke_page(owner, other)
 

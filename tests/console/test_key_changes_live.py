@@ -21,7 +21,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ApiKey, Session
 from aitp_client import AitpClient
 from tenants.models import TenantMembership
@@ -41,8 +41,8 @@ CODES = {"disable": "api_key_disabled", "expiry": "api_key_expired", "revoke": "
 
 @pytest.fixture
 def shop(db):
-    tenant = services.tenant_create(slug="acme", name="Acme Store")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[PAGE_ORIGIN])
+    tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[PAGE_ORIGIN])
     olga = get_user_model().objects.create_user("olga", password=PASSWORD, is_staff=True)
     TenantMembership.objects.create(tenant=tenant, user=olga, role="owner")
     grant_admin_rights(olga)

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from aitp import notify, services
+from aitp import notify, services, tenancy
 from aitp.models import ApiKey, OperatorAction
 from aitp.store import keys
 from tests.console.conftest import make_session
@@ -133,7 +133,7 @@ def test_the_key_list_shows_prefix_name_status_origins_cap_and_sessions_today(ow
 
 
 def test_a_key_that_accepts_any_origin_is_flagged_on_the_list(owner_client, acme):
-    services.api_key_create(tenant=acme, name="open")
+    tenancy.key_create(tenant=acme, name="open")
     response = owner_client.get(reverse("console:keys", args=["acme"]))
     assert b"any origin" in response.content
 
@@ -215,7 +215,7 @@ def test_an_edit_with_a_bad_origin_changes_nothing(owner_client, acme_key):
 
 
 def test_a_revoked_key_cannot_be_edited(owner_client, acme_key):
-    services.api_key_revoke(key=acme_key)
+    tenancy.key_revoke(key=acme_key)
     url = reverse("console:key_edit", args=["acme", acme_key.pk])
     response = owner_client.post(url, {"name": "x", "allowed_origins": "", "max_sessions": "9"})
     assert response.status_code == 302

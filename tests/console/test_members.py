@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from aitp import tenancy
 from aitp.models import OperatorAction
-from console import services as console_services
 from tenants.models import TenantMembership
 from tests.console.conftest import OWNER, VIEWER, member, signed_in
 
@@ -82,14 +82,14 @@ def test_two_owners_removing_each_other_leave_one_owner(olivia, django_user_mode
     otto = member(django_user_model, acme, "otto", OWNER)
     first = TenantMembership.objects.get(user=olivia)
     second = TenantMembership.objects.get(user=otto)
-    console_services.membership_remove(membership=first, by=otto)
-    with pytest.raises(console_services.LastOwnerError):
-        console_services.membership_remove(membership=second, by=olivia)
+    tenancy.membership_remove(membership=first, by=otto)
+    with pytest.raises(tenancy.LastOwnerError):
+        tenancy.membership_remove(membership=second, by=olivia)
     assert list(TenantMembership.objects.filter(tenant=acme).values_list("role", flat=True)) == [OWNER]
 
 
 def test_a_viewer_is_not_counted_as_an_owner(olivia, victor, acme):
-    with pytest.raises(console_services.LastOwnerError):
-        console_services.membership_set_role(
+    with pytest.raises(tenancy.LastOwnerError):
+        tenancy.membership_set_role(
             membership=TenantMembership.objects.get(user=olivia), role=VIEWER, by=olivia
         )

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 from django.urls import reverse
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ApiKey, Session
 from tenants.models import TenantMembership
 from tests.aitp.conftest import ORIGIN, connect, open_page  # noqa: F401 (connect is a fixture)
@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def _setup(django_user_model):
-    tenant = services.tenant_create(slug="acme", name="Acme Store")
-    key, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
+    tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
+    key, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN])
     key.raw = raw
     owner = django_user_model.objects.create_user(username="olivia", password="x")
     TenantMembership.objects.create(tenant=tenant, user=owner, role=TenantMembership.Role.OWNER)

@@ -120,9 +120,9 @@ def test_an_owner_still_ends_a_session(django_user_model, acme, acme_session):
 
 
 def test_a_viewer_with_key_permissions_cannot_edit_or_revoke_a_key_in_the_admin(vera_client, acme):
-    from aitp import services
+    from aitp import tenancy
 
-    key, _raw = services.api_key_create(tenant=acme, name="shop")
+    key, _raw = tenancy.key_create(tenant=acme, name="shop")
     change = reverse("admin:aitp_apikey_change", args=[key.pk])
 
     edit = vera_client.post(change, {"tenant": acme.pk, "name": "renamed", "status": "revoked",
@@ -169,11 +169,11 @@ def test_a_console_viewer_changes_nothing_with_any_post(viewer_client, olivia, a
 
 
 def test_the_membership_service_refuses_an_operator_account(olivia, acme, django_user_model):
-    from console import services as console_services
+    from aitp import tenancy
 
     staff = django_user_model.objects.create_user(username="sam", password="x", is_staff=True)
     with pytest.raises(ValueError):
-        console_services.membership_add(tenant=acme, user=staff, role=OWNER, by=olivia)
+        tenancy.membership_add(tenant=acme, user=staff, role=OWNER, by=olivia)
     assert not TenantMembership.objects.filter(user=staff).exists()
 
 

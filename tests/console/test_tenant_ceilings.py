@@ -15,9 +15,8 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ApiKey, OperatorAction
-from console import services as console_services
 from tenants.models import Tenant
 from tests.console.conftest import OWNER, make_session, member
 from tests.console.test_quota import change_form_data
@@ -30,9 +29,9 @@ CEILING_WORDS = "as many as its ceiling allows"
 def hold_keys(tenant: Tenant, *, ceiling: int, active: int, revoked: int = 0) -> None:
     Tenant.objects.filter(pk=tenant.pk).update(max_keys=None)
     for n in range(active + revoked):
-        key, _ = services.api_key_create(tenant=tenant, name=f"k{n}")
+        key, _ = tenancy.key_create(tenant=tenant, name=f"k{n}")
         if n >= active:
-            services.api_key_revoke(key=key)
+            tenancy.key_revoke(key=key)
     Tenant.objects.filter(pk=tenant.pk).update(max_keys=ceiling)
 
 
@@ -95,9 +94,9 @@ def test_revoked_keys_leave_room_under_the_key_ceiling(owner_client, acme):
 
 def test_a_disabled_key_still_counts_against_the_key_ceiling(acme):
     hold_keys(acme, ceiling=1, active=1)
-    services.api_key_set_status(key=ApiKey.objects.get(tenant=acme), status=ApiKey.Status.DISABLED)
-    with pytest.raises(services.KeyCeilingReached):
-        services.api_key_create(tenant=acme)
+    tenancy.key_update(key=ApiKey.objects.get(tenant=acme), changes={"status": ApiKey.Status.DISABLED})
+    with pytest.raises(tenancy.KeyCeilingReached):
+        tenancy.key_create(tenant=acme)
 
 
 def test_the_admin_refuses_a_key_past_the_tenants_key_ceiling_with_a_form_error(root_client, acme):
@@ -132,7 +131,7 @@ def test_a_tenant_without_a_key_ceiling_takes_any_number_of_keys(acme):
     Tenant.objects.filter(pk=acme.pk).update(max_keys=None)
     acme.refresh_from_db()
     for n in range(5):
-        services.api_key_create(tenant=acme, name=f"k{n}")
+        tenancy.key_create(tenant=acme, name=f"k{n}")
     assert ApiKey.objects.filter(tenant=acme).count() == 5
 
 
@@ -142,11 +141,11 @@ def test_a_tenant_without_a_key_ceiling_takes_any_number_of_keys(acme):
 def test_new_tenants_get_the_default_ceilings_of_the_settings(settings):
     settings.OWLLAYER_DEFAULT_TENANT_SESSION_CAP = 7
     settings.OWLLAYER_DEFAULT_TENANT_KEY_CAP = 3
-    tenant = services.tenant_create(slug="fresh")
+    tenant = tenancy.tenant_create(slug="fresh")
     assert (tenant.max_sessions, tenant.max_keys) == (7, 3)
     settings.OWLLAYER_DEFAULT_TENANT_SESSION_CAP = 0
     settings.OWLLAYER_DEFAULT_TENANT_KEY_CAP = 0
-    unbounded = services.tenant_create(slug="unbounded")
+    unbounded = tenancy.tenant_create(slug="unbounded")
     assert (unbounded.max_sessions, unbounded.max_keys) == (None, None)
 
 
@@ -214,4 +213,4 @@ def test_a_tenant_made_by_an_operator_with_a_blank_ceiling_has_none(root_client)
 def test_only_known_ceilings_are_set_by_the_tenant_service(django_user_model):
     root = django_user_model.objects.create_superuser(username="root", password=None)
     with pytest.raises(ValueError, match="not a tenant ceiling"):
-        console_services.tenant_create(slug="x", by=root, max_sessionz=3)
+        tenancy.tenant_create(slug="x", by=root, max_sessionz=3)

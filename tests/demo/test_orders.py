@@ -8,7 +8,7 @@ import json
 import pytest
 from asgiref.sync import sync_to_async
 
-from aitp import services
+from aitp import tenancy
 from approvals.models import ServerTool
 from approvals.server_tools import ToolRunError, python_tool_def
 from demo.models import DemoOrder
@@ -74,8 +74,8 @@ def pay_in_the_store(client, raw_key: str) -> dict:
 
 @pytest.fixture
 def acme_key(acme) -> str:
-    _, raw_key = services.api_key_create(tenant=acme, name="store",
-                                         allowed_origins=["http://testserver"])
+    _, raw_key = tenancy.key_create(tenant=acme, name="store",
+                                    allowed_origins=["http://testserver"])
     return raw_key
 
 
@@ -102,8 +102,8 @@ def test_a_paid_order_is_listed_in_the_admins_demo_orders(client, acme, acme_key
 
 
 def test_a_page_without_a_usable_key_still_pays_but_records_no_order(client, acme):
-    _, raw_key = services.api_key_create(tenant=acme, name="elsewhere",
-                                         allowed_origins=["https://shop.example"])
+    _, raw_key = tenancy.key_create(tenant=acme, name="elsewhere",
+                                    allowed_origins=["https://shop.example"])
 
     paid = pay_in_the_store(client, raw_key)
 

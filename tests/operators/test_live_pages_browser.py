@@ -19,7 +19,7 @@ from django.test import Client
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 from websockets.asyncio.client import connect
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import OperatorAction
 from approvals.models import Approval
 from demo.order_tools import demo_tools_install
@@ -102,9 +102,9 @@ def shop(daphne_factory):
     # A heartbeat far away: the list's periodic re-read cannot stand in for
     # the live events this test is about.
     server = daphne_factory(OWLLAYER_HEARTBEAT_INTERVAL="600")
-    tenant = services.tenant_create(slug="acme", name="Acme Store")
-    _key, raw_key = services.api_key_create(tenant=tenant, name="web",
-                                            allowed_origins=[server.http_url])
+    tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
+    _key, raw_key = tenancy.key_create(tenant=tenant, name="web",
+                                       allowed_origins=[server.http_url])
     demo_tools_install(tenant=tenant, policy="operator")
     olivia = make_user("olivia", tenant=tenant)
     yield server, raw_key, olivia

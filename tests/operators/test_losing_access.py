@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.test import override_settings
 
-from aitp import services
+from aitp import tenancy
 from aitp_client import AitpClient
 from tenants.models import TenantMembership
 from tests.operators.conftest import CONSUMER_PATIENCE
@@ -41,8 +41,8 @@ SOON = 15.0
 
 @pytest.fixture
 def people(db):
-    tenant = services.tenant_create(slug="acme", name="Acme Store")
-    _, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[PAGE_ORIGIN])
+    tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
+    _, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[PAGE_ORIGIN])
     users = get_user_model().objects
     olga = users.create_user("olga", password=PASSWORD, is_staff=True)
     oscar = users.create_user("oscar", password=PASSWORD)

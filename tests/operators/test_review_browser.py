@@ -29,10 +29,10 @@ def expired_approval(session, tool):
 
 @pytest.fixture
 def admin(daphne_factory):
-    from aitp import services
+    from aitp import tenancy
 
     server = daphne_factory()
-    tenant = services.tenant_create(slug="acme", name="Acme Store")
+    tenant = tenancy.tenant_create(slug="acme", name="Acme Store")
     olivia = make_user("olivia", tenant=tenant)
     session = make_session(tenant, "ses_review", current_url="/orders", title="Your orders")
     ConversationMessage.objects.create(session=session, seq=1, turn=1, role="user", content=[

@@ -14,7 +14,7 @@ import pytest
 import websockets
 from django.contrib.auth import get_user_model
 
-from aitp import services
+from aitp import tenancy
 from aitp_client import AitpClient
 from approvals.models import Approval
 from demo.models import DemoOrder
@@ -29,9 +29,9 @@ PAGE_ORIGIN = "http://shop.example"
 
 @pytest.fixture
 def shop(db):
-    tenant = services.tenant_create(slug="shop", name="Shop")
+    tenant = tenancy.tenant_create(slug="shop", name="Shop")
     demo_tools_install(tenant=tenant, policy="operator")
-    _, raw = services.api_key_create(tenant=tenant, name="web", allowed_origins=[PAGE_ORIGIN])
+    _, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[PAGE_ORIGIN])
     operator = get_user_model().objects.create_user("olga", password="pw-olga-123", is_staff=True)
     TenantMembership.objects.create(tenant=tenant, user=operator, role="owner")
     return tenant, raw

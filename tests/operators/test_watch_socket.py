@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.test import Client
 from django.urls import reverse
 
-from aitp import live, services, store
+from aitp import live, store, tenancy
 from aitp.models import Session
 from tenants.models import TenantMembership
 from tests.aitp.conftest import Page
@@ -213,7 +213,7 @@ async def open_page(raw_key: str) -> Page:
 
 @pytest.fixture
 def acme_key(acme):
-    key, raw = services.api_key_create(tenant=acme, name="web", allowed_origins=[ORIGIN])
+    key, raw = tenancy.key_create(tenant=acme, name="web", allowed_origins=[ORIGIN])
     return raw
 
 

@@ -52,7 +52,7 @@ def admin_rows() -> Rows:
     from axes.models import AccessAttempt, AccessFailureLog, AccessLog
     from django.contrib.auth.models import Group
 
-    from aitp import services
+    from aitp import tenancy
     from aitp.models import ConversationMessage, DailyUsage, OperatorAction, ToolCall
     from approvals import services as approval_services
     from approvals.models import ServerTool
@@ -64,7 +64,7 @@ def admin_rows() -> Rows:
     tenants, sessions, approvals = [], [], []
     for slug, name in (("acme-outdoor-supplies", "Acme Outdoor Supplies International"),
                        ("globex-corporation", "Globex Corporation (Europe)")):
-        tenant = services.tenant_create(slug=slug, name=name)
+        tenant = tenancy.tenant_create(slug=slug, name=name)
         tenant.monthly_token_quota = 25_000_000
         tenant.save(update_fields=["monthly_token_quota"])
         tenants.append(tenant)
@@ -72,7 +72,7 @@ def admin_rows() -> Rows:
         owner.email = f"owner@{slug}.example.com"
         owner.first_name, owner.last_name = "Olivia", "Operator-Longname"
         owner.save()
-        key, _raw = services.api_key_create(
+        key, _raw = tenancy.key_create(
             tenant=tenant, name="storefront production (EU)",
             allowed_origins=["https://shop.example.com", "https://www.shop.example.com",
                              "http://localhost:8000"],

@@ -26,10 +26,10 @@ def make_user(username: str, *, tenant=None, staff=True, superuser=False, role="
 
 
 def make_session(tenant, session_id: str | None = None, **fields):
-    from aitp import services
+    from aitp import tenancy
     from aitp.models import Session
 
-    key, _raw = services.api_key_create(tenant=tenant, name="web")
+    key, _raw = tenancy.key_create(tenant=tenant, name="web")
     return Session.objects.create(
         id=session_id or f"ses_{secrets.token_hex(6)}", tenant=tenant, api_key=key, **fields
     )
@@ -48,16 +48,16 @@ def make_tool_call(session, *, name: str, arguments: dict, risk: str, origin: st
 
 @pytest.fixture
 def acme(db):
-    from aitp import services
+    from aitp import tenancy
 
-    return services.tenant_create(slug="acme", name="Acme Store")
+    return tenancy.tenant_create(slug="acme", name="Acme Store")
 
 
 @pytest.fixture
 def globex(db):
-    from aitp import services
+    from aitp import tenancy
 
-    return services.tenant_create(slug="globex", name="Globex")
+    return tenancy.tenant_create(slug="globex", name="Globex")
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from aitp import services
+from aitp import tenancy
 from tenants.models import Tenant
 
 
@@ -23,10 +23,10 @@ class Command(BaseCommand):
         if max_sessions is not None and max_sessions < 1:
             raise CommandError("--max-sessions must be at least 1")
         try:
-            key, raw = services.api_key_create(
+            key, raw = tenancy.key_create(
                 tenant=row, name=name, allowed_origins=origins, max_sessions=max_sessions
             )
-        except services.KeyCeilingReached as refused:
+        except tenancy.KeyCeilingReached as refused:
             raise CommandError(f"no key created for tenant {row.slug}: {refused}") from None
         self.stdout.write(
             f"created key {key.prefix}… for tenant {row.slug} "

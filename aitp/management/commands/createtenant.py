@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from aitp import services
+from aitp import tenancy
 from tenants.models import Tenant
 
 
@@ -14,5 +14,5 @@ class Command(BaseCommand):
     def handle(self, *args, slug, name, **options):
         if Tenant.objects.filter(slug=slug).exists():
             raise CommandError(f"tenant {slug!r} already exists")
-        tenant = services.tenant_create(slug=slug, name=name)
+        tenant = tenancy.tenant_create(slug=slug, name=name)
         self.stdout.write(f"created tenant {tenant.slug}")

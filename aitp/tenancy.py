@@ -1,10 +1,18 @@
-"""Console writes, each with its audit row: the console's pages and the
-Django admin (``console.admin``) both change keys and members through here,
-and the admin creates and changes tenants through here.
+"""Writes to tenants, their members, their invitations and their keys, each
+with its audit row: the one place they are made. The console's pages, the
+Django admin (``console.admin``), the command line (``createtenant``,
+``createapikey``, ``revokeapikey``) and the demo's set-up (``ensure_demo``)
+all call these functions.
 
-Keys are changed through ``aitp.services``; ``key_create`` only adds the
-audit row that ``api_key_create`` does not write, in the same transaction,
-and ``key_update`` also clears an expiry, which ``api_key_update`` cannot.
+``by`` is the account that asked for the change, recorded on its
+``OperatorAction`` row. A change of a key is recorded whoever made it (``by``
+None: the command line, the demo's set-up); a new tenant or key is recorded
+when an account made it.
+
+Sync functions, one transaction per unit of work. A change that live
+sessions must see (a key disabled, revoked, given other origins or another
+expiry) is written first, then told over the channel layer
+(``aitp.notify``); the receivers read the key again.
 """
 from __future__ import annotations
 
@@ -19,8 +27,10 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.formats import date_format
 
-from aitp import services as aitp_services
+from aitp import notify
 from aitp.models import ApiKey, OperatorAction
+from aitp.store import keys
+from aitp.store.keys import KEY_PREFIX, LOOKUP_PREFIX_LENGTH
 from runtime.config import config
 from tenants.models import Invitation, Tenant, TenantMembership
 
@@ -29,37 +39,14 @@ logger = logging.getLogger(__name__)
 OWNER = TenantMembership.Role.OWNER
 
 
-class LastOwnerError(ValueError):
-    """The change would leave the tenant without an owner."""
-
-
-def key_create(
-    *, tenant: Tenant, by, name: str, allowed_origins: list[str], max_sessions: int,
-    expires_at: datetime | None = None,
-) -> tuple[ApiKey, str]:
-    """Create a key and record who did; returns the row and the plaintext (never logged)."""
-    with transaction.atomic():
-        key, raw_key = aitp_services.api_key_create(
-            tenant=tenant, name=name, allowed_origins=allowed_origins,
-            max_sessions=max_sessions, expires_at=expires_at,
-        )
-        OperatorAction.objects.create(
-            tenant=tenant, user=by, action="key_created",
-            data={
-                "prefix": key.prefix, "name": name, "allowed_origins": list(allowed_origins),
-                "max_sessions": key.max_sessions,
-                "expires_at": expires_at.isoformat() if expires_at else None,
-            },
-        )
-    return key, raw_key
-
+# --- tenants --------------------------------------------------------------------------
 
 # The tenant's ceilings (live sessions, keys): empty means none.
 CEILING_FIELDS = ("max_sessions", "max_keys")
 TENANT_FIELDS = ("slug", "name", "system_prompt", "monthly_token_quota", *CEILING_FIELDS)
 
 
-def tenant_create(*, slug: str, by, name: str = "", system_prompt: str | None = None,
+def tenant_create(*, slug: str, by=None, name: str = "", system_prompt: str | None = None,
                   monthly_token_quota: int | None = None, **ceilings: int | None) -> Tenant:
     """Create a tenant, recording who did (the prompt by name only). It has no
     members yet: the service's operators, who alone create tenants, see every
@@ -68,23 +55,21 @@ def tenant_create(*, slug: str, by, name: str = "", system_prompt: str | None = 
     unknown = set(ceilings) - set(CEILING_FIELDS)
     if unknown:
         raise ValueError(f"not a tenant ceiling: {', '.join(sorted(unknown))}")
+    given = {
+        field: value for field, value in
+        (("system_prompt", system_prompt), ("monthly_token_quota", monthly_token_quota))
+        if value is not None
+    } | ceilings
     with transaction.atomic():
-        tenant = aitp_services.tenant_create(slug=slug, name=name)
-        given = {
-            field: value for field, value in
-            (("system_prompt", system_prompt), ("monthly_token_quota", monthly_token_quota))
-            if value is not None
-        } | ceilings
-        if given:
-            for field, value in given.items():
-                setattr(tenant, field, value)
-            tenant.save(update_fields=list(given))
-        OperatorAction.objects.create(tenant=tenant, user=by, action="tenant_created", data={
-            "fields": sorted({"slug", "name", *given}), "slug": tenant.slug, "name": tenant.name,
-            "monthly_token_quota": tenant.monthly_token_quota,
-            **{field: getattr(tenant, field) for field in CEILING_FIELDS},
-        })
-    logger.info("tenant created tenant=%s user=%s", tenant.slug, by.pk)
+        tenant = Tenant.objects.create(slug=slug, name=name or slug, **given)
+        if by is not None:
+            OperatorAction.objects.create(tenant=tenant, user=by, action="tenant_created", data={
+                "fields": sorted({"slug", "name", *given}), "slug": tenant.slug, "name": tenant.name,
+                "monthly_token_quota": tenant.monthly_token_quota,
+                **{field: getattr(tenant, field) for field in CEILING_FIELDS},
+            })
+    if by is not None:
+        logger.info("tenant created tenant=%s user=%s", tenant.slug, by.pk)
     return tenant
 
 
@@ -110,29 +95,133 @@ def tenant_update(*, tenant: Tenant, by, changes: dict) -> Tenant:
     return tenant
 
 
-KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at")
+# --- keys -----------------------------------------------------------------------------
 
 
-def key_update(*, key: ApiKey, by, changes: dict) -> ApiKey:
-    """Change a key's name, origins, cap or expiry, recording who did; live
-    sessions re-check the key when its origins or expiry changed (so one from
-    a removed origin closes at once). ``expires_at=None`` clears the expiry."""
+class KeyCeilingReached(ValueError):
+    """The tenant holds as many keys as its ceiling (``Tenant.max_keys``) allows."""
+
+
+def key_ceiling_refusal(tenant_id: int, *, lock: bool = False) -> str | None:
+    """Why this tenant may not have one more key (its keys that are not
+    revoked already fill its ceiling), or None. ``lock``: counted under the
+    tenant's row lock (inside a transaction), as ``key_create`` does; forms
+    ask without it, to answer before anything is written."""
+    tenants = Tenant.objects.select_for_update(no_key=True) if lock else Tenant.objects
+    ceiling = tenants.values_list("max_keys", flat=True).get(pk=tenant_id)
+    if ceiling is None:
+        return None
+    held = ApiKey.objects.filter(tenant_id=tenant_id).exclude(status=ApiKey.Status.REVOKED).count()
+    if held < ceiling:
+        return None
+    count = "1 key" if held == 1 else f"{held} keys"
+    return (f"This tenant already has {count}, as many as its ceiling allows: revoke a key it "
+            "no longer uses, or ask the service's operators to raise the ceiling.")
+
+
+def key_create(
+    *,
+    tenant: Tenant,
+    by=None,
+    name: str = "",
+    allowed_origins: list[str] | tuple[str, ...] = (),
+    max_sessions: int | None = None,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key, active; returns the row and the plaintext key, which is
+    never stored (nor logged). Raises KeyCeilingReached when the tenant
+    already holds ``max_keys`` keys that are not revoked (counted under the
+    tenant's row lock, so two creations at once cannot both take the last
+    one). ``max_sessions`` None: the default cap of a new key."""
+    raw_key = KEY_PREFIX + secrets.token_urlsafe(24).replace("-", "x").replace("_", "y")
+    with transaction.atomic():
+        refusal = key_ceiling_refusal(tenant.pk, lock=True)
+        if refusal is not None:
+            raise KeyCeilingReached(refusal)
+        key = ApiKey.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=raw_key[:LOOKUP_PREFIX_LENGTH],
+            key_hash=keys.key_hash(raw_key),
+            allowed_origins=list(allowed_origins),
+            max_sessions=max_sessions or config().store.default_session_cap,
+            expires_at=expires_at,
+        )
+        if by is not None:
+            OperatorAction.objects.create(
+                tenant=tenant, user=by, action="key_created",
+                data={
+                    "prefix": key.prefix, "name": name, "allowed_origins": list(allowed_origins),
+                    "max_sessions": key.max_sessions,
+                    "expires_at": expires_at.isoformat() if expires_at else None,
+                },
+            )
+    return key, raw_key
+
+
+KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at", "status")
+
+
+def key_update(*, key: ApiKey, changes: dict, by=None) -> ApiKey:
+    """Change a key's name, origins, cap, expiry or status, recording who did
+    and what changed (a value the key already has is no change);
+    ``expires_at=None`` clears the expiry. A revoked key is never made usable
+    again (ValueError).
+
+    The key's live sessions see the change at once, on every process: when
+    its origins or expiry changed they check the key again (a page from a
+    removed origin, or past the new expiry, closes), and when it was disabled
+    or revoked they close."""
     unknown = set(changes) - set(KEY_FIELDS)
     if unknown:
         raise ValueError(f"not a key field: {', '.join(sorted(unknown))}")
-    clear_expiry = "expires_at" in changes and changes["expires_at"] is None
-    rest = {field: value for field, value in changes.items() if value is not None}
+    status = changes.get("status", key.status)
+    if key.status == ApiKey.Status.REVOKED and status != ApiKey.Status.REVOKED:
+        raise ValueError("a revoked key cannot be re-activated")
+    status_changed = status != key.status
+    fields = {
+        field: list(value) if field == "allowed_origins" else value
+        for field, value in changes.items()
+        if field != "status" and value != getattr(key, field)
+    }
+    if not fields and not status_changed:
+        return key
     with transaction.atomic():
-        if clear_expiry and key.expires_at is not None:
-            key.expires_at = None
-            key.save(update_fields=["expires_at"])
+        if fields:
+            for field, value in fields.items():
+                setattr(key, field, value)
+            key.save(update_fields=list(fields))
+            recorded = {field: value.isoformat() if isinstance(value, datetime) else value
+                        for field, value in fields.items()}
             OperatorAction.objects.create(
                 tenant_id=key.tenant_id, user=by, action="key_updated",
-                data={"prefix": key.prefix, "expires_at": None},
+                data={"prefix": key.prefix, **recorded},
             )
-        if rest:
-            aitp_services.api_key_update(key=key, user=by, **rest)
+        if status_changed:
+            key.status = status
+            if status == ApiKey.Status.REVOKED:
+                key.revoked_at = timezone.now()
+            key.save(update_fields=["status", "revoked_at"])
+            OperatorAction.objects.create(
+                tenant_id=key.tenant_id, user=by, action=f"key_{status}", data={"prefix": key.prefix}
+            )
+    keys.key_changed(key)
+    recheck = "allowed_origins" in fields or "expires_at" in fields
+    if recheck or (status_changed and status != ApiKey.Status.ACTIVE):
+        transaction.on_commit(lambda: notify.key_changed(key.pk))
     return key
+
+
+def key_revoke(*, key: ApiKey, by=None) -> ApiKey:
+    """Revoke a key for good; its live sessions close on every process."""
+    return key_update(key=key, changes={"status": ApiKey.Status.REVOKED}, by=by)
+
+
+# --- members --------------------------------------------------------------------------
+
+
+class LastOwnerError(ValueError):
+    """The change would leave the tenant without an owner."""
 
 
 def _lock_owners(tenant_id: int) -> list[int]:
@@ -196,7 +285,7 @@ def membership_remove(*, membership: TenantMembership, by) -> None:
     logger.info("member removed tenant=%s membership=%s", membership.tenant_id, membership.pk)
 
 
-# --- invitations -------------------------------------------------------------------
+# --- invitations ----------------------------------------------------------------------
 #
 # An owner invites an e-mail address; the membership exists only once the
 # person at that address accepts, signed in as the account with that address

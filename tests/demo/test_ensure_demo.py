@@ -9,7 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from aitp import services
+from aitp import tenancy
 from aitp.models import ApiKey
 from aitp.store import keys
 from tenants.models import Tenant
@@ -64,7 +64,7 @@ def test_a_revoked_demo_key_is_replaced_by_a_new_one(tmp_path):
     key_file = tmp_path / ".demo-key"
     run(key_file)
     old_raw = key_file.read_text().strip()
-    services.api_key_revoke(key=keys.api_key_lookup(old_raw))
+    tenancy.key_revoke(key=keys.api_key_lookup(old_raw))
 
     run(key_file)
 
@@ -87,8 +87,8 @@ def test_a_lost_key_file_revokes_the_old_demo_key_so_only_one_stays_active(tmp_p
 
 
 def test_a_saved_key_of_another_tenant_is_left_alone(tmp_path):
-    other = services.tenant_create(slug="acme", name="Acme")
-    _, other_raw = services.api_key_create(tenant=other, name="demo")
+    other = tenancy.tenant_create(slug="acme", name="Acme")
+    _, other_raw = tenancy.key_create(tenant=other, name="demo")
     key_file = tmp_path / ".demo-key"
     key_file.write_text(other_raw)
 
@@ -184,7 +184,7 @@ def the_saved_key(key_file) -> ApiKey:
 def test_a_demo_key_revoked_in_the_console_then_deleted_is_replaced_by_one_allowing_both_ports(tmp_path):
     key_file = tmp_path / ".demo-key"
     run(key_file, "--port", "8000")
-    services.api_key_revoke(key=the_saved_key(key_file))
+    tenancy.key_revoke(key=the_saved_key(key_file))
     key_file.unlink()
 
     run(key_file, "--port", "9001")
@@ -201,9 +201,9 @@ def test_a_demo_key_that_stopped_working_is_replaced_by_one_allowing_its_ports_a
     run(key_file, "--port", "8000")
     old_key = the_saved_key(key_file)
     if stop == "expired":
-        services.api_key_update(key=old_key, expires_at=timezone.now() - timedelta(minutes=1))
+        tenancy.key_update(key=old_key, changes={"expires_at": timezone.now() - timedelta(minutes=1)})
     else:
-        services.api_key_set_status(key=old_key, status=stop)
+        tenancy.key_update(key=old_key, changes={"status": stop})
 
     run(key_file, "--port", "9001")
 
@@ -216,7 +216,7 @@ def test_a_new_demo_key_allows_every_port_of_every_earlier_demo_key(tmp_path):
     key_file = tmp_path / ".demo-key"
     for port in ("8000", "9001", "9002"):
         if key_file.exists():
-            services.api_key_revoke(key=the_saved_key(key_file))
+            tenancy.key_revoke(key=the_saved_key(key_file))
             key_file.unlink()
         run(key_file, "--port", port)
 
@@ -226,8 +226,8 @@ def test_a_new_demo_key_allows_every_port_of_every_earlier_demo_key(tmp_path):
 
 
 def test_another_tenants_key_named_demo_gives_the_demo_key_none_of_its_origins(tmp_path):
-    other = services.tenant_create(slug="acme", name="Acme")
-    services.api_key_create(tenant=other, name="demo", allowed_origins=["https://acme.example"])
+    other = tenancy.tenant_create(slug="acme", name="Acme")
+    tenancy.key_create(tenant=other, name="demo", allowed_origins=["https://acme.example"])
 
     run(tmp_path / ".demo-key", "--port", "8000")
 
@@ -235,12 +235,12 @@ def test_another_tenants_key_named_demo_gives_the_demo_key_none_of_its_origins(t
 
 
 def test_the_key_in_the_demo_key_file_is_known_as_the_demo_pages_key(tmp_path):
-    from aitp.management.commands.ensure_demo import is_the_demo_pages_key
+    from aitp.selectors import is_the_demo_pages_key
 
     key_file = tmp_path / ".demo-key"
     run(key_file)
     demo_key = the_saved_key(key_file)
-    other, _ = services.api_key_create(tenant=demo_key.tenant, name="demo")
+    other, _ = tenancy.key_create(tenant=demo_key.tenant, name="demo")
 
     assert is_the_demo_pages_key(demo_key, key_file)
     assert not is_the_demo_pages_key(other, key_file)

@@ -3,6 +3,8 @@
 Keys are stored hashed, so an existing key cannot be shown again. The demo
 key's plaintext is kept in ``.demo-key`` (mode 600, ignored by git) and reused
 while it still matches an active demo key; otherwise a new key replaces it.
+The console knows that key by the file (``aitp.selectors.is_the_demo_pages_key``)
+and warns before it is revoked.
 
 Several local servers on several ports share the database and so the key:
 each run adds its port's origins to the key and never removes one, so a
@@ -29,9 +31,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from aitp import ports, services
+from aitp import tenancy
 from aitp.models import ApiKey
 from aitp.store import keys
+from demo.order_tools import demo_tools_install
 from runtime.config import config
 from tenants.models import Tenant
 
@@ -60,7 +63,7 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
     with transaction.atomic():
         tenant = Tenant.objects.filter(slug=DEMO_SLUG).first()
         if tenant is None:
-            tenant = services.tenant_create(slug=DEMO_SLUG, name=DEMO_NAME)
+            tenant = tenancy.tenant_create(slug=DEMO_SLUG, name=DEMO_NAME)
         raw_key = _read_key(key_file)
         key = keys.api_key_lookup(raw_key) if raw_key else None
         created = not _is_usable_demo_key(key, tenant)
@@ -73,16 +76,16 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
             # running, and their pages read the new key from the same file.
             served = [origin for old_key in demo_keys.order_by("pk")
                       for origin in old_key.allowed_origins]
-            key, raw_key = services.api_key_create(
+            key, raw_key = tenancy.key_create(
                 tenant=tenant, name=DEMO_KEY_NAME, allowed_origins=_merged(served, origins)
             )
         elif not set(origins) <= set(key.allowed_origins):
-            key = services.api_key_update(
-                key=key, allowed_origins=_merged(key.allowed_origins, origins)
+            key = tenancy.key_update(
+                key=key, changes={"allowed_origins": _merged(key.allowed_origins, origins)}
             )
         # Older demo keys (from a lost or deleted key file) stop working.
         for old_key in stale.exclude(pk=key.pk):
-            services.api_key_revoke(key=old_key)
+            tenancy.key_revoke(key=old_key)
         if created:
             # Inside the transaction: a key whose plaintext could not be
             # saved would be unusable, so it is not kept either.
@@ -136,16 +139,6 @@ def _read_logins(logins_file: Path) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     return dict(line.split(" ", 1) for line in lines if " " in line)
-
-
-def is_the_demo_pages_key(key: ApiKey, key_file: Path | None = None) -> bool:
-    """Whether ``key`` is the one saved in the demo key file
-    (``OWLLAYER_DEMO_KEY_FILE``, .demo-key), which the demo store's pages use."""
-    raw_key = _read_key(key_file or config().console.demo_key_file)
-    if not raw_key.startswith(key.prefix):
-        return False
-    found = keys.api_key_lookup(raw_key)
-    return found is not None and found.pk == key.pk
 
 
 def _is_usable_demo_key(key: ApiKey | None, tenant: Tenant) -> bool:
@@ -206,7 +199,7 @@ class Command(BaseCommand):
             raise CommandError(f"port must be between 1 and 65535, got {port_number}")
         demo = ensure_demo(key_file=Path(key_file), origins=demo_origins(port_number))
         # The shop's server-side tools (order lookup; cancelling needs approval).
-        ports.demo_tools()(tenant=demo.tenant)
+        demo_tools_install(tenant=demo.tenant)
         base = f"127.0.0.1:{port_number}"
         ws_url = f"ws://{base}{config().protocol.ws_path}?apiKey={quote(demo.raw_key, safe='')}"
         state = f"new, saved to {key_file}" if demo.created else f"from {key_file}"
