@@ -1,18 +1,18 @@
-"""Speech engines behind two small interfaces (base.py), and the pure pieces of a voice turn.
+"""Speech engines behind the two small interfaces of aitp/voice/base.py, and the pure pieces of a voice turn.
 
-get_stt() and get_tts() give the process-wide engines the configuration
-names by dotted path (``config().voice.stt_backend``, ``tts_backend``;
-OWLLAYER_STT=pocketsphinx or openai and OWLLAYER_TTS=espeak or openai stand
-for the engines here). audio_available_async() says whether both work, which decides
-the `audio` capability of HANDSHAKE_ACK (checked in a speech worker, once per
-process). The modules:
+Above the protocol app (which knows only the page's audio: aitp/voice/) and
+below the agent and the connection, which use it. get_stt() and get_tts()
+give the process-wide engines the configuration names by dotted path
+(``config().voice.stt_backend``, ``tts_backend``; OWLLAYER_STT=pocketsphinx
+or openai and OWLLAYER_TTS=espeak or openai stand for the engines here).
+audio_available_async() says whether both work, which decides the `audio`
+capability of HANDSHAKE_ACK (checked in a speech worker, once per process).
+The modules:
 
-  base.py       the interfaces, Audio, Transcription, SpeechError
-  audio.py      mime types, WAV, soxr resampling, the agent's AUDIO_STREAM chunks
-  inbound.py    checking the page's audio (AUDIO_STREAM chunks, USER_INPUT audio)
   utterance.py  the per-turn utterance buffer, the per-connection audio budget
   vad.py        server-side end-of-speech detection (WebRTC VAD)
   speaking.py   sentences for text to speech while the model writes; the barge-in cut point
+  pipeline.py   text to speech while the model writes: sentences in, their audio out, in order
   jobs.py       the pool of speech worker processes offline engines run in
   worker.py     one speech worker process;  allowance.py  one API key's share of the pool
   offline.py    PocketSphinx and eSpeak NG;  hosted.py  OpenAI's audio endpoints
@@ -27,7 +27,7 @@ import concurrent.futures
 import logging
 import threading
 
-from .base import Audio, SpeechError, SpeechToText, TextToSpeech, Transcription
+from aitp.voice.base import Audio, SpeechError, SpeechToText, TextToSpeech, Transcription
 
 __all__ = [
     "Audio", "SpeechError", "SpeechToText", "TextToSpeech", "Transcription",
