@@ -42,10 +42,10 @@ MUTANTS ?= 'aitp.store.keys.x_api_key_lookup__*' 'aitp.store.keys.x_key_hash__*'
 	'agent.server_tools.xǁServerToolsǁrun__*' \
 	'agent.server_tools.xǁServerToolsǁawait_decision__*' \
 	'agent.approvals.xǁApprovalsǁapply_row__*' \
-	'aitp.llm.anthropic_backend.x_new_client__*' \
-	'aitp.llm.anthropic_backend.xǁCappedRetriesǁ*' 'aitp.llm.anthropic_backend.x_should_retry__*' \
-	'aitp.llm.anthropic_backend.x__asked_wait__*' 'aitp.llm.anthropic_backend.x__retry_after__*' \
-	'aitp.llm.anthropic_backend.x_get_client__*' \
+	'llm.anthropic_backend.x_new_client__*' \
+	'llm.anthropic_backend.xǁCappedRetriesǁ*' 'llm.anthropic_backend.x_should_retry__*' \
+	'llm.anthropic_backend.x__asked_wait__*' 'llm.anthropic_backend.x__retry_after__*' \
+	'llm.anthropic_backend.x_get_client__*' \
 	$(MUTANTS_EDGES)
 # Promises that once could break with every test still green: per promise,
 # the functions that decide it (numbered as in docs/mutation.md).
@@ -238,8 +238,8 @@ mutate: setup
 # decorators below register what they decorate.
 # (`make test` runs the same line itself rather than a sub-make, so that
 # `make -n test` only prints what it would do.)
-VULTURE := $(VENV)/bin/vulture agent aitp aitp_client approvals bench connection console demo operators owllayer_site runtime \
-	tenants tools/vulture_allow.py --exclude '*/migrations/*' --min-confidence 60 \
+VULTURE := $(VENV)/bin/vulture agent aitp aitp_client approvals bench connection console demo llm operators owllayer_site \
+	runtime speech tenants tools/vulture_allow.py --exclude '*/migrations/*' --min-confidence 60 \
 	--ignore-decorators '@admin.display,@admin.action,@admin.register,@register.filter,@model_validator,@register_python_tool'
 LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VULTURE)
 

@@ -58,7 +58,7 @@ from aitp.ledger import (
     PendingCall,
     new_call_id,
 )
-from aitp.llm.base import LlmBackend, LlmError, LlmRequest, Usage
+from aitp.llm import LlmBackend, LlmError, LlmRequest, Usage
 from aitp.ports import ServerTool
 from aitp.quota import QuotaExceeded, TokenQuota
 from aitp.turn import TurnEvent

@@ -14,7 +14,7 @@ from agent.text import TextStreamer, bounded_history
 from agent.voice import Speaker
 from aitp import protocol as p
 from aitp.ledger import INVALID_ARGS, Outcome, checked_arguments, unusable_arguments
-from aitp.llm.base import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
+from aitp.llm import LlmBackend, LlmError, LlmRequest, MessageComplete, TextDelta, Usage
 from aitp.quota import TokenQuota
 from aitp.tools import Risk, ToolSurface
 

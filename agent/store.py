@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from aitp import ports, store
 from aitp.ledger import Outcome, PendingCall
-from aitp.llm.base import Usage
+from aitp.llm import Usage
 from aitp.ports import ApprovalTicket
 from runtime.db import db_call
 from runtime.group_write import GroupWrite

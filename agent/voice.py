@@ -31,13 +31,13 @@ from collections.abc import Awaitable, Callable, Hashable
 
 from aitp import protocol as p
 from aitp.turn import TurnEvent
-from aitp.voice import SpeechError, get_stt, get_tts
 from aitp.voice.audio import AGENT_RATE, agent_chunks, agent_payload
 from aitp.voice.base import SAMPLE_WIDTH, Audio, Transcription
-from aitp.voice.pipeline import SpeechPipeline
-from aitp.voice.speaking import SpokenProgress
-from aitp.voice.utterance import Utterance, UtteranceBuffer, VoiceLimits
 from runtime.config import config
+from speech import SpeechError, get_stt, get_tts
+from speech.pipeline import SpeechPipeline
+from speech.speaking import SpokenProgress
+from speech.utterance import Utterance, UtteranceBuffer, VoiceLimits
 
 logger = logging.getLogger(__name__)
 

@@ -113,8 +113,10 @@ class ApprovalDesk(Protocol):
 
 
 # The ports a turn may use; another joins in the same shape: a Protocol above,
-# a slot below, a getter. Speech engines need none: they live on the ground
-# floor (aitp.voice), chosen by settings like the LLM backends.
+# a slot below, a getter. Speech engines and LLM backends need none: the turn
+# never reaches them from here. They implement interfaces of this app
+# (aitp.voice.base, aitp.llm), are chosen by settings, and the agent, a
+# floor above, uses them.
 _provided: dict[str, Any] = {}
 PORTS = ("approvals",)
 

@@ -23,9 +23,10 @@ quotas (``aitp.quota``) stop counting, as do reservations past their time.
 On SIGTERM the process drains (``drain``): every open page is told
 ``SYSTEM_EVENT disconnect`` and closed with 1001, which the client answers
 by reconnecting (to another process behind the proxy); running turns are
-cancelled with every tool call given its final status; the speech worker
-processes are stopped; then the rows left are closed and the process is
-marked stopped.
+cancelled with every tool call given its final status; what served the
+turns beside this process's connections is stopped (``stop_after_drain``:
+the speech worker processes, which the serving entry point registers); then
+the rows left are closed and the process is marked stopped.
 
 The tenants' usage counts this process added up (``aitp.store.usage``)
 are written every ``OWLLAYER_USAGE_FLUSH_INTERVAL`` by a timer and at the
@@ -49,6 +50,7 @@ import os
 import secrets
 import socket
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -253,6 +255,9 @@ class Connection(Protocol):
 _connections: weakref.WeakSet = weakref.WeakSet()
 _draining = False
 _timers: list[asyncio.Task] = []
+# Stopped by the drain once the turns that used them are over (blocking, each
+# on a thread): registered from above this app, which owns what they stop.
+_after_drain: list[Callable[[], None]] = []
 
 
 def connection_opened(connection: Connection) -> None:
@@ -261,6 +266,14 @@ def connection_opened(connection: Connection) -> None:
 
 def connection_closed(connection: Connection) -> None:
     _connections.discard(connection)
+
+
+def stop_after_drain(stop: Callable[[], None]) -> None:
+    """Have the drain call ``stop`` (blocking, on a thread) once the
+    connections are closed, before this process is marked stopped (once,
+    however often it is registered)."""
+    if stop not in _after_drain:
+        _after_drain.append(stop)
 
 
 def draining() -> bool:
@@ -335,10 +348,9 @@ async def drain(timeout: float | None = None) -> None:
             logger.warning("%d connections still closing after the drain time", len(pending))
             for task in pending:
                 task.cancel()
-    # The speech workers, once the turns that used them are over.
-    from aitp.voice import jobs
-
-    await asyncio.to_thread(jobs.shutdown)
+    # What served the turns (the speech workers), once the turns are over.
+    for stop in _after_drain:
+        await asyncio.to_thread(stop)
     try:
         await db_call(mark_stopped)
     except DatabaseError:

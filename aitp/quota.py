@@ -54,7 +54,7 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from aitp import liveness
-from aitp.llm.base import LlmRequest, Usage
+from aitp.llm import LlmRequest, Usage
 from aitp.models import DailyUsage, ServerProcess, TokenReservation
 from aitp.store.statements import table_of
 from runtime.config import config

@@ -424,8 +424,8 @@ def spoken_utterance(text: str = VOICE_UTTERANCE) -> bytes:
     silence before and after: the voice line's microphone, made once per run."""
     from aitp.voice.audio import resample
     from aitp.voice.base import SpeechError
-    from aitp.voice.offline import EspeakTts
     from runtime.config import EspeakConfig
+    from speech.offline import EspeakTts
 
     try:
         spoken = EspeakTts(EspeakConfig(voice="en-us", words_per_minute=MIC_WPM, timeout=30.0,

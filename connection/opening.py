@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import speech
 from agent.loop import Agent, AgentConfig, TurnIO
 from agent.store import AgentStore
-from aitp import ports, voice
+from aitp import ports
 from aitp.limits import ConnectionLimits
-from aitp.llm import get_backend
 from aitp.quota import TokenQuota
 from aitp.session import Limits
+from llm import get_backend
 from runtime import ids
 from runtime.config import config, derived
 from runtime.recent import RecentAnswers
@@ -25,7 +26,7 @@ VOICE_CAPABILITIES = ("text", "audio", "tools")
 async def capabilities() -> tuple[str, ...]:
     """What HANDSHAKE_ACK offers: "audio" only when voice is on and both
     speech engines work (checked once per process, in a speech worker)."""
-    if config().voice.enabled and await voice.audio_available_async():
+    if config().voice.enabled and await speech.audio_available_async():
         return VOICE_CAPABILITIES
     return CAPABILITIES
 

@@ -34,13 +34,13 @@ from aitp.session import (
     SessionMachine,
     State,
 )
-from aitp.voice.utterance import AudioBudget
 from aitp.watch_feed import WatcherFeed
 from connection import opening
 from connection.turns import TurnOwner
 from runtime.config import config
 from runtime.db import db_call
 from runtime.group_write import GroupWrite
+from speech.utterance import AudioBudget
 
 logger = logging.getLogger(__name__)
 

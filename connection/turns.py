@@ -39,8 +39,8 @@ from aitp.session import (
 )
 from aitp.tools import ToolSurface
 from aitp.turn import Do, Move, TurnEvent
-from aitp.voice.utterance import AudioBudget
 from runtime.config import config
+from speech.utterance import AudioBudget
 
 
 class TurnOwner:

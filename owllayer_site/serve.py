@@ -116,7 +116,7 @@ def _load_engines_early() -> None:
     import) before serving, and check the speech engines while daphne starts
     (in a speech worker process, waited for on a thread of their own): the
     first pages would otherwise wait for both."""
-    from aitp import llm
+    import llm
     from runtime.config import config
 
     llm.get_backend()
@@ -124,9 +124,9 @@ def _load_engines_early() -> None:
         return
     import threading
 
-    from aitp import voice
+    import speech
 
-    threading.Thread(target=voice.audio_available, name="owllayer-voice-check",
+    threading.Thread(target=speech.audio_available, name="owllayer-voice-check",
                      daemon=True).start()
 
 
@@ -139,7 +139,7 @@ def _warm_up_when_serving() -> None:
     from channels.layers import get_channel_layer
     from twisted.internet import reactor
 
-    from aitp import llm
+    import llm
 
     async def warm_up() -> None:
         get_channel_layer()
@@ -180,8 +180,11 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
 
     from aitp import processes
     from runtime.config import config
+    from speech import jobs
 
     _raise_open_files_limit()
+    # The speech workers stop with the drain, once the turns that used them are over.
+    processes.stop_after_drain(jobs.shutdown)
     _install_graceful_shutdown()
     ceiling = str(config().protocol.frame_ceiling_bytes)
     from daphne.cli import CommandLineInterface
@@ -206,8 +209,6 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     finally:
         # The drain did this already unless daphne stopped some other way;
         # done again it changes nothing.
-        from aitp.voice import jobs
-
         jobs.shutdown()
         try:
             connections.close_all()

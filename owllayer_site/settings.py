@@ -443,8 +443,8 @@ ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
 ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
 # The backends OWLLAYER_LLM may name (else it is a dotted path of one's own).
 OWLLAYER_LLM_BACKENDS = {
-    "anthropic": "aitp.llm.anthropic_backend.AnthropicBackend",
-    "offline": "aitp.llm.offline.OfflineBackend",
+    "anthropic": "llm.anthropic_backend.AnthropicBackend",
+    "offline": "llm.offline.OfflineBackend",
 }
 OWLLAYER_LLM = env_choice(
     "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", OWLLAYER_LLM_BACKENDS,
@@ -532,12 +532,12 @@ OWLLAYER_VOICE = env_bool("OWLLAYER_VOICE", True)
 # audio endpoints (any server speaking them, at OWLLAYER_VOICE_BASE_URL).
 # Each is a name from its table or a dotted path of one's own.
 OWLLAYER_STT_BACKENDS = {
-    "pocketsphinx": "aitp.voice.offline.PocketSphinxStt",
-    "openai": "aitp.voice.hosted.HostedStt",
+    "pocketsphinx": "speech.offline.PocketSphinxStt",
+    "openai": "speech.hosted.HostedStt",
 }
 OWLLAYER_TTS_BACKENDS = {
-    "espeak": "aitp.voice.offline.EspeakTts",
-    "openai": "aitp.voice.hosted.HostedTts",
+    "espeak": "speech.offline.EspeakTts",
+    "openai": "speech.hosted.HostedTts",
 }
 OWLLAYER_STT = env_choice("OWLLAYER_STT", "pocketsphinx", OWLLAYER_STT_BACKENDS, or_dotted_path=True)
 OWLLAYER_TTS = env_choice("OWLLAYER_TTS", "espeak", OWLLAYER_TTS_BACKENDS, or_dotted_path=True)

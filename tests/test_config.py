@@ -76,8 +76,8 @@ def test_the_parts_are_frozen():
 
 
 def test_a_backend_is_a_name_from_the_sites_table_or_a_dotted_path():
-    table = {"offline": "aitp.llm.offline.OfflineBackend"}
-    assert backend_path("offline", table) == "aitp.llm.offline.OfflineBackend"
+    table = {"offline": "llm.offline.OfflineBackend"}
+    assert backend_path("offline", table) == "llm.offline.OfflineBackend"
     assert backend_path("shop.llm.Mine", table) == "shop.llm.Mine"
     with pytest.raises(ValueError, match="unknown backend 'other'"):
         backend_path("other", table)
@@ -85,18 +85,18 @@ def test_a_backend_is_a_name_from_the_sites_table_or_a_dotted_path():
 
 def test_the_llm_part_names_the_backend_the_setting_stands_for(settings):
     settings.OWLLAYER_LLM = "offline"
-    assert (config().llm.name, config().llm.backend) == ("offline", "aitp.llm.offline.OfflineBackend")
-    settings.OWLLAYER_LLM = "aitp.llm.offline.OfflineBackend"
-    assert config().llm.backend == "aitp.llm.offline.OfflineBackend"
+    assert (config().llm.name, config().llm.backend) == ("offline", "llm.offline.OfflineBackend")
+    settings.OWLLAYER_LLM = "llm.offline.OfflineBackend"
+    assert config().llm.backend == "llm.offline.OfflineBackend"
 
 
 def test_the_backend_given_by_dotted_path_is_the_one_a_turn_gets(settings):
-    from aitp.llm import get_backend, reset_backend
-    from aitp.llm.offline import OfflineBackend
+    from llm import get_backend, reset_backend
+    from llm.offline import OfflineBackend
 
     reset_backend()
     try:
-        settings.OWLLAYER_LLM = "aitp.llm.offline.OfflineBackend"
+        settings.OWLLAYER_LLM = "llm.offline.OfflineBackend"
         assert isinstance(get_backend(), OfflineBackend)
     finally:
         reset_backend()
@@ -104,7 +104,8 @@ def test_the_backend_given_by_dotted_path_is_the_one_a_turn_gets(settings):
 
 def test_settings_are_read_only_by_the_configuration_and_djangos_own_places():
     readers = set()
-    for package in ("aitp", "approvals", "console", "operators", "tenants", "demo", "owllayer_site", "runtime"):
+    for package in ("aitp", "approvals", "console", "operators", "tenants", "demo", "owllayer_site", "runtime",
+                    "llm", "speech"):
         for path in (ROOT / package).rglob("*.py"):
             relative = path.relative_to(ROOT).as_posix()
             if "/migrations/" in relative:

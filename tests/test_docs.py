@@ -98,7 +98,7 @@ import ast  # noqa: E402
 
 PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
 # The packages whose code sends AITP frames to pages.
-SENDING_PACKAGES = ("agent", "aitp", "approvals", "connection", "operators", "owllayer_site")
+SENDING_PACKAGES = ("agent", "aitp", "approvals", "connection", "llm", "operators", "owllayer_site", "speech")
 # Calls whose first argument (or code=) is an error code.
 CODE_CALLS = {
     "error_event", "error", "refuse", "_invalid", "ProtocolError", "ToolError",

@@ -3,9 +3,12 @@
 ``runtime`` (the configuration) is below everything: it imports no other
 package of the project, and the site and every app may import it. ``aitp``
 is the ground floor of the apps: it imports none of the apps built on it
-(what a turn needs from them is declared in ``aitp.ports``). No two apps depend on
-each other, and no module imports another that imports it back -- not even
-through an import inside a function.
+(what a turn needs from them is declared in ``aitp.ports``). The engines
+(``llm``: the model's backends; ``speech``: the speech engines, their worker
+pool and the pieces of a voice turn) stand on it and below the agent and the
+connection: they import only the protocol app and the low layers. No two apps
+depend on each other, and no module imports another that imports it back --
+not even through an import inside a function.
 """
 from __future__ import annotations
 
@@ -13,7 +16,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APPS_ABOVE_AITP = {"approvals", "console", "operators", "demo", "connection", "agent"}
+# The engines: the interfaces they implement are the protocol app's (aitp.llm,
+# aitp.voice), the engines themselves are not.
+ENGINES = {"llm", "speech"}
+APPS_ABOVE_AITP = {"approvals", "console", "operators", "demo", "connection", "agent", *ENGINES}
 # Imported by the site and the apps; imports none of them.
 LOW_LAYERS = {"runtime"}
 
@@ -155,6 +161,17 @@ def test_the_low_layers_import_no_other_package_of_the_project():
     assert offending == []
 
 
+def test_the_engines_import_only_the_protocol_app_and_the_low_layers():
+    offending = sorted(
+        f"{name} imports {imported}"
+        for name, imports in import_graph(top_level_only=False).items()
+        if name.split(".")[0] in ENGINES
+        for imported in imports
+        if imported.split(".")[0] not in {name.split(".")[0], "aitp", *LOW_LAYERS}
+    )
+    assert offending == []
+
+
 def test_no_two_apps_depend_on_each_other():
     assert cycles(app_graph()) == []
 
@@ -177,4 +194,6 @@ def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one():
     assert "runtime" in graph["aitp"] and "runtime" in graph["owllayer_site"]
     assert "aitp" in graph["connection"] and "connection" in graph["owllayer_site"]
     assert "aitp" in graph["agent"] and "agent" in graph["connection"]
+    assert "aitp" in graph["llm"] and "llm" in graph["connection"] and "llm" in graph["owllayer_site"]
+    assert "aitp" in graph["speech"] and "speech" in graph["agent"] and "speech" in graph["connection"]
     assert not graph.get("aitp", set()) & APPS_ABOVE_AITP

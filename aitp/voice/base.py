@@ -5,10 +5,11 @@ its words; text to speech takes one sentence and returns 16-bit mono PCM at
 24 kHz, the rate the agent's voice has on the wire (an engine that produces
 another rate resamples off the event loop). Both are
 async: offline engines run their work in the process's pool of speech worker
-processes (jobs.py), hosted ones await HTTP. Each call names its ``owner``
-(the page's API key), whose share of the pool allowance.py bounds; an engine
-without a pool takes it and ignores it. Kept free of Django, like
-llm/base.py, so the voice turn can be tested with a hand-written engine.
+processes (speech/jobs.py), hosted ones await HTTP. Each call names its
+``owner`` (the page's API key), whose share of the pool speech/allowance.py
+bounds; an engine without a pool takes it and ignores it. Kept free of
+Django, like aitp/llm.py, so the voice turn can be tested with a
+hand-written engine. The engines themselves live above this app, in speech/.
 """
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ import pytest
 from django.utils import timezone
 
 from agent.store import AgentStore
-from aitp.llm import reset_backend
-from aitp.llm.anthropic_backend import close_client
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
+from llm import reset_backend
+from llm.anthropic_backend import close_client
 from tests.aitp.conftest import ADD_TO_CART, Page
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
@@ -1322,7 +1322,7 @@ async def agent_on(page: CuttingPage):
     from asgiref.sync import sync_to_async
 
     from agent.loop import Agent, AgentConfig
-    from aitp.llm import get_backend
+    from llm import get_backend
     from tests.aitp.conftest import open_session_row
 
     session = await sync_to_async(open_session_row)()

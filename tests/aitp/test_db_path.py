@@ -152,7 +152,7 @@ async def test_an_approval_write_first_lands_the_outcomes_kept_behind():
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_turns_usage_is_added_to_the_session_and_the_day_once_per_checkpoint():
-    from aitp.llm.base import Usage
+    from aitp.llm import Usage
 
     session = await db.db_call(open_session_row)
     store = AgentStore(session_id=session.id, tenant_id=session.tenant_id)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -550,3 +551,24 @@ def test_the_health_check_answers_503_while_the_process_stops(client, monkeypatc
     answer = client.get("/healthz")
     assert answer.status_code == 503
     assert answer.json() == {"status": "stopping"}
+
+
+async def test_the_drain_stops_what_was_registered_with_it_once_the_connections_close_then_marks_the_stop(
+        monkeypatch):
+    # How the speech workers stop with the drain: the serving entry point,
+    # which runs them, registers their shutdown; this app never imports them.
+    happened = []
+    monkeypatch.setattr(processes, "_after_drain", [])
+    monkeypatch.setattr(processes, "_connections", weakref.WeakSet())
+    monkeypatch.setattr(processes, "_timers", [])
+    monkeypatch.setattr(processes, "_draining", False)
+    monkeypatch.setattr(processes, "mark_stopped", lambda: happened.append("marked stopped"))
+
+    def stop() -> None:
+        happened.append("stopped")
+
+    processes.stop_after_drain(stop)
+    processes.stop_after_drain(stop)
+    await processes.drain(timeout=1)
+
+    assert happened == ["stopped", "marked stopped"]

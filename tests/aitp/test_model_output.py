@@ -25,7 +25,7 @@ from asgiref.sync import sync_to_async
 from agent.loop import Agent, AgentConfig
 from agent.store import AgentStore
 from aitp.ledger import unusable_arguments
-from aitp.llm.base import MessageComplete, TextDelta, Usage
+from aitp.llm import MessageComplete, TextDelta, Usage
 from aitp.models import ToolCall
 from tests.aitp.conftest import open_session_row
 from tests.aitp.test_agent import (  # noqa: F401  (fake and llm are fixtures)

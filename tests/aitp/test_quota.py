@@ -31,12 +31,12 @@ from django.db import connection
 from django.utils import timezone
 
 from aitp import processes, quota, tenancy
-from aitp.llm import reset_backend
-from aitp.llm.anthropic_backend import close_client
-from aitp.llm.base import LlmRequest
+from aitp.llm import LlmRequest
 from aitp.models import ConversationMessage, DailyUsage, ServerProcess, TokenReservation, ToolCall
 from aitp.store import usage
 from aitp_client import AitpClient
+from llm import reset_backend
+from llm.anthropic_backend import close_client
 from tenants.models import Tenant
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db
 from tests.support.fake_anthropic import (

@@ -14,10 +14,10 @@ import pytest
 
 from aitp.models import ConversationMessage, Session, ToolCall
 from aitp.voice.audio import agent_chunks
-from aitp.voice.offline import EspeakTts
 from aitp_client import AitpClient, final_text, system_event
+from speech.offline import EspeakTts
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN
-from tests.aitp.voice.conftest import espeak_config, needs_espeak, room_noise, silence, speak
+from tests.speech.conftest import espeak_config, needs_espeak, room_noise, silence, speak
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
     StreamedMessage,

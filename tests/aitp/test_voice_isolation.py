@@ -19,7 +19,7 @@ import pytest
 from aitp_client import AitpClient, AitpClosed, system_event
 from tests.aitp.conftest import ORIGIN
 from tests.aitp.test_voice_e2e import PATIENCE, kind
-from tests.aitp.voice.conftest import needs_espeak, silence, speak
+from tests.speech.conftest import needs_espeak, silence, speak
 from tests.support.fake_anthropic import FakeAnthropicServer, text_response
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_espeak]

@@ -29,7 +29,7 @@ from tests.aitp.test_voice_e2e import (
     open_client,
     start_server,
 )
-from tests.aitp.voice.conftest import needs_espeak
+from tests.speech.conftest import needs_espeak
 from tests.support.fake_anthropic import StreamedMessage, TextBlock, text_response
 from tests.support.people import make_user
 

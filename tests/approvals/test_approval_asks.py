@@ -26,9 +26,9 @@ from agent.store import AgentStore
 from aitp import protocol as p
 from aitp.ledger import ERROR, SUCCESS, Outcome
 from aitp.limits import ConnectionLimits
-from aitp.llm.offline import OfflineBackend
 from aitp.tools import ToolSurface, parse_client_tools
 from approvals.models import Approval, AuditEvent
+from llm.offline import OfflineBackend
 from runtime.config import config
 from tests.aitp.conftest import api_key, connect, in_db, open_page, open_session_row, tenant  # noqa: F401 (fixtures)
 

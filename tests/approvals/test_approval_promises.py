@@ -23,7 +23,6 @@ from django.db import connection, transaction
 from agent.loop import Agent, AgentConfig, PageSnapshot, TurnOver
 from agent.store import AgentStore
 from aitp.ledger import CANCELLED_MESSAGE, DECLINED_MESSAGE, LEFT_MESSAGE, SERVER_EXPIRED_MESSAGE
-from aitp.llm.offline import OfflineBackend
 from aitp.models import ToolCall
 from aitp.tools import Risk, ToolSpec, ToolSurface, canonical_json
 from aitp.turn import Do, TurnEvent, TurnMachine
@@ -31,6 +30,7 @@ from approvals import services as approvals
 from approvals.audit import VerifyResult, append_event, compute_hash, verify_chain
 from approvals.models import Approval, AuditChainHead, AuditEvent
 from approvals.server_tools import ServerToolDef
+from llm.offline import OfflineBackend
 from tests.aitp.test_agent import written_behind  # noqa: F401  (a fixture)
 from tests.approvals.conftest import make_session
 

@@ -259,7 +259,7 @@ def test_a_handshake_that_did_not_offer_audio_stops_the_line():
 
 
 def test_without_espeak_ng_the_voice_line_stops_before_anything_starts(monkeypatch):
-    from aitp.voice import offline
+    from speech import offline
 
     monkeypatch.setattr(offline.shutil, "which", lambda name: None)
 

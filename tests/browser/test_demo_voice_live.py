@@ -18,7 +18,6 @@ from playwright.async_api import Page, expect
 
 from aitp.models import ConversationMessage, ToolCall
 from aitp_client import AitpClient
-from tests.aitp.voice.conftest import needs_espeak
 from tests.browser.conftest import MODEL_API_KEY, Store, eventually, print_logs, start_store
 from tests.browser.store_support import answers, nothing_dropped, status, tool_calls
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone_*: fixtures)
@@ -29,6 +28,7 @@ from tests.browser.voice_support import (  # noqa: F401 (browser, microphone_*: 
     speech_wav,
     wav_seconds,
 )
+from tests.speech.conftest import needs_espeak
 from tests.support.fake_anthropic import StreamedMessage, TextBlock, text_response, tool_use_response
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), needs_espeak]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 
 def pytest_configure(config) -> None:
-    from aitp import voice
-    from aitp.voice import jobs
+    import speech
+    from speech import jobs
 
-    voice.audio_problems()  # remembered for the process; at once when known
+    speech.audio_problems()  # remembered for the process; at once when known
     jobs.shutdown()

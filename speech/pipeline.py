@@ -15,7 +15,8 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Hashable
 
-from .base import Audio, TextToSpeech
+from aitp.voice.base import Audio, TextToSpeech
+
 from .speaking import Sentence, SentenceSplitter
 
 logger = logging.getLogger(__name__)

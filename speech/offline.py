@@ -20,11 +20,11 @@ import shutil
 import subprocess
 from collections.abc import Hashable
 
+from aitp.voice.audio import AGENT_RATE, CLIENT_RATE, AudioRefused, decode_wav, resample
+from aitp.voice.base import Audio, SpeechError, Transcription
 from runtime.config import EspeakConfig
 from runtime.config import config as current_config
 
-from .audio import AGENT_RATE, CLIENT_RATE, AudioRefused, decode_wav, resample
-from .base import Audio, SpeechError, Transcription
 from .sphinx import PocketSphinxConfig, transcribe_blocking
 
 logger = logging.getLogger(__name__)

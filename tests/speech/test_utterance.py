@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from aitp.voice.utterance import AudioBudget, UtteranceBuffer, VoiceLimits
+from speech.utterance import AudioBudget, UtteranceBuffer, VoiceLimits
 
 ONE_SECOND = b"\1\0" * 16000
 

@@ -22,7 +22,7 @@ import signal
 import socket
 import struct
 
-from .base import SpeechError
+from aitp.voice.base import SpeechError
 
 HEADER = struct.Struct("!I")
 

@@ -33,7 +33,7 @@ def sphinx_config(**changes) -> PocketSphinxConfig:
 
 def speak(text: str, *, rate: int = CLIENT_RATE, words_per_minute: int = 150) -> Audio:
     """`text` spoken by eSpeak NG, as PCM at `rate` (the microphone's 16 kHz by default)."""
-    from aitp.voice.offline import EspeakTts
+    from speech.offline import EspeakTts
 
     spoken = EspeakTts(espeak_config(words_per_minute=words_per_minute)).synthesize_now(text)
     return resample(spoken, rate)

@@ -7,9 +7,9 @@ import pytest
 
 from aitp.voice.audio import AGENT_RATE
 from aitp.voice.base import Audio, SpeechError
-from aitp.voice.offline import EspeakTts
-from aitp.voice.pipeline import SpeechPipeline
-from aitp.voice.speaking import SpokenProgress
+from speech.offline import EspeakTts
+from speech.pipeline import SpeechPipeline
+from speech.speaking import SpokenProgress
 
 from .conftest import espeak_config, needs_espeak
 

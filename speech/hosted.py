@@ -20,11 +20,10 @@ from collections.abc import Hashable
 
 import httpx
 
+from aitp.voice.audio import AGENT_RATE, encode_wav
+from aitp.voice.base import SAMPLE_WIDTH, Audio, SpeechError, Transcription
 from runtime.config import HostedConfig
 from runtime.config import config as current_config
-
-from .audio import AGENT_RATE, encode_wav
-from .base import SAMPLE_WIDTH, Audio, SpeechError, Transcription
 
 logger = logging.getLogger(__name__)
 

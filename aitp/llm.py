@@ -3,6 +3,8 @@
 Kept free of Django and of any SDK so the agent turn can be tested with a
 hand-written backend, and so the request and result shapes stay plain data
 (Anthropic Messages API dicts) that can be stored and sent back verbatim.
+The protocol app keeps the interface (its quotas count a request's tokens:
+aitp/quota.py); the backends live above it, in llm/.
 """
 from __future__ import annotations
 

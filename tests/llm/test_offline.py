@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from aitp.llm import LlmRequest, MessageComplete, TextDelta, Usage
-from aitp.llm.offline import MAX_RESULT_CHARS, OfflineBackend, split_words
+from llm import LlmRequest, MessageComplete, TextDelta, Usage
+from llm.offline import MAX_RESULT_CHARS, OfflineBackend, split_words
 
 TOOLS = [
     {"name": "add_to_cart", "description": "Add to cart", "input_schema": {"type": "object"}},

@@ -43,6 +43,6 @@ def break_down() -> None:
 
 def decoder_id(config) -> tuple[int, int]:
     """(this worker's pid, the identity of its decoder for `config`)."""
-    from aitp.voice.sphinx import load_decoder
+    from speech.sphinx import load_decoder
 
     return os.getpid(), id(load_decoder(config))

@@ -11,15 +11,15 @@ from dataclasses import replace
 
 import pytest
 
-from aitp.llm import LlmError, LlmRequest, MessageComplete, TextDelta, Usage, get_backend, reset_backend
-from aitp.llm.anthropic_backend import (
+from llm import LlmError, LlmRequest, MessageComplete, TextDelta, Usage, get_backend, reset_backend
+from llm.anthropic_backend import (
     AnthropicBackend,
     AnthropicConfig,
     close_client,
     get_client,
     reset_client,
 )
-from aitp.llm.offline import OfflineBackend
+from llm.offline import OfflineBackend
 from runtime.config import config
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
@@ -486,7 +486,7 @@ def test_get_backend_follows_the_llm_setting_and_keeps_one_instance(settings):
 def test_a_long_retry_after_is_capped_for_an_interactive_turn():
     import httpx2
 
-    from aitp.llm.anthropic_backend import CappedRetries
+    from llm.anthropic_backend import CappedRetries
 
     retries = CappedRetries(max_retries=2, max_wait=2.5)
     assert retries.retry_wait(0, httpx2.Headers({"retry-after": "600"})) == 2.5

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from aitp import voice
+import speech
 from aitp.voice.audio import AGENT_RATE
 from aitp.voice.base import Audio, SpeechError
-from aitp.voice.hosted import HostedConfig, HostedStt, HostedTts
 from runtime.config import config as current
+from speech.hosted import HostedConfig, HostedStt, HostedTts
 from tests.support.fake_speech import SECONDS_PER_CHAR, FakeSpeechServer
 
 KEY = "sk-test-voice"
@@ -109,11 +109,11 @@ def test_settings_choose_the_hosted_pair_and_it_counts_as_available_with_a_key(s
     settings.OWLLAYER_STT = settings.OWLLAYER_TTS = "openai"
     settings.OWLLAYER_VOICE_API_KEY = KEY
     settings.OWLLAYER_VOICE_BASE_URL = fake.base_url
-    voice.reset_engines()
+    speech.reset_engines()
     try:
-        assert isinstance(voice.get_stt(), HostedStt)
-        assert isinstance(voice.get_tts(), HostedTts)
-        assert voice.get_tts().config.base_url == fake.base_url
-        assert voice.audio_available()
+        assert isinstance(speech.get_stt(), HostedStt)
+        assert isinstance(speech.get_tts(), HostedTts)
+        assert speech.get_tts().config.base_url == fake.base_url
+        assert speech.audio_available()
     finally:
-        voice.reset_engines()
+        speech.reset_engines()

@@ -1,7 +1,7 @@
-"""One API key's share of the speech workers (aitp.voice.allowance). Pure: the clock is an argument."""
+"""One API key's share of the speech workers (speech.allowance). Pure: the clock is an argument."""
 from __future__ import annotations
 
-from aitp.voice.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits, SpeechAllowance
+from speech.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits, SpeechAllowance
 
 
 def test_a_key_may_have_as_many_jobs_at_once_as_its_limit_and_one_more_after_one_ends():

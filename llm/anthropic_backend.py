@@ -22,9 +22,8 @@ import anyio
 import httpx2
 from anthropic.lib.streaming._messages import accumulate_event
 
+from aitp.llm import LlmError, LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 from runtime.config import LlmConfig
-
-from .base import LlmError, LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 
 logger = logging.getLogger(__name__)
 

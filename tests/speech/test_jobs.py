@@ -1,4 +1,4 @@
-"""The pool of speech worker processes (aitp.voice.jobs), with real worker
+"""The pool of speech worker processes (speech.jobs), with real worker
 processes and no server: where jobs run, how many at once, what waits, what
 is refused at once, and what becomes of a worker that crashes or hangs."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from aitp.voice import jobs
-from aitp.voice.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits
 from aitp.voice.base import SpeechError
-from aitp.voice.jobs import PoolSettings, SpeechPool, pool_settings
+from speech import jobs
+from speech.allowance import JOBS_LIMIT, SECONDS_LIMIT, KeyLimits
+from speech.jobs import PoolSettings, SpeechPool, pool_settings
 
 from . import speech_jobs
 from .conftest import sphinx_config

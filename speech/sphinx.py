@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 import threading
 
+from aitp.voice.audio import CLIENT_RATE, resample
+from aitp.voice.base import Audio, SpeechError, Transcription
 from runtime.config import PocketSphinxConfig
-
-from .audio import CLIENT_RATE, resample
-from .base import Audio, SpeechError, Transcription
 
 # A decoder is not thread-safe and takes most of a second to load: one per
 # configuration and thread, kept (a worker process has one thread, and keeps

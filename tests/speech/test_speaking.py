@@ -5,7 +5,7 @@ import base64
 
 from aitp.voice.audio import AGENT_MIME, AGENT_RATE, agent_chunks, agent_payload
 from aitp.voice.base import Audio
-from aitp.voice.speaking import MAX_SENTENCE_CHARS, SentenceSplitter, SpokenProgress, speakable
+from speech.speaking import MAX_SENTENCE_CHARS, SentenceSplitter, SpokenProgress, speakable
 
 
 def texts(sentences) -> list[str]:

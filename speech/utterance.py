@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aitp.voice.audio import CLIENT_RATE
+from aitp.voice.base import SAMPLE_WIDTH, Audio
 from runtime.config import VoiceLimits
 
-from .audio import CLIENT_RATE
-from .base import SAMPLE_WIDTH, Audio
 from .vad import EndOfSpeech
 
 END_REASONS = ("user_stop", "vad", "timeout")

@@ -6,19 +6,19 @@ import os
 
 import pytest
 
-from aitp import voice
-from aitp.voice import jobs
+import speech
 from aitp.voice.audio import AGENT_RATE, CLIENT_RATE, resample
 from aitp.voice.base import Audio, Transcription
-from aitp.voice.offline import (
+from runtime.config import config
+from speech import jobs
+from speech.offline import (
     EspeakTts,
     PocketSphinxStt,
     synthesize_blocking,
 )
-from aitp.voice.sphinx import voiced_seconds
-from aitp.voice.utterance import UtteranceBuffer, VoiceLimits
-from aitp.voice.vad import EndOfSpeech
-from runtime.config import config
+from speech.sphinx import voiced_seconds
+from speech.utterance import UtteranceBuffer, VoiceLimits
+from speech.vad import EndOfSpeech
 
 from .conftest import espeak_config, needs_espeak, room_noise, silence, speak, sphinx_config
 
@@ -74,7 +74,7 @@ async def test_the_full_english_model_answers_with_some_words():
 
 async def test_silence_is_understood_as_nothing(grammar):
     stt = PocketSphinxStt(sphinx_config(grammar=grammar))
-    result = await stt.transcribe(voice.Audio(silence(1.0), CLIENT_RATE))
+    result = await stt.transcribe(speech.Audio(silence(1.0), CLIENT_RATE))
     assert result.text == ""
 
 
@@ -118,20 +118,20 @@ def test_the_server_vad_never_ends_an_utterance_that_has_not_started():
 
 def test_the_configured_offline_engines_are_available(settings):
     settings.OWLLAYER_STT, settings.OWLLAYER_TTS = "pocketsphinx", "espeak"
-    voice.reset_engines()
+    speech.reset_engines()
     try:
-        assert voice.audio_problems() == []
-        assert voice.audio_available()
+        assert speech.audio_problems() == []
+        assert speech.audio_available()
     finally:
-        voice.reset_engines()
+        speech.reset_engines()
 
 
 async def test_the_availability_check_runs_in_a_speech_worker_while_the_loop_goes_on(settings):
     settings.OWLLAYER_STT, settings.OWLLAYER_TTS = "pocketsphinx", "espeak"
-    voice.reset_engines()
+    speech.reset_engines()
     jobs.shutdown()
     try:
-        checks = [asyncio.ensure_future(voice.audio_problems_async()) for _ in range(3)]
+        checks = [asyncio.ensure_future(speech.audio_problems_async()) for _ in range(3)]
         ticks = 0
         while not all(check.done() for check in checks):
             ticks += 1
@@ -141,22 +141,22 @@ async def test_the_availability_check_runs_in_a_speech_worker_while_the_loop_goe
         pool = jobs.get_pool()
         assert pool.pids() and os.getpid() not in pool.pids()
         # Asked together, checked once; remembered afterwards.
-        assert len(voice._checks) == 1
-        assert await voice.audio_available_async()
+        assert len(speech._checks) == 1
+        assert await speech.audio_available_async()
     finally:
-        voice.reset_engines()
+        speech.reset_engines()
         jobs.shutdown()
 
 
 def test_voice_is_not_available_when_espeak_ng_is_missing(settings, monkeypatch, tmp_path):
     settings.OWLLAYER_STT, settings.OWLLAYER_TTS = "pocketsphinx", "espeak"
     monkeypatch.setenv("PATH", str(tmp_path))
-    voice.reset_engines()
+    speech.reset_engines()
     try:
-        assert not voice.audio_available()
-        assert any("espeak-ng" in problem for problem in voice.audio_problems())
+        assert not speech.audio_available()
+        assert any("espeak-ng" in problem for problem in speech.audio_problems())
     finally:
-        voice.reset_engines()
+        speech.reset_engines()
 
 
 async def test_a_long_transcription_leaves_the_event_loop_free():

@@ -14,9 +14,8 @@ import json
 import re
 from collections.abc import AsyncIterator
 
+from aitp.llm import LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 from runtime import ids
-
-from .base import LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
 
 NO_MODEL_TEXT = (
     "No language model is configured on this server, so I can only run tools for you. "

@@ -27,8 +27,8 @@ import anyio.lowlevel
 import pytest
 from anthropic import _base_client
 
-from aitp.llm import LlmError, LlmRequest, anthropic_backend
-from aitp.llm.anthropic_backend import (
+from llm import LlmError, LlmRequest, anthropic_backend
+from llm.anthropic_backend import (
     CONNECT_TIMEOUT,
     FIRST_RETRY_WAIT,
     LONGEST_BACKOFF,

@@ -43,11 +43,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from aitp.voice.base import ERROR_MESSAGES, SpeechError
 from runtime.config import config, derived
 
 from . import worker
 from .allowance import KeyLimits, SpeechAllowance
-from .base import ERROR_MESSAGES, SpeechError
 
 T = TypeVar("T")
 
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 START_METHOD = "forkserver"
 # Imported once by the forkserver, so that each worker starts with them loaded.
-PRELOAD = ["aitp.voice.offline", "pocketsphinx"]
+PRELOAD = ["speech.offline", "pocketsphinx"]
 # Between two attempts to start a worker that would not start.
 RESTART_PAUSE = 1.0
 # How long a stopping worker may take to exit before it is killed.

@@ -19,7 +19,7 @@ from collections import Counter, deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from .base import SpeechError
+from aitp.voice.base import SpeechError
 
 WINDOW_SECONDS = 60.0
 JOBS_LIMIT = "speech_jobs_per_key"

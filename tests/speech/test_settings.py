@@ -19,7 +19,7 @@ CODE = (
 )
 POOL = (
     "import json, django; django.setup();"
-    "from aitp.voice.jobs import pool_settings; from runtime.config import config;"
+    "from speech.jobs import pool_settings; from runtime.config import config;"
     "p = pool_settings();"
     "print(json.dumps([p.workers, p.queue, p.timeout, p.per_key.jobs_at_once, p.per_key.seconds_per_minute,"
     " config().voice.pocketsphinx.min_voiced_seconds]))"

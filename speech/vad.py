@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import webrtcvad
 
-from .audio import CLIENT_RATE
-from .base import SAMPLE_WIDTH
+from aitp.voice.audio import CLIENT_RATE
+from aitp.voice.base import SAMPLE_WIDTH
 
 FRAME_SECONDS = 0.03
 # Voiced frames in a row before the audio counts as speech (a click or a

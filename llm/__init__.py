@@ -1,4 +1,5 @@
-"""LLM backends behind one small interface (see base.py).
+"""LLM backends behind one small interface (aitp/llm.py, the protocol app's: its
+quotas count a request's tokens), above that app and below the agent.
 
 get_backend() makes the backend the configuration names (``config().llm.backend``,
 a dotted path; OWLLAYER_LLM=anthropic or offline stand for the two here). Django
@@ -10,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from .base import (
+from aitp.llm import (
     LlmBackend,
     LlmError,
     LlmRequest,
