@@ -141,9 +141,9 @@ MIDDLEWARE = [
 OWLLAYER_HTTPS = env_bool("OWLLAYER_HTTPS", False)
 if OWLLAYER_HTTPS:
     SECURE_SSL_REDIRECT = env_bool("OWLLAYER_SSL_REDIRECT", True)
-    # A proxy's health check asks each process over plain HTTP on its own
-    # address: /healthz answers it there instead of redirecting.
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    # A proxy's health checks ask each process over plain HTTP on its own
+    # address: /healthz and /readyz answer them there instead of redirecting.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("OWLLAYER_HSTS_SECONDS", 31536000, minimum=0)

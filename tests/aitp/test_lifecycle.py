@@ -541,12 +541,3 @@ async def test_sigterm_closes_operator_watch_sockets_and_a_server_tool_awaiting_
     assert record["approval_trails"] == [["requested", "disconnected"]]
     order = await DemoOrder.objects.aget(tenant=tenant, number="A1003")
     assert order.status != "cancelled"
-
-
-@pytest.mark.django_db
-def test_the_health_check_answers_503_while_the_process_stops(client, monkeypatch):
-    assert client.get("/healthz").status_code == 200
-    monkeypatch.setattr(processes, "_draining", True)
-    answer = client.get("/healthz")
-    assert answer.status_code == 503
-    assert answer.json() == {"status": "stopping"}
