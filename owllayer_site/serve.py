@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import io
 import logging
 import os
 import sys
@@ -90,11 +91,18 @@ def _set_up(startup_errors) -> None:
     from django.core.management import call_command
 
     from aitp import processes
+    from runtime.config import config
 
     processes.register()
     # Rows left open by processes that are gone (this one's previous run,
     # killed, say): swept before serving, so a key's cap is free at once.
-    call_command("sweep")
+    if config().site.log_format == "json":
+        # Its summary as a JSON log line like every other, not the command's own line.
+        swept = io.StringIO()
+        call_command("sweep", stdout=swept)
+        logger.info("sweep: %s", swept.getvalue().strip())
+    else:
+        call_command("sweep")
 
 
 def _raise_open_files_limit() -> None:
@@ -187,7 +195,8 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     from daphne.cli import CommandLineInterface
 
     from owllayer_site import access_log
-    access_log.install()  # no ?apiKey= value in daphne's access log
+    # No ?apiKey= value in daphne's access log; JSON lines when the log's are.
+    access_log.install(json_lines=config().site.log_format == "json")
     _load_engines_early()
     _quiet_garbage_collector()
     _warm_up_when_serving()

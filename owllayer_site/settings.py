@@ -381,11 +381,19 @@ OWLLAYER_INVITATION_DAYS = env_float("OWLLAYER_INVITATION_DAYS", 7.0, minimum=0.
 # link (else an operator makes the account first, and the person signs in).
 OWLLAYER_INVITATION_SIGN_UP = env_bool("OWLLAYER_INVITATION_SIGN_UP", True)
 
+# "text": `time LEVEL logger message`; "json": one JSON object per line, with
+# the session's id and tenant on every line of a session (runtime/logs.py).
+OWLLAYER_LOG_FORMAT = env_choice("OWLLAYER_LOG_FORMAT", "text", ("text", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "runtime.logs.JsonFormatter"},
+    },
+    "filters": {"session": {"()": "runtime.logs.SessionFields"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": OWLLAYER_LOG_FORMAT,
+                             "filters": ["session"]}},
     "root": {"handlers": ["console"], "level": env_choice(
         "OWLLAYER_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
 }

@@ -232,6 +232,7 @@ class SiteConfig:
 
     base_dir: Path
     trusted_origins: tuple[str, ...]
+    log_format: str  # "text" or "json" (runtime.logs)
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ def build(s: Any) -> Config:
         site=SiteConfig(
             base_dir=Path(s.BASE_DIR),
             trusted_origins=tuple(s.CSRF_TRUSTED_ORIGINS),
+            log_format=s.OWLLAYER_LOG_FORMAT,
         ),
         protocol=ProtocolConfig(
             ws_path=s.OWLLAYER_WS_PATH,

@@ -71,6 +71,7 @@ _ = _Names()
 
 # Named by a dotted path in the settings, or by name in an engine table.
 (_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response)
+(_.JsonFormatter, _.SessionFields)
 (_.AnthropicBackend, _.OfflineBackend)
 
 # Hooks of libraries: the Anthropic SDK's middleware, autobahn's protocol
