@@ -221,6 +221,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "owllayer_site.context_processors.model_access_problem",
             ],
         },
     },
@@ -467,6 +468,9 @@ OWLLAYER_LLM_MAX_RETRIES = env_int("OWLLAYER_LLM_MAX_RETRIES", 2, minimum=0)
 OWLLAYER_LLM_MAX_RETRY_WAIT = env_float("OWLLAYER_LLM_MAX_RETRY_WAIT", 8.0, minimum=0.0)
 # The anthropic SDK's OpenTelemetry spans for each Messages API call.
 OWLLAYER_LLM_TRACES = env_bool("OWLLAYER_LLM_TRACES", False)
+# The server's check of the model key at start (one request listing one
+# model): seconds it may take; 0 skips it.
+OWLLAYER_MODEL_CHECK_TIMEOUT = env_float("OWLLAYER_MODEL_CHECK_TIMEOUT", 5.0)
 OWLLAYER_TOOL_TIMEOUT = env_float("OWLLAYER_TOOL_TIMEOUT", 10.0, minimum=0.1)
 OWLLAYER_MAX_TOOL_ROUNDS = env_int("OWLLAYER_MAX_TOOL_ROUNDS", 8, minimum=1)
 OWLLAYER_MAX_INPUT_CHARS = env_int("OWLLAYER_MAX_INPUT_CHARS", 8000, minimum=1)
