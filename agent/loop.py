@@ -62,11 +62,14 @@ from aitp.llm import LlmBackend, LlmError, LlmRequest, Usage
 from aitp.ports import ServerTool
 from aitp.quota import QuotaExceeded, TokenQuota
 from aitp.turn import TurnEvent
+from runtime import model_access
 
 __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "TurnIO", "TurnOver",
            "bounded_history"]
 
 logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR_MESSAGE = "Something went wrong on the server."
 
 class Agent:
     def __init__(
@@ -134,6 +137,7 @@ class Agent:
                     return
                 run.speaker = self._speaker = Speaker(self.io.send, owner=voice.owner)
             rounds = await self._answer(text, run)
+            model_access.turn_answered()
             done = p.agent_response("".join(run.full_text), True)
             log.info("turn %s done: %s rounds", self.turn, rounds)
         except asyncio.CancelledError as cut:
@@ -143,11 +147,15 @@ class Agent:
             raise
         except (LlmError, QuotaExceeded) as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
+            if isinstance(exc, LlmError):
+                model_access.turn_failed(exc.code, exc.detail)
+            self._record_failure(exc.code, exc.message)
             done = await _failed(self.io, run, exc.code, exc.message)
         except Exception:
             # Our bug, not the peer's: log it, end the turn for the page.
             log.exception("turn %s crashed", self.turn)
-            done = await _failed(self.io, run, "internal_error", "Something went wrong on the server.")
+            self._record_failure("internal_error", INTERNAL_ERROR_MESSAGE)
+            done = await _failed(self.io, run, "internal_error", INTERNAL_ERROR_MESSAGE)
         finally:
             try:
                 await self._wind_up(run, voice)
@@ -215,6 +223,20 @@ class Agent:
         said = said[run.round_start:].strip()
         if said and self.history and self.history[-1]["role"] == "user":
             await self._append("assistant", [{"type": "text", "text": said}], interrupted=interrupted)
+
+    def _record_failure(self, code: str, message: str) -> None:
+        """The turn failed with ``code``: the stored record says so (a
+        ``turn_error`` block, read by ``aitp.transcript``), on the turn's
+        last message not yet written -- the user's words, or the tool
+        results the failed request carried -- or else on a row of its own.
+        The conversation the model is sent is unchanged."""
+        mark = {"type": "turn_error", "code": code, "message": message}
+        if self._unsaved and self._unsaved[-1]["role"] == "user":
+            last = self._unsaved[-1]
+            last["content"] = [*last["content"], mark]
+        else:
+            self._seq += 1
+            self._unsaved.append({"seq": self._seq, "role": "assistant", "content": [mark]})
 
     def _page_blocks(self) -> list[dict]:
         page = self.io.page()

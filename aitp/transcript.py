@@ -19,6 +19,11 @@ their speech, "said" on the agent's words spoken, "interrupted" on the
 agent's words a barge-in cut (stored as far as they were said). It is read
 into ``Block.voice``; a block without it was typed or written.
 ``action_words`` names a recorded operator action ("session_end") in words.
+
+A turn that failed leaves a ``turn_error`` block (its error code and the
+sentence the page was shown; agent.loop) on the stored copy of its last
+message: read as a block of kind "error", so the record shows why the
+question got no answer.
 """
 from __future__ import annotations
 
@@ -30,9 +35,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # "text", "page", "tool_use", "tool_result" or "other"
+    kind: str  # "text", "page", "tool_use", "tool_result", "error" or "other"
     text: str  # for "page": the page's context, as indented JSON
-    name: str = ""  # the tool's name (tool_use), the page's title (page), the block's own type (other)
+    # the tool's name (tool_use), the page's title (page), the error code (error), the block's own type (other)
+    name: str = ""
     ref: str = ""  # the tool_use id (tool_use, tool_result), the page's url (page)
     is_error: bool = False
     voice: str = ""  # text of a voice turn: "heard", "said" or "interrupted"
@@ -48,6 +54,8 @@ class Block:
             return "tool error" if self.is_error else "tool result"
         if self.kind == "page":
             return f"on {self.name or self.ref or 'a page'}"
+        if self.kind == "error":
+            return f"turn failed: {self.name or 'error'}"
         return self.name if self.kind == "other" else ""
 
     @property
@@ -180,6 +188,8 @@ def content_block(item: Any) -> Block:
     if kind == "tool_result":
         return Block(kind="tool_result", text=result_text(item.get("content")),
                      ref=str(item.get("tool_use_id", "")), is_error=bool(item.get("is_error", False)))
+    if kind == "turn_error":
+        return Block(kind="error", text=str(item.get("message", "")), name=str(item.get("code", "")))
     return Block(kind="other", text=pretty_json(item), name=str(kind or ""))
 
 

@@ -4,4 +4,5 @@ from aitp import views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
 ]

@@ -5,8 +5,9 @@ One nginx (Debian's package, ``make nginx``), a foreground child of the run
 with its configuration, logs and temporary files in the run's scratch
 directory. One listening port per upstream group: ``one`` (the first product
 process), ``two`` (both product processes, least connections) and ``echo``
-(the baseline). WebSocket upgrades are passed through; GET /healthz of
-every group must answer 200 through nginx before the line starts.
+(the baseline). WebSocket upgrades are passed through; GET /readyz of
+every group must answer 200 through nginx before the line starts (the
+product ready: its database, Redis and migrations).
 """
 from __future__ import annotations
 
@@ -105,13 +106,13 @@ def start_nginx(directory: Path, upstreams: Mapping[str, Sequence[int]], *,
     server = Server("nginx", process, next(iter(listen.values())), log_path)
     wait_listening(server)
     for group, port in listen.items():
-        wait_healthy(f"http://{HOST}:{port}/healthz", server, product=group in products)
+        wait_ready(f"http://{HOST}:{port}/readyz", server, product=group in products)
     return server, listen
 
 
-def wait_healthy(url: str, server: Server, *, product: bool,
-                 timeout: float = HEALTH_TIMEOUT) -> None:
-    """GET ``url`` through nginx until the product's /healthz answers 200.
+def wait_ready(url: str, server: Server, *, product: bool,
+               timeout: float = HEALTH_TIMEOUT) -> None:
+    """GET ``url`` through nginx until the product's /readyz answers 200.
     The baseline serves no HTTP at all: any answer that is not nginx's own
     502/503/504 shows nginx reached it."""
     deadline = time.monotonic() + timeout

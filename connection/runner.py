@@ -37,6 +37,7 @@ from aitp.session import (
 from aitp.watch_feed import WatcherFeed
 from connection import opening
 from connection.turns import TurnOwner
+from runtime import logs
 from runtime.config import config
 from runtime.db import db_call
 from runtime.group_write import GroupWrite
@@ -134,6 +135,8 @@ class ConnectionRunner:
             return
         # Held from now on, so that whatever happens next the teardown ends it.
         self.session_row = session
+        # Every line this connection's work logs from now on names the session.
+        logs.bind_session(session.id, session.tenant_id)
         if await self._handshake_abandoned():
             return
         server_tools = await opening.load_server_tools(session.tenant_id)

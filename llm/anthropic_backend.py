@@ -194,6 +194,22 @@ class AnthropicBackend:
         get_client(self._config)
         anyio.get_cancelled_exc_class()
 
+    def check_access(self, timeout: float) -> LlmError | None:
+        """One cheap request, made once at start: the list of models, one
+        entry long, which the API answers only for a key it accepts (no
+        tokens are spent). None when answered; else the LlmError it failed
+        with (``auth_failed``: the key is refused; ``unreachable`` or
+        ``timeout``: the API did not answer). Blocking, not retried."""
+        client = anthropic.Anthropic(api_key=self._config.api_key, base_url=self._config.base_url,
+                                     max_retries=0, timeout=timeout, open_telemetry=False)
+        try:
+            client.models.list(limit=1)
+        except Exception as exc:
+            return to_llm_error(exc, began=False, text_sent=False)
+        finally:
+            client.close()
+        return None
+
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
         client = get_client(self._config)
         began = False

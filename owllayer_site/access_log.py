@@ -20,8 +20,10 @@ webhook secret, whatever its name.
 """
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
+from datetime import UTC, datetime
 from urllib.parse import unquote
 
 from daphne.access import AccessLogGenerator
@@ -108,8 +110,27 @@ class RedactingAccessLogGenerator(AccessLogGenerator):
         return super().write_entry(host, date, redact(request), *args, **kwargs)
 
 
-def install() -> None:
-    """Make daphne's command line write its access log through the redactor."""
+class JsonAccessLogGenerator(RedactingAccessLogGenerator):
+    """The same lines, redacted, as one JSON object each
+    (``OWLLAYER_LOG_FORMAT=json``): the fields of the site's JSON log lines
+    (runtime.logs) and the request's."""
+
+    def write_entry(self, host, date, request, status=None, length=None, *args, **kwargs):
+        line = {
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "level": "INFO",
+            "logger": "daphne.access",
+            "message": redact(request),
+            "client": host,
+            "status": status,
+            "size": length,
+        }
+        self.stream.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+
+
+def install(*, json_lines: bool = False) -> None:
+    """Make daphne's command line write its access log through the redactor
+    (as JSON lines with ``json_lines``)."""
     import daphne.cli
 
-    daphne.cli.AccessLogGenerator = RedactingAccessLogGenerator
+    daphne.cli.AccessLogGenerator = JsonAccessLogGenerator if json_lines else RedactingAccessLogGenerator

@@ -18,12 +18,21 @@ Before anything else it checks that the port is free (``--check-port`` only
 checks, for ``make run`` to fail before it migrates), that the settings can
 be used, and that the database and Redis answer: each failure is one
 paragraph naming what to fix (owllayer_site/startup_errors.py), exit code 2.
+
+Then, with the Anthropic backend, it checks the model key with one cheap
+request (``check_access``: the list of models, within
+OWLLAYER_MODEL_CHECK_TIMEOUT seconds) and says in its banner and its log
+whether the key was accepted, refused (naming ANTHROPIC_API_KEY, the
+variable to fix) or could not be checked because the API did not answer. It
+serves in every case; what it found is the admin's banner
+(``runtime.model_access``) until a turn finds otherwise.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
+import io
 import logging
 import os
 import sys
@@ -90,11 +99,18 @@ def _set_up(startup_errors) -> None:
     from django.core.management import call_command
 
     from aitp import processes
+    from runtime.config import config
 
     processes.register()
     # Rows left open by processes that are gone (this one's previous run,
     # killed, say): swept before serving, so a key's cap is free at once.
-    call_command("sweep")
+    if config().site.log_format == "json":
+        # Its summary as a JSON log line like every other, not the command's own line.
+        swept = io.StringIO()
+        call_command("sweep", stdout=swept)
+        logger.info("sweep: %s", swept.getvalue().strip())
+    else:
+        call_command("sweep")
 
 
 def _raise_open_files_limit() -> None:
@@ -128,6 +144,55 @@ def _load_engines_early() -> None:
 
     threading.Thread(target=speech.audio_available, name="owllayer-voice-check",
                      daemon=True).start()
+
+
+DEFAULT_API_URL = "https://api.anthropic.com"
+
+
+def _check_model_key() -> None:
+    """Ask the model API once whether it accepts the key; say what it
+    answered. Only for a backend that can check (the Anthropic one)."""
+    import llm
+    from runtime import model_access
+    from runtime.config import config
+
+    check = getattr(llm.get_backend(), "check_access", None)
+    timeout = config().llm.check_timeout
+    if check is None or timeout <= 0:
+        return
+    error = check(timeout)
+    where = config().llm.base_url or DEFAULT_API_URL
+    if error is None:
+        model_access.record(model_access.ACCEPTED, found_by="the start-up check")
+        _announce(logging.INFO, f"model: {config().agent.model} at {where}, key accepted "
+                                "(ANTHROPIC_API_KEY)")
+    elif error.code == "auth_failed":
+        model_access.record(model_access.REFUSED, error.detail, found_by="the start-up check")
+        _announce(logging.ERROR,
+                  f"the model API at {where} refused the key in ANTHROPIC_API_KEY "
+                  f"({error.detail}). Every turn fails (auth_failed) until ANTHROPIC_API_KEY "
+                  "holds a valid key: set it and restart the server.")
+    elif error.code in ("unreachable", "timeout"):
+        model_access.record(model_access.UNREACHABLE, error.detail, found_by="the start-up check")
+        _announce(logging.WARNING,
+                  f"the model API at {where} is unreachable ({error.code}: {error.detail}); "
+                  "the key in ANTHROPIC_API_KEY was not checked. Serving anyway: turns fail "
+                  "until the API answers (check the network, or ANTHROPIC_BASE_URL).")
+    else:
+        _announce(logging.WARNING,
+                  f"the model key could not be checked at {where} "
+                  f"({error.code}: {error.detail}). Serving anyway.")
+
+
+def _announce(level: int, message: str) -> None:
+    """A line of the start banner (standard error, for people; not in JSON
+    logs, which carry it as their own line) and the same in the log."""
+    from runtime.config import config
+
+    if config().site.log_format == "text":
+        label = {logging.ERROR: "error: ", logging.WARNING: "warning: "}.get(level, "")
+        print(f"owllayer_site.serve: {label}{message}", file=sys.stderr, flush=True)
+    logger.log(level, "%s", message)
 
 
 def _warm_up_when_serving() -> None:
@@ -190,8 +255,10 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     from daphne.cli import CommandLineInterface
 
     from owllayer_site import access_log
-    access_log.install()  # no ?apiKey= value in daphne's access log
+    # No ?apiKey= value in daphne's access log; JSON lines when the log's are.
+    access_log.install(json_lines=config().site.log_format == "json")
     _load_engines_early()
+    _check_model_key()
     _quiet_garbage_collector()
     _warm_up_when_serving()
 

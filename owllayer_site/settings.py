@@ -141,9 +141,9 @@ MIDDLEWARE = [
 OWLLAYER_HTTPS = env_bool("OWLLAYER_HTTPS", False)
 if OWLLAYER_HTTPS:
     SECURE_SSL_REDIRECT = env_bool("OWLLAYER_SSL_REDIRECT", True)
-    # A proxy's health check asks each process over plain HTTP on its own
-    # address: /healthz answers it there instead of redirecting.
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    # A proxy's health checks ask each process over plain HTTP on its own
+    # address: /healthz and /readyz answer them there instead of redirecting.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("OWLLAYER_HSTS_SECONDS", 31536000, minimum=0)
@@ -221,6 +221,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "owllayer_site.context_processors.model_access_problem",
             ],
         },
     },
@@ -381,11 +382,19 @@ OWLLAYER_INVITATION_DAYS = env_float("OWLLAYER_INVITATION_DAYS", 7.0, minimum=0.
 # link (else an operator makes the account first, and the person signs in).
 OWLLAYER_INVITATION_SIGN_UP = env_bool("OWLLAYER_INVITATION_SIGN_UP", True)
 
+# "text": `time LEVEL logger message`; "json": one JSON object per line, with
+# the session's id and tenant on every line of a session (runtime/logs.py).
+OWLLAYER_LOG_FORMAT = env_choice("OWLLAYER_LOG_FORMAT", "text", ("text", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "runtime.logs.JsonFormatter"},
+    },
+    "filters": {"session": {"()": "runtime.logs.SessionFields"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": OWLLAYER_LOG_FORMAT,
+                             "filters": ["session"]}},
     "root": {"handlers": ["console"], "level": env_choice(
         "OWLLAYER_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
 }
@@ -459,6 +468,9 @@ OWLLAYER_LLM_MAX_RETRIES = env_int("OWLLAYER_LLM_MAX_RETRIES", 2, minimum=0)
 OWLLAYER_LLM_MAX_RETRY_WAIT = env_float("OWLLAYER_LLM_MAX_RETRY_WAIT", 8.0, minimum=0.0)
 # The anthropic SDK's OpenTelemetry spans for each Messages API call.
 OWLLAYER_LLM_TRACES = env_bool("OWLLAYER_LLM_TRACES", False)
+# The server's check of the model key at start (one request listing one
+# model): seconds it may take; 0 skips it.
+OWLLAYER_MODEL_CHECK_TIMEOUT = env_float("OWLLAYER_MODEL_CHECK_TIMEOUT", 5.0)
 OWLLAYER_TOOL_TIMEOUT = env_float("OWLLAYER_TOOL_TIMEOUT", 10.0, minimum=0.1)
 OWLLAYER_MAX_TOOL_ROUNDS = env_int("OWLLAYER_MAX_TOOL_ROUNDS", 8, minimum=1)
 OWLLAYER_MAX_INPUT_CHARS = env_int("OWLLAYER_MAX_INPUT_CHARS", 8000, minimum=1)

@@ -96,6 +96,8 @@ class LlmConfig:
     # The SDK's OpenTelemetry spans per call (its ANTHROPIC_OPEN_TELEMETRY*
     # variables apply); off, no span attributes are worked out per request.
     traces: bool
+    # Seconds the server's check of the key at start may take (0: no check).
+    check_timeout: float
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,7 @@ class SiteConfig:
 
     base_dir: Path
     trusted_origins: tuple[str, ...]
+    log_format: str  # "text" or "json" (runtime.logs)
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,7 @@ def build(s: Any) -> Config:
         site=SiteConfig(
             base_dir=Path(s.BASE_DIR),
             trusted_origins=tuple(s.CSRF_TRUSTED_ORIGINS),
+            log_format=s.OWLLAYER_LOG_FORMAT,
         ),
         protocol=ProtocolConfig(
             ws_path=s.OWLLAYER_WS_PATH,
@@ -313,6 +317,7 @@ def build(s: Any) -> Config:
             timeout=s.OWLLAYER_LLM_TIMEOUT,
             max_retry_wait=s.OWLLAYER_LLM_MAX_RETRY_WAIT,
             traces=s.OWLLAYER_LLM_TRACES,
+            check_timeout=s.OWLLAYER_MODEL_CHECK_TIMEOUT,
         ),
         voice=VoiceConfig(
             enabled=s.OWLLAYER_VOICE,

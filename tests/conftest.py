@@ -52,6 +52,15 @@ def site_application_loaded() -> None:
     import owllayer_site.asgi  # noqa: F401
 
 
+@pytest.fixture(autouse=True)
+def model_access_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a test's turns find of the model's access (runtime.model_access,
+    one value per process) does not become the next test's admin banner."""
+    from runtime import model_access
+
+    monkeypatch.setattr(model_access, "_current", model_access.current())
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "daphne_factory" in getattr(item, "fixturenames", ()):

@@ -195,6 +195,8 @@ async def test_a_page_shakes_hands_through_nginx_and_daphne_sees_nginxs_address_
         plain = await http.get(f"http://127.0.0.1:{proxied['http']}/healthz")
         # A proxy's own health check, straight to the process over plain HTTP.
         check = await http.get(f"{proxied['daphne'].http_url}/healthz")
+        # ... and its readiness check, likewise.
+        ready = await http.get(f"{proxied['daphne'].http_url}/readyz")
     proxied["daphne"].stop()
 
     assert ack["type"] == "HANDSHAKE_ACK", ack
@@ -202,6 +204,7 @@ async def test_a_page_shakes_hands_through_nginx_and_daphne_sees_nginxs_address_
     assert health.status_code == 200
     assert plain.status_code == 301 and plain.headers["location"].startswith("https://")
     assert check.status_code == 200
+    assert ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
     logs = proxied["daphne"].logs()
     # --proxy-headers: the address comes from nginx's X-Forwarded-For (no
     # port there, so 0), which replaced the one the client wrote.

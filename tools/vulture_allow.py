@@ -71,6 +71,9 @@ _ = _Names()
 
 # Named by a dotted path in the settings, or by name in an engine table.
 (_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response)
+(_.JsonFormatter, _.SessionFields, _.model_access_problem)
+# Asked for by name (getattr) of whichever backend the configuration names.
+(_.check_access,)
 (_.AnthropicBackend, _.OfflineBackend)
 
 # Hooks of libraries: the Anthropic SDK's middleware, autobahn's protocol

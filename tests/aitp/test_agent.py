@@ -18,6 +18,7 @@ from agent.store import AgentStore
 from aitp.models import ConversationMessage, DailyUsage, Session, ToolCall
 from llm import reset_backend
 from llm.anthropic_backend import close_client
+from runtime import model_access
 from tests.aitp.conftest import ADD_TO_CART, Page
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
@@ -523,6 +524,49 @@ async def test_a_failure_past_the_retries_gives_an_error_event_then_an_empty_don
     assert len(frames) == 2
     messages = await stored_messages(page.session_id)
     assert [m.role for m in messages] == ["user"]
+    await close(page)
+
+
+async def test_a_turn_whose_key_the_model_refuses_records_its_code_and_raises_the_admins_banner(
+    llm, connect, api_key
+):
+    llm.enqueue(error_response(401), text_response("Back again."))
+    page = await open_shop(connect, api_key)
+
+    frames = await turn(page, "hello?")
+
+    assert_failed_turn(frames, "auth_failed")
+    (message,) = await stored_messages(page.session_id)
+    # The question, and why it got no answer; the model's copy has no such block.
+    assert message.role == "user"
+    assert {"type": "text", "text": "hello?"} in message.content
+    assert message.content[-1] == {"type": "turn_error", "code": "auth_failed",
+                                   "message": frames[-2]["payload"]["message"]}
+    assert model_access.current().state == model_access.REFUSED
+
+    await turn(page, "and now?")
+
+    assert all(block["type"] != "turn_error" for block in blocks(llm.requests[1]["messages"][0]))
+    assert model_access.current().state == model_access.ACCEPTED
+    await close(page)
+
+
+async def test_a_failed_turn_after_a_tool_round_records_its_code_with_the_tool_results(
+    llm, connect, api_key
+):
+    llm.enqueue(tool_use_response([("toolu_1", "add_to_cart", {"quantity": 1})]), error_response(529))
+    page = await open_shop(connect, api_key)
+
+    assert_failed_turn(await turn(page, "add one", answer_with({"added": True})), "overloaded")
+
+    messages = await stored_messages(page.session_id)
+    assert [m.role for m in messages] == ["user", "assistant", "user"]
+    assert messages[-1].content[0]["type"] == "tool_result"
+    assert messages[-1].content[-1]["type"] == "turn_error"
+    assert messages[-1].content[-1]["code"] == "overloaded"
+    assert_stored_conversation_valid(messages)
+    # Not a matter of the key: what the admin's banner reads stays as it was.
+    assert model_access.current().state == model_access.UNKNOWN
     await close(page)
 
 

@@ -544,14 +544,6 @@ async def test_sigterm_closes_operator_watch_sockets_and_a_server_tool_awaiting_
     assert order.status != "cancelled"
 
 
-@pytest.mark.django_db
-def test_the_health_check_answers_503_while_the_process_stops(client, monkeypatch):
-    assert client.get("/healthz").status_code == 200
-    monkeypatch.setattr(processes, "_draining", True)
-    answer = client.get("/healthz")
-    assert answer.status_code == 503
-    assert answer.json() == {"status": "stopping"}
-
 
 async def test_the_drain_stops_what_was_registered_with_it_once_the_connections_close_then_marks_the_stop(
         monkeypatch):

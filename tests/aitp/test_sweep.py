@@ -1,4 +1,4 @@
-"""Tidying up after a server process that died, and the health check."""
+"""Tidying up after a server process that died."""
 from __future__ import annotations
 
 import io
@@ -32,21 +32,3 @@ def test_sweep_closes_sessions_whose_process_stopped_refreshing_them(acme_tenant
     assert lost.ended_at is not None and lost.close_code == 1006 and lost.state == "ended"
     assert alive.ended_at is None
     assert "closed 1 stale sessions" in out.getvalue()
-
-
-def test_the_health_check_answers_ok_when_the_database_answers(client):
-    answer = client.get("/healthz")
-    assert answer.status_code == 200
-    assert answer.json() == {"status": "ok"}
-
-
-def test_the_health_check_answers_503_when_the_database_does_not(client, monkeypatch):
-    from django.db import OperationalError, connection
-
-    def unreachable():
-        raise OperationalError("connection refused")
-
-    monkeypatch.setattr(connection, "cursor", unreachable)
-    answer = client.get("/healthz")
-    assert answer.status_code == 503
-    assert answer.json()["status"] == "unavailable"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import threading
 import wave
 
@@ -180,6 +181,25 @@ async def test_a_spoken_request_is_heard_answered_and_spoken_back_while_the_mode
     assert final_text(frames) == "Sure thing. Two are now in your cart."
     user_text = fake.requests[0]["messages"][0]["content"][0]["text"]
     assert user_text == "add two headphones to my cart"
+
+
+async def test_a_voice_turns_json_log_lines_name_its_session_and_tenant(
+        daphne_factory, fake, api_key, tmp_path):
+    server = start_server(daphne_factory, fake, tmp_path, OWLLAYER_LOG_FORMAT="json")
+    fake.enqueue(text_response("Done.", chunks=1))
+    client = await open_client(server, api_key)
+    try:
+        await say_aloud(client, "add two headphones to my cart")
+        await frames_until(client, "done")
+    finally:
+        await client.close()
+    server.stop()
+
+    lines = [json.loads(line) for line in server.logs().splitlines() if line.strip()]
+    heard = [line for line in lines if line["message"].startswith("utterance ended")]
+    assert heard, lines
+    assert all((line["session_id"], line["tenant_id"]) == (client.ack["sessionId"], api_key.tenant_id)
+               for line in heard)
 
 
 async def test_a_barge_in_stops_the_voice_and_stores_what_the_user_heard(server, fake, api_key):

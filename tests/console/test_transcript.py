@@ -35,3 +35,12 @@ def test_an_unknown_block_is_shown_as_json_rather_than_dropped():
 
 def test_pretty_json_of_nothing_is_empty():
     assert pretty_json(None) == "" and pretty_json({"a": 1}) == '{\n  "a": 1\n}'
+
+
+def test_a_failed_turns_mark_is_an_error_block_naming_its_code():
+    (block,) = message_blocks([{"type": "turn_error", "code": "auth_failed",
+                                "message": "The assistant is not set up correctly on this server."}])
+
+    assert block == Block(kind="error", text="The assistant is not set up correctly on this server.",
+                          name="auth_failed")
+    assert block.title == "turn failed: auth_failed"

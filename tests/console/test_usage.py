@@ -150,6 +150,21 @@ def test_the_session_page_shows_the_conversation_tool_calls_pages_and_tokens(own
     assert OperatorAction.objects.filter(session=session).count() == 1
 
 
+def test_the_session_record_shows_a_failed_turns_error_code_after_its_question(owner_client, acme_key):
+    session = make_session(acme_key)
+    ConversationMessage.objects.create(session=session, seq=1, turn=1, role="user", content=[
+        {"type": "text", "text": "where is my order?"},
+        {"type": "turn_error", "code": "auth_failed",
+         "message": "The assistant is not set up correctly on this server."},
+    ])
+
+    html = owner_client.get(reverse("console:session", args=["acme", session.pk])).content.decode()
+
+    failed = re.search(r'<div class="turn-error">(.*?)</div>', html, re.S).group(1)
+    assert html.index("where is my order?") < html.index('<div class="turn-error">')
+    assert 'status-error">auth_failed<' in failed and "not set up correctly" in failed
+
+
 def test_the_session_page_of_an_unknown_id_is_404(owner_client, acme):
     assert owner_client.get(reverse("console:session", args=["acme", "ses_nope"])).status_code == 404
 

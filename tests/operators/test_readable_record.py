@@ -51,6 +51,21 @@ def test_the_session_page_shows_the_users_words_and_the_page_as_a_detail(client,
     assert "[page]" not in html and "context: {" not in html
 
 
+def test_the_session_page_shows_a_failed_turns_error_code_under_its_question(client, olivia, acme_session):
+    ConversationMessage.objects.create(session=acme_session, seq=1, turn=1, role="user", content=[
+        {"type": "text", "text": "where is my order?"},
+        {"type": "turn_error", "code": "auth_failed",
+         "message": "The assistant is not set up correctly on this server."},
+    ])
+
+    html = session_page(client, olivia, acme_session)
+
+    assert words_blocks(html) == ["where is my order?"]
+    failed = re.search(r'<div class="turn-block kind-error">(.*?)</div>\s*</div>', html, re.S).group(1)
+    assert "turn failed: auth_failed" in failed
+    assert "not set up correctly" in failed
+
+
 def test_the_approval_page_shows_the_users_words_and_the_page_as_a_detail(client, olivia, acme_session):
     user_message_with_page(acme_session)
     approval = operator_approval(acme_session)

@@ -12,6 +12,9 @@ both use it:
 
 Queued responses are consumed one per request; with the queue empty,
 server.responder(body) answers (default_responder unless replaced).
+``GET /v1/models`` answers the Models API's list (401 for a key other than
+``api_key``, when set), as the server's start-up check asks; those are
+counted in ``model_lists``, not recorded with the Messages requests.
 
 As a script it serves default_responder until killed:
 
@@ -450,6 +453,8 @@ class FakeAnthropicServer:
         self.responder: Responder = responder or default_responder
         self._queue: deque[Response] = deque()
         self._requests: list[RecordedRequest] = []
+        # GET /v1/models asked (the server's start-up check of its key).
+        self.model_lists = 0
         self._changed = threading.Condition()
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
@@ -584,10 +589,31 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("fake anthropic: %s", format % args)
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
             self._send_json(200, {"ok": True})
+        elif path == "/v1/models":
+            self._list_models()
         else:
             self._send_error(ErrorReply(404, "not_found_error", "not found"))
+
+    def _list_models(self) -> None:
+        """The Models API's list (what the server's start-up check asks):
+        401 for a key other than the fake's. Counted in ``model_lists``,
+        not recorded with the Messages requests."""
+        fake = self.server.fake
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        key = RecordedRequest({}, method="GET", path=self.path, headers=headers).api_key
+        with fake._changed:
+            fake.model_lists += 1
+            fake._changed.notify_all()
+        if fake.api_key is not None and key != fake.api_key:
+            self._send_error(ErrorReply(401, "authentication_error", "invalid x-api-key"))
+            return
+        model = {"type": "model", "id": DEFAULT_MODEL, "display_name": "Claude (fake)",
+                 "created_at": "2026-01-01T00:00:00Z"}
+        self._send_json(200, {"data": [model], "has_more": False, "first_id": DEFAULT_MODEL,
+                              "last_id": DEFAULT_MODEL})
 
     def do_POST(self) -> None:
         fake = self.server.fake

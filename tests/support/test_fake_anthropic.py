@@ -156,6 +156,28 @@ def test_refuses_a_request_without_the_required_key(fake):
     assert post(fake.port, MESSAGE, {"x-api-key": "sk-right"}).status == 200
 
 
+def list_models(port: int, headers: dict | None = None) -> Reply:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/v1/models?limit=1", headers=headers or {})
+        response = conn.getresponse()
+        return Reply(response.status, response.headers, response.read())
+    finally:
+        conn.close()
+
+
+def test_lists_its_model_for_the_right_key_and_answers_401_for_another_without_recording_them(fake):
+    fake.api_key = "sk-right"
+
+    refused = list_models(fake.port, {"x-api-key": "sk-wrong"})
+    answered = list_models(fake.port, {"authorization": "Bearer sk-right"})
+
+    assert refused.status == 401 and refused.json()["error"]["type"] == "authentication_error"
+    assert answered.status == 200
+    assert [model["id"] for model in answered.json()["data"]] == ["claude-sonnet-5-5"]
+    assert fake.model_lists == 2 and fake.requests == []
+
+
 def test_rejects_a_request_without_max_tokens_like_the_api(fake):
     reply = post(fake.port, {"model": "m", "messages": []})
 
