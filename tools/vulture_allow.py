@@ -72,15 +72,13 @@ _ = _Names()
 # Named by a dotted path in the settings, or by name in an engine table.
 (_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response)
 (_.JsonFormatter, _.SessionFields, _.model_access_problem)
-# Asked for by name (getattr) of whichever backend the configuration names.
-(_.check_access,)
 (_.AnthropicBackend, _.OfflineBackend)
 
 # Hooks of libraries: the Anthropic SDK's middleware, autobahn's protocol
 # attributes, and parameters a signature we implement must take.
 (_.handle_async, _.failByDrop, _.__str__, _.default_schema, _.field_title_should_be_set,
  _.nullable_schema)
-(_.exc_info, _.signum)
+(_.signum,)
 
 # The Python client's API for its users (aitp_client).
 (_.wait_closed, _.recv_until, _.say)
