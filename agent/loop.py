@@ -142,8 +142,10 @@ class Agent:
             log.info("turn %s done: %s rounds", self.turn, rounds)
         except asyncio.CancelledError as cut:
             # A barge-in, or the page gone (closed, ended by an operator, the
-            # server stopping): the answer is stored as far as the user got it.
-            await self._store_said(run, interrupted=_cut_status(cut) == CANCELLED)
+            # server stopping): the answer is stored as far as the user got it,
+            # even when the turn is cut again meanwhile (a barge-in, then the
+            # page leaving).
+            await _to_the_end(self._store_said(run, interrupted=_cut_status(cut) == CANCELLED))
             raise
         except (LlmError, QuotaExceeded) as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
@@ -157,13 +159,18 @@ class Agent:
             self._record_failure("internal_error", INTERNAL_ERROR_MESSAGE)
             done = await _failed(self.io, run, "internal_error", INTERNAL_ERROR_MESSAGE)
         finally:
+            cut_again = False
             try:
-                await self._wind_up(run, voice)
+                # Written to its end whatever cuts the turn meanwhile: the
+                # outcomes of the calls that finished in this turn are in it.
+                cut_again = await _to_the_end(self._wind_up(run, voice))
             finally:
                 # Last of all, whatever the bookkeeping raised: the page may
                 # send its next message the moment it reads the done frame,
                 # and the turn must be over by then.
                 await self.io.send(TurnOver(done))
+            if cut_again:
+                raise asyncio.CancelledError()
 
     async def _answer(self, text: str, run: _Run) -> int:
         """The model's rounds until it answers without tools; how many had tools."""

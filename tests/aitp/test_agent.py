@@ -1468,6 +1468,46 @@ async def test_a_turn_cut_twice_during_a_call_still_ends_every_call_and_answers_
     assert [results_told(m.content) for m in messages if results_told(m.content)] == [told]
 
 
+class CutWhileAsking(CuttingPage):
+    """Answers every call, and cuts the turn once it asks the model again
+    after its tool round."""
+
+    async def send(self, message) -> None:
+        from aitp.turn import TurnEvent
+
+        await super().send(message)
+        if message is TurnEvent.ANSWERING and self.tasks and all(t.done() for t in self.tasks):
+            asyncio.get_running_loop().call_soon(self.cut_the_turn)
+
+
+async def test_a_turn_cut_twice_after_its_tool_round_still_writes_its_calls_end(llm, monkeypatch):
+    """The call was answered and its round is over; the turn is cut while
+    the model is asked again, and cut once more as it makes its last write:
+    the call's outcome, kept for that write, still reaches its row."""
+    page = CutWhileAsking(add_to_cart_surface(), answers={1: {"status": "success", "result": {"added": 1}}})
+    agent, session = await agent_on(page)
+    original = AgentStore.checkpoint
+    cut_again: list[bool] = []
+
+    async def checkpoint_while_the_page_leaves(self, **kwargs):
+        if page.cut and kwargs.get("usage") is not None and not cut_again:
+            cut_again.append(True)
+            page.task.cancel()
+        await original(self, **kwargs)
+
+    monkeypatch.setattr(AgentStore, "checkpoint", checkpoint_while_the_page_leaves)
+    llm.enqueue(tool_use_response([("toolu_1", "add_to_cart", {"quantity": 1})]),
+                text_response("Added.", first_event_delay=30))
+    page.task = asyncio.ensure_future(agent.run_turn("add one"))
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(page.task), 30)
+
+    assert page.cut and cut_again == [True]
+    rows = await stored_calls(session.id)
+    assert [(r.tool_use_id, r.status, r.result) for r in rows] == [("toolu_1", "success", {"added": 1})]
+
+
 async def test_settling_a_cut_round_runs_to_its_end_and_says_whether_another_cancel_came():
     from agent.loop import _to_the_end
 

@@ -544,7 +544,9 @@ async def test_sigterm_closes_operator_watch_sockets_and_a_server_tool_awaiting_
     assert order.status != "cancelled"
 
 
-
+# The drain's own database work (its threads' connections checked before
+# the stop is marked) needs the database, though the mark itself is replaced.
+@pytest.mark.django_db(transaction=True)
 async def test_the_drain_stops_what_was_registered_with_it_once_the_connections_close_then_marks_the_stop(
         monkeypatch):
     # How the speech workers stop with the drain: the serving entry point,
