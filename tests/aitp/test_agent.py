@@ -1149,12 +1149,18 @@ async def test_an_expired_page_approval_ends_the_call_with_its_expired_event(
     await close(page)
 
 
-async def test_a_page_that_leaves_while_its_user_decides_ends_the_call_with_its_event(
-    llm, connect, api_key, settings, written_behind
-):
+async def waiting_for_its_user(llm, connect, api_key, settings) -> tuple[Page, dict]:
+    """A turn whose critical ``pay`` call waits for its user's decision (recorded)."""
     page, call = await start_payment(llm, connect, api_key, settings)
     await page.send("APPROVAL_REQUEST", approval_request(call))
     await approval_opened(call)
+    return page, call
+
+
+async def test_a_page_that_leaves_while_its_user_decides_ends_the_call_with_its_event(
+    llm, connect, api_key, settings, written_behind
+):
+    page, call = await waiting_for_its_user(llm, connect, api_key, settings)
 
     await close(page)
 
@@ -1167,9 +1173,7 @@ async def test_a_page_that_leaves_while_its_user_decides_ends_the_call_with_its_
 async def test_a_barge_in_while_the_user_decides_ends_the_call_and_its_approval_as_cancelled(
     llm, connect, api_key, settings, written_behind
 ):
-    page, call = await start_payment(llm, connect, api_key, settings)
-    await page.send("APPROVAL_REQUEST", approval_request(call))
-    await approval_opened(call)
+    page, call = await waiting_for_its_user(llm, connect, api_key, settings)
 
     await page.send("VOICE_INTERRUPT", {"reason": "barge_in"})
     await page.recv_until("VOICE_STATE_EVENT", event="interrupted")
@@ -1188,9 +1192,7 @@ async def test_a_cut_call_whose_approval_cannot_be_closed_still_ends_and_the_log
         raise RuntimeError("the database refused the approval's close")
 
     monkeypatch.setattr(AgentStore, "approval_close", refused)
-    page, call = await start_payment(llm, connect, api_key, settings)
-    await page.send("APPROVAL_REQUEST", approval_request(call))
-    await approval_opened(call)
+    page, call = await waiting_for_its_user(llm, connect, api_key, settings)
 
     with caplog.at_level("ERROR", logger="agent"):
         await close(page)
