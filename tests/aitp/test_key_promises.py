@@ -145,6 +145,43 @@ def test_a_key_is_refused_from_the_moment_it_expires(tenant):
     assert refusal_code(key, ORIGIN, now=now - timedelta(microseconds=1)) is None
 
 
+@pytest.mark.parametrize("status", [ApiKey.Status.ACTIVE, ApiKey.Status.DISABLED])
+def test_a_revoked_key_is_never_made_usable_again(tenant, status):
+    from aitp.models import OperatorAction
+
+    key, _ = tenancy.key_create(tenant=tenant, allowed_origins=[ORIGIN])
+    tenancy.key_revoke(key=key)
+    recorded = OperatorAction.objects.count()
+
+    with pytest.raises(ValueError, match="^a revoked key cannot be re-activated$"):
+        tenancy.key_update(key=key, changes={"status": status})
+    tenancy.key_revoke(key=key)  # revoked again: nothing to change, nothing recorded
+
+    key.refresh_from_db()
+    assert key.status == ApiKey.Status.REVOKED
+    assert OperatorAction.objects.count() == recorded
+
+
+def test_a_key_change_naming_a_field_keys_do_not_have_is_refused_whole(tenant):
+    key, _ = tenancy.key_create(tenant=tenant, name="web")
+
+    with pytest.raises(ValueError, match="^not a key field: colour, owner$"):
+        tenancy.key_update(key=key, changes={"owner": "x", "name": "shop", "colour": "red"})
+
+    key.refresh_from_db()
+    assert key.name == "web"
+
+
+def test_a_keys_origins_are_kept_as_a_list_whatever_sequence_they_came_in(tenant):
+    key, _ = tenancy.key_create(tenant=tenant)
+
+    tenancy.key_update(key=key, changes={"allowed_origins": (ORIGIN,)})
+
+    assert key.allowed_origins == [ORIGIN]
+    key.refresh_from_db()
+    assert key.allowed_origins == [ORIGIN]
+
+
 # --- the key's secret ------------------------------------------------------------------
 
 
