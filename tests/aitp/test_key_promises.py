@@ -182,6 +182,18 @@ def test_a_keys_origins_are_kept_as_a_list_whatever_sequence_they_came_in(tenant
     assert key.allowed_origins == [ORIGIN]
 
 
+def test_a_key_change_records_its_new_expiry_to_the_microsecond(tenant):
+    from aitp.models import OperatorAction
+
+    key, _ = tenancy.key_create(tenant=tenant)
+    expiry = timezone.now().replace(microsecond=123456) + timedelta(days=30)
+
+    tenancy.key_update(key=key, changes={"expires_at": expiry})
+
+    action = OperatorAction.objects.filter(action="key_updated").get()
+    assert action.data == {"prefix": key.prefix, "expires_at": expiry.isoformat()}
+
+
 # --- the key's secret ------------------------------------------------------------------
 
 
