@@ -1380,6 +1380,14 @@ async def agent_on(page: CuttingPage):
     return agent, session
 
 
+async def run_until_cut(page: CuttingPage, agent, text: str) -> None:
+    """Run a turn on ``page`` until it is cut, and the page's answers in flight land."""
+    page.task = asyncio.ensure_future(agent.run_turn(text))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(page.task), 30)
+    await asyncio.gather(*page.tasks)
+
+
 def add_to_cart_surface():
     from aitp.tools import ToolSurface, parse_client_tools
 
@@ -1391,11 +1399,7 @@ async def test_an_answer_that_arrived_as_the_turn_was_cancelled_keeps_its_real_o
         **ANSWERED_ONE_AND_TWO, 3: {"status": "success", "result": {"added": 3}}})
     agent, session = await agent_on(page)
     llm.enqueue(tool_use_response(ALL_ANSWERED_ADDS))
-    page.task = asyncio.ensure_future(agent.run_turn("add one, two, three"))
-
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(asyncio.shield(page.task), 30)
-    await asyncio.gather(*page.tasks)
+    await run_until_cut(page, agent, "add one, two, three")
 
     told = [results_told(m["content"]) for m in agent.history if results_told(m["content"])]
     assert told == [[("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
@@ -1414,11 +1418,7 @@ async def test_a_cut_as_the_second_answer_lands_keeps_it_and_ends_the_call_not_y
     page = CuttingPage(add_to_cart_surface(), cut_after=2, answers=ANSWERED_ONE_AND_TWO)
     agent, session = await agent_on(page)
     llm.enqueue(tool_use_response(ALL_ANSWERED_ADDS))
-    page.task = asyncio.ensure_future(agent.run_turn("add one, two, three"))
-
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(asyncio.shield(page.task), 30)
-    await asyncio.gather(*page.tasks)
+    await run_until_cut(page, agent, "add one, two, three")
 
     told = [("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
             ("toolu_3", True, "The turn was cancelled before the tool answered.")]
@@ -1452,11 +1452,7 @@ async def test_a_turn_cut_twice_during_a_call_still_ends_every_call_and_answers_
 
     monkeypatch.setattr(AgentStore, "checkpoint", checkpoint_while_the_page_leaves)
     llm.enqueue(tool_use_response(ALL_ANSWERED_ADDS))
-    page.task = asyncio.ensure_future(agent.run_turn("add one, two, three"))
-
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(asyncio.shield(page.task), 30)
-    await asyncio.gather(*page.tasks)
+    await run_until_cut(page, agent, "add one, two, three")
 
     assert cut_again == [True]
     told = [("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
