@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from typing import Any
 
 from aitp.voice.base import Audio, SpeechError, SpeechToText, TextToSpeech, Transcription
 
@@ -38,9 +39,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_stt: SpeechToText | None = None
-_tts: TextToSpeech | None = None
-_stt_path = _tts_path = ""  # the dotted paths they were made from
+# "stt" and "tts": the engine and the dotted path it was made from (made again
+# when the configuration names another).
+_engines: dict[str, tuple[str, Any]] = {}
 _problems: dict[tuple[str, str], list[str]] = {}
 # The offline engines' check under way, per configuration.
 _checks: dict[tuple[str, str], concurrent.futures.Future] = {}
@@ -54,22 +55,20 @@ def _engine(path: str):
 
 def get_stt() -> SpeechToText:
     """The process-wide speech-to-text engine the configuration names."""
-    global _stt, _stt_path
-    path = _voice().stt_backend
-    with _lock:
-        if _stt is None or _stt_path != path:
-            _stt, _stt_path = _engine(path), path
-        return _stt
+    return _made("stt", _voice().stt_backend)
 
 
 def get_tts() -> TextToSpeech:
     """The process-wide text-to-speech engine the configuration names."""
-    global _tts, _tts_path
-    path = _voice().tts_backend
+    return _made("tts", _voice().tts_backend)
+
+
+def _made(kind: str, path: str) -> Any:
     with _lock:
-        if _tts is None or _tts_path != path:
-            _tts, _tts_path = _engine(path), path
-        return _tts
+        held = _engines.get(kind)
+        if held is None or held[0] != path:
+            held = _engines[kind] = (path, _engine(path))
+        return held[1]
 
 
 def _voice():
@@ -182,9 +181,7 @@ async def audio_available_async() -> bool:
 
 def reset_engines() -> None:
     """Forget the engines and the availability check (tests that change settings call this)."""
-    global _stt, _tts, _stt_path, _tts_path
     with _lock:
-        _stt = _tts = None
-        _stt_path = _tts_path = ""
+        _engines.clear()
         _problems.clear()
         _checks.clear()
