@@ -236,7 +236,9 @@ class Anchorer:
                     self._cond.wait(wait)
                 assert self._latest is not None
                 seq, digest, keyed_from = self._latest
-                self._writing = True
+                # A flush asked for while this checkpoint is written is for
+                # newer events: it stays asked for.
+                self._writing, self._force = True, False
             try:
                 self._write(seq, digest, keyed_from)
             finally:
@@ -245,7 +247,7 @@ class Anchorer:
                     # with the next events or the next interval.
                     self._anchored = max(self._anchored, seq)
                     self._anchored_at = time.monotonic()
-                    self._writing = self._force = False
+                    self._writing = False
                     self._cond.notify_all()
 
     def _write(self, seq: int, digest: str, keyed_from: int) -> None:

@@ -90,9 +90,39 @@ def test_a_checkpoint_is_written_after_the_events_transaction_commits_never_insi
         assert not anchor_file.exists()
 
     assert anchors.flush(timeout=PATIENCE)
-    written = checkpoints(anchor_file)
-    assert [(c.seq, c.hash, c.keyed_from, c.key_id) for c in written] == [
-        (3, AuditEvent.objects.get(seq=3).hash, 1, current_key().id)]
+    # The thread may take the first event before the others are offered;
+    # the newest checkpoint is of the transaction's last event.
+    newest = checkpoints(anchor_file)[-1]
+    assert (newest.seq, newest.hash, newest.keyed_from, newest.key_id) == (
+        3, AuditEvent.objects.get(seq=3).hash, 1, current_key().id)
+
+
+def test_a_flush_asked_for_while_a_checkpoint_is_written_anchors_the_newer_events(
+        anchor_file, monkeypatch):
+    started, release = threading.Event(), threading.Event()
+    append_line = anchors.append_line
+
+    def slow_first_line(path: str, line: str) -> None:
+        if not started.is_set():
+            started.set()
+            release.wait(PATIENCE)
+        append_line(path, line)
+
+    monkeypatch.setattr(anchors, "append_line", slow_first_line)
+    anchors.committed(1, "a" * 64, 1)  # this process's first: written at once
+    assert started.wait(PATIENCE)
+    anchors.committed(2, "b" * 64, 1)  # far from the count and the interval
+    flushed: list[bool] = []
+    flusher = threading.Thread(target=lambda: flushed.append(anchors.flush(timeout=PATIENCE)))
+    flusher.start()
+    with anchors.ANCHORER._cond:  # the flush has asked before the first line is done
+        assert anchors.ANCHORER._cond.wait_for(lambda: anchors.ANCHORER._force, PATIENCE)
+
+    release.set()
+    flusher.join(PATIENCE)
+
+    assert flushed == [True]
+    assert [c.seq for c in checkpoints(anchor_file)] == [1, 2]
 
 
 @pytest.mark.django_db(transaction=True)
