@@ -51,6 +51,7 @@ def admin_rows() -> Rows:
     orders; users and groups; login attempts of every kind the admin lists."""
     from axes.models import AccessAttempt, AccessFailureLog, AccessLog
     from django.contrib.auth.models import Group
+    from django.utils import timezone
 
     from aitp import tenancy
     from aitp.models import ConversationMessage, DailyUsage, OperatorAction, ToolCall
@@ -129,6 +130,9 @@ def admin_rows() -> Rows:
                                      failures_since_start=3)
         AccessLog.objects.create(**common, logout_time=MOMENT)
         AccessFailureLog.objects.create(**common, locked_out=True)
-    for model in (AccessAttempt, AccessLog, AccessFailureLog):
+    for model in (AccessLog, AccessFailureLog):
         model.objects.update(attempt_time=MOMENT)
+    # A login attempt older than the cool-off is forgotten at the next login,
+    # so the attempts are the moment the rows are made, not MOMENT.
+    AccessAttempt.objects.update(attempt_time=timezone.now())
     return Rows(tenants=tenants, sessions=sessions, approvals=approvals, root=root)
