@@ -11,6 +11,7 @@ reached through ``aitp.ports`` by the ``AgentStore``.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from agent.parts import TurnParts, unknown_call
 from aitp import protocol as p
@@ -18,6 +19,7 @@ from aitp.calls import APPROVAL_DECISIONS, CallEvent, Party
 from aitp.ledger import DECLINED_MESSAGE, DENIED, ERROR, OPERATOR_DECLINED_MESSAGE, SUCCESS, Outcome, PendingCall
 from aitp.ports import ApprovalError
 from aitp.turn import TurnEvent
+from runtime import metrics
 
 MISMATCH_MESSAGE = (
     "The action was not approved: the page asked its user about different arguments than this "
@@ -85,6 +87,7 @@ class Approvals:
                     call.resolve(outcome)
             return p.error_event(exc.code, exc.message, callId=call.call_id)
         call.approval_id = approval.id
+        call.approval_asked_at = time.monotonic()
         call.step(CallEvent.APPROVAL_REQUESTED, by=Party.PAGE)
         call.extend(asyncio.get_running_loop().time() + parts.config.approval_timeout)
         await parts.io.send(TurnEvent.APPROVAL_ASKED)
@@ -118,6 +121,9 @@ class Approvals:
             return None
         # An interface tool: the response replaces the TOOL_RESULT. A refusal
         # is never a success, whatever else the frame carries.
+        if call.approval_asked_at is not None:
+            metrics.approval_waited("approved" if payload.approved else "denied",
+                                    time.monotonic() - call.approval_asked_at)
         if not payload.approved:
             call.declined_by = "user"
             call.resolve(Outcome(DENIED, error=DECLINED_MESSAGE))

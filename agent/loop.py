@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
@@ -62,7 +63,7 @@ from aitp.llm import LlmBackend, LlmError, LlmRequest, Usage
 from aitp.ports import ServerTool
 from aitp.quota import QuotaExceeded, TokenQuota
 from aitp.turn import TurnEvent
-from runtime import model_access
+from runtime import metrics, model_access
 
 __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "TurnIO", "TurnOver",
            "bounded_history"]
@@ -134,11 +135,13 @@ class Agent:
                 if not text:
                     await self.io.send(p.voice_state("turn_complete"))
                     done = p.agent_response("", True)
+                    run.outcome = "answered"
                     return
                 run.speaker = self._speaker = Speaker(self.io.send, owner=voice.owner)
             rounds = await self._answer(text, run)
             model_access.turn_answered()
             done = p.agent_response("".join(run.full_text), True)
+            run.outcome = "answered"
             log.info("turn %s done: %s rounds", self.turn, rounds)
         except asyncio.CancelledError as cut:
             # A barge-in, or the page gone (closed, ended by an operator, the
@@ -149,13 +152,17 @@ class Agent:
             raise
         except (LlmError, QuotaExceeded) as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
+            run.outcome = "refused"  # the tenant's token quota
             if isinstance(exc, LlmError):
+                run.outcome = "failed"
+                metrics.llm_error(exc.code)
                 model_access.turn_failed(exc.code, exc.detail)
             self._record_failure(exc.code, exc.message)
             done = await _failed(self.io, run, exc.code, exc.message)
         except Exception:
             # Our bug, not the peer's: log it, end the turn for the page.
             log.exception("turn %s crashed", self.turn)
+            run.outcome = "failed"
             self._record_failure("internal_error", INTERNAL_ERROR_MESSAGE)
             done = await _failed(self.io, run, "internal_error", INTERNAL_ERROR_MESSAGE)
         finally:
@@ -165,6 +172,7 @@ class Agent:
                 # outcomes of the calls that finished in this turn are in it.
                 cut_again = await _to_the_end(self._wind_up(run, voice))
             finally:
+                run.measured()
                 # Last of all, whatever the bookkeeping raised: the page may
                 # send its next message the moment it reads the done frame,
                 # and the turn must be over by then.
@@ -218,7 +226,11 @@ class Agent:
             await run.speaker.aclose()
         await run.streamer.discard()
         counted = await self.quota.take_counted() if self.quota is not None else None
-        await self._checkpoint(usage=run.usage, audio=audio_usage(voice, run.speaker), counted=counted)
+        audio = audio_usage(voice, run.speaker)
+        if audio is not None:
+            metrics.voice("heard", audio["audio_heard_ms"] / 1000)
+            metrics.voice("spoken", audio["audio_spoken_ms"] / 1000)
+        await self._checkpoint(usage=run.usage, audio=audio, counted=counted)
 
     async def _store_said(self, run: _Run, *, interrupted: bool) -> None:
         """After a barge-in or the page's leaving: the answer as far as the user
@@ -317,9 +329,11 @@ class Agent:
             await self._append("assistant", content)
             await self._checkpoint(calls=calls)
             for index, call in enumerate(calls):
+                call.began = time.monotonic()
                 outcomes[index] = (skip or (refused[index] if refused else None)
                                    or await self._run_one(call))
                 call.finish(outcomes[index])
+                _measured(call, outcomes[index])
                 await self.store.finish_call(call, outcomes[index])
         except BaseException as exc:
             # Cancelled (disconnect, barge-in) or a bug: the calls not yet
@@ -354,10 +368,12 @@ class Agent:
                 # cut landed, before the turn read it: the answer stands, in
                 # the row and for the model.
                 outcomes[index] = call.future.result()
+                _measured(call, outcomes[index])
                 await self.store.finish_call(call, outcomes[index])
                 continue
             outcomes[index] = Outcome(status, error=error)
             call.resolve(outcomes[index])
+            _measured(call, outcomes[index])
             if call.approval_id is not None:
                 # The call's end with its approval's event, in one transaction.
                 try:
@@ -439,6 +455,22 @@ class _Run:
     speaker: Speaker | None = None
     # Where the text of the round not yet stored starts in the full text.
     round_start: int = 0
+    started: float = field(default_factory=time.monotonic)
+    # How it ended: answered, failed, refused (the token quota), or cut.
+    outcome: str = "cut"
+
+    def measured(self) -> None:
+        first_text = self.streamer.first_text_at
+        metrics.turn_ended(self.outcome, time.monotonic() - self.started,
+                           None if first_text is None else first_text - self.started)
+        metrics.llm_used(input_tokens=self.usage.input_tokens, output_tokens=self.usage.output_tokens,
+                         cache_read_tokens=self.usage.cache_read_tokens,
+                         cache_write_tokens=self.usage.cache_write_tokens)
+
+
+def _measured(call: PendingCall, outcome: Outcome) -> None:
+    metrics.tool_call("server" if call.origin == "server" else "page", outcome.status,
+                      time.monotonic() - call.began)
 
 
 def _cancel_message(status: str) -> str:

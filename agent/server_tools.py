@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from agent.approvals import Approvals, declined_message
 from agent.parts import TurnParts
@@ -35,6 +36,7 @@ from aitp.ledger import (
 from aitp.ports import ServerTool
 from aitp.tools import canonical_json
 from aitp.turn import TurnEvent
+from runtime import metrics
 
 # The turn logs under one name, whichever piece of it writes the line.
 logger = logging.getLogger("agent.loop")
@@ -80,7 +82,9 @@ class ServerTools:
                         "waiting", message="Waiting for an operator to approve this action.",
                         data={"callId": call.call_id, "reason": "operator_approval"},
                     ))
+                asked = time.monotonic()
                 decision = await self.await_decision(call)
+                metrics.approval_waited(decision or "expired", time.monotonic() - asked)
                 if decision is None:
                     outcome = Outcome(EXPIRED, error=SERVER_EXPIRED_MESSAGE)
                     await parts.store.approval_expire(call, outcome)

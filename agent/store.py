@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 # The checkpoints, and the progress marks, of every turn of this process: those
 # asked for while one is on its way go together, in one transaction
 # (runtime.group_write).
-CHECKPOINTS = GroupWrite(lambda writes: store.current().turn_checkpoints(writes))
-MARKS = GroupWrite(lambda writes: store.current().tool_call_marks(writes))
+CHECKPOINTS = GroupWrite(lambda writes: store.current().turn_checkpoints(writes), name="checkpoints")
+MARKS = GroupWrite(lambda writes: store.current().tool_call_marks(writes), name="call_marks")
 
 
 class AgentStore:

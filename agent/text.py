@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 from aitp import protocol as p
@@ -30,10 +31,14 @@ class TextStreamer:
         self._sending = False
         # Characters of text handed to the page so far (what a cut turn stores).
         self.sent_chars = 0
+        # time.monotonic() of the first text (the turn's time to first token).
+        self.first_text_at: float | None = None
 
     def push(self, text: str) -> None:
         if not text:
             return
+        if self.first_text_at is None:
+            self.first_text_at = time.monotonic()
         self._buffer.append(text)
         if self._timer is None or self._timer.done():
             self._timer = asyncio.create_task(self._flush_later())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -152,6 +153,9 @@ class PendingCall:
     declined_by: str = ""
     # Whether the deadline was moved once already (``extend``).
     extended: bool = False
+    # time.monotonic() when it began to run, and when the page asked for its approval.
+    began: float = field(default_factory=time.monotonic)
+    approval_asked_at: float | None = None
 
     @property
     def risk(self) -> Risk:

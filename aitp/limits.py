@@ -52,6 +52,7 @@ from aitp import protocol as p
 from aitp.close_codes import CLOSE_TRY_AGAIN_LATER
 from aitp.quota import USAGE_LIMIT_CODE, USAGE_LIMIT_MESSAGE, token_quota_used_up
 from aitp.session import SessionMachine
+from runtime import metrics
 from runtime.config import LimitsConfig
 from runtime.config import config as current_config
 from runtime.flood_log import FloodLog
@@ -289,6 +290,7 @@ class ConnectionLimits:
             return False  # closing: nothing more is read, answered or logged
         if self._frames is None or self._local.hit(self._frames, "frames"):
             return True
+        metrics.rate_limited("frames")
         self._floods.count("frames", subject=_whose(machine), what="frames dropped",
                            detail=f"over {self.config.frames_per_second} a second",
                            level=logging.WARNING)
@@ -317,6 +319,7 @@ class ConnectionLimits:
         done (protocol.md §5)."""
         refusal = None
         if self._inputs is not None and not self._local.hit(self._inputs, "inputs"):
+            metrics.rate_limited("user_inputs")
             self._floods.count("inputs", subject=_whose(machine), what="user inputs refused",
                                detail=f"over {self.config.user_inputs_per_minute} a minute")
             stats = self._local.get_window_stats(self._inputs, "inputs")
@@ -350,6 +353,7 @@ class ConnectionLimits:
         while the call is under its limit, else the error to answer with."""
         if self._approvals is None or self._local.hit(self._approvals, "approvals", call_id):
             return None
+        metrics.rate_limited("approval_requests")
         self._floods.count("approvals", subject=_whose(self._machine), what="approval requests refused",
                            detail=f"over {self.config.approval_requests_per_call} for one tool call")
         return p.error_event(
@@ -369,6 +373,7 @@ class ConnectionLimits:
             return True
         # Logged by its lookup prefix (what the console shows), never whole.
         prefix = raw_key[:KEY_SHOWN]
+        metrics.rate_limited("session_opens")
         self.shared.refusals.count(
             prefix, subject=f"key {prefix!r}", what="session opens refused",
             detail=f"over {self.config.session_opens_per_key_per_minute} a minute",
@@ -378,11 +383,13 @@ class ConnectionLimits:
             "Too many new sessions for this API key; try again in a minute.",
             limit="session_opens_per_key_per_minute", retryAfterMs=int(retry_after * 1000),
         ))
+        machine.refused = RATE_LIMITED
         machine.close_now(CLOSE_TRY_AGAIN_LATER, "too many sessions opened, retry later")
         return False
 
     def audio_refused(self, machine: SessionMachine) -> None:
         """A microphone chunk refused as too fast (``audio_too_fast``)."""
+        metrics.rate_limited("audio")
         self._floods.count("audio", subject=_whose(machine), what="audio chunks dropped",
                            detail="microphone audio faster than allowed")
 

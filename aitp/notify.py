@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+
+from runtime import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -30,29 +33,41 @@ async def join(layer, groups: list[str], channel: str, *, ask: str | None = None
     (``groups_add``, the Redis layer), else one group after another. With
     ``ask``, such a layer also says, in that round trip, whether that group
     has members (once the channel joined its groups); None: not asked."""
-    many = getattr(layer, "groups_add", None)
-    if many is not None:
-        return await many(groups, channel, ask=ask)
-    for group in groups:
-        await layer.group_add(group, channel)
-    return None
+    started = time.monotonic()
+    try:
+        many = getattr(layer, "groups_add", None)
+        if many is not None:
+            return await many(groups, channel, ask=ask)
+        for group in groups:
+            await layer.group_add(group, channel)
+        return None
+    finally:
+        metrics.channel_layer_call("join", time.monotonic() - started)
 
 
 async def leave(layer, groups: list[str], channel: str) -> None:
     """Take a channel out of several groups (``groups_discard`` where the layer has it)."""
-    many = getattr(layer, "groups_discard", None)
-    if many is not None:
-        await many(groups, channel)
-        return
-    for group in groups:
-        await layer.group_discard(group, channel)
+    started = time.monotonic()
+    try:
+        many = getattr(layer, "groups_discard", None)
+        if many is not None:
+            await many(groups, channel)
+            return
+        for group in groups:
+            await layer.group_discard(group, channel)
+    finally:
+        metrics.channel_layer_call("leave", time.monotonic() - started)
 
 
 async def asend(group: str, event_type: str, **fields) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    await layer.group_send(group, {"type": event_type, **fields})
+    started = time.monotonic()
+    try:
+        await layer.group_send(group, {"type": event_type, **fields})
+    finally:
+        metrics.channel_layer_call("send", time.monotonic() - started)
 
 
 def send(group: str, event_type: str, **fields) -> None:

@@ -71,6 +71,7 @@ from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module o
     pid_state,
 )
 from aitp.models import ServerProcess, Session
+from runtime import metrics
 from runtime.config import config
 from runtime.db import db_call
 
@@ -329,6 +330,7 @@ async def drain(timeout: float | None = None) -> None:
     process stopped."""
     global _draining
     _draining = True
+    metrics.draining(True)
     timeout = config().store.shutdown_drain if timeout is None else timeout
     for timer in _timers:
         timer.cancel()

@@ -37,7 +37,7 @@ ROW_WRITE_INTERVAL = 1.0
 
 # The writes of every connection of this process: those asked for while one
 # is on its way go together, in one database call.
-LIVE_ROWS = GroupWrite(lambda writes: store.current().sessions_write_live(writes))
+LIVE_ROWS = GroupWrite(lambda writes: store.current().sessions_write_live(writes), name="session_rows")
 
 
 class SessionRowWriter:

@@ -173,6 +173,8 @@ class SessionMachine:
     # Every invalid frame of the connection (its flood log counts them).
     invalid_frames: int = 0
     close: Close | None = None
+    # The error code of a permanent refusal (``refuse``), once given.
+    refused: str | None = None
     url: str = ""
     title: str = ""
     context: dict[str, Any] = field(default_factory=dict)
@@ -355,6 +357,7 @@ class SessionMachine:
         will not retry (protocol.md §10)."""
         if self.state is State.CLOSED:
             return
+        self.refused = code
         self._queue(p.error_event(code, message))
         self.close_now(close_code, reason)
 

@@ -37,7 +37,7 @@ from aitp.session import (
 from aitp.watch_feed import WatcherFeed
 from connection import opening
 from connection.turns import TurnOwner
-from runtime import logs
+from runtime import logs, metrics
 from runtime.config import config
 from runtime.db import db_call
 from runtime.group_write import GroupWrite
@@ -47,7 +47,8 @@ logger = logging.getLogger(__name__)
 
 # The session rows this process's connections close: closes that meet in time
 # go to the database together (runtime.group_write).
-SESSION_CLOSES = GroupWrite(lambda closes: store.current().sessions_close(closes))
+SESSION_CLOSES = GroupWrite(lambda closes: store.current().sessions_close(closes),
+                            name="session_closes")
 
 
 class Socket(Protocol):
@@ -172,6 +173,7 @@ class ConnectionRunner:
         # One INFO line per session, at its close (with its tenant and length).
         logger.debug("session %s: opened for tenant %s", session.id, session.tenant_id)
         self.feed = WatcherFeed(session)
+        metrics.session_opened()
         self.feed.start(watched)
         self.row_writer.open(session.id, self.feed)
         self.feed.session_changed("opened")
@@ -297,6 +299,11 @@ class ConnectionRunner:
         # The last snapshot and state the row is owed go with its close.
         owed = await self.row_writer.finish()
         await self._end_row_and_groups(code, reason, owed)
+        if self.feed is not None:
+            metrics.session_closed()
+        else:
+            # Never opened: the error it was given, or it left before that.
+            metrics.session_refused(self.machine.refused or "left_before_open")
 
     async def _end_row_and_groups(self, code: int, reason: str, owed: dict | None = None) -> None:
         groups, self.groups_joined = self.groups_joined, []

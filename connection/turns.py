@@ -39,6 +39,7 @@ from aitp.session import (
 )
 from aitp.tools import ToolSurface
 from aitp.turn import Do, Move, TurnEvent
+from runtime import metrics
 from runtime.config import config
 from speech.utterance import AudioBudget
 
@@ -140,6 +141,7 @@ class TurnOwner:
         if allowed:
             await self.agent.run_turn(text, voice=voice)
             return
+        metrics.turn_ended("refused")
         if live:
             self.machine.send(p.voice_state("turn_complete"))
         self._turn(TurnEvent.REFUSED, done=p.agent_response("", True))

@@ -146,6 +146,14 @@ def _load_engines_early() -> None:
                      daemon=True).start()
 
 
+def _serve_metrics() -> None:
+    """The figures for a host's monitoring, on their own address (the log says where)."""
+    from runtime import metrics, metrics_server
+
+    if metrics_server.start() is not None:
+        metrics.draining(False)  # this process's line, from its start
+
+
 DEFAULT_API_URL = "https://api.anthropic.com"
 
 
@@ -257,6 +265,7 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     from owllayer_site import access_log
     # No ?apiKey= value in daphne's access log; JSON lines when the log's are.
     access_log.install(json_lines=config().site.log_format == "json")
+    _serve_metrics()
     _load_engines_early()
     _check_model_key()
     _quiet_garbage_collector()

@@ -6,6 +6,7 @@ stops the process at start-up instead of changing behaviour silently.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -381,6 +382,19 @@ OWLLAYER_INVITATION_DAYS = env_float("OWLLAYER_INVITATION_DAYS", 7.0, minimum=0.
 # Whether a person without an account may make one through an invitation
 # link (else an operator makes the account first, and the person signs in).
 OWLLAYER_INVITATION_SIGN_UP = env_bool("OWLLAYER_INVITATION_SIGN_UP", True)
+
+# Figures for a host's monitoring, in Prometheus' text format (runtime/metrics.py):
+# collected unless off; served at http://OWLLAYER_METRICS_ADDRESS/metrics (""
+# serves none), the loopback address by default; with a token, a scrape must
+# send `Authorization: Bearer <token>`. The processes of one host that share
+# OWLLAYER_METRICS_DIR share the address and each answers with the sum of all.
+OWLLAYER_METRICS = env_bool("OWLLAYER_METRICS", True)
+OWLLAYER_METRICS_ADDRESS = env_str("OWLLAYER_METRICS_ADDRESS", "127.0.0.1:9464").strip()
+if OWLLAYER_METRICS_ADDRESS and not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\s]+):\d{1,5}", OWLLAYER_METRICS_ADDRESS):
+    raise ImproperlyConfigured("OWLLAYER_METRICS_ADDRESS must be host:port (e.g. 127.0.0.1:9464, "
+                               f"[::1]:9464) or empty, got {OWLLAYER_METRICS_ADDRESS!r}")
+OWLLAYER_METRICS_TOKEN = env_str("OWLLAYER_METRICS_TOKEN", "")
+OWLLAYER_METRICS_DIR = env_str("OWLLAYER_METRICS_DIR", "")
 
 # "text": `time LEVEL logger message`; "json": one JSON object per line, with
 # the session's id and tenant on every line of a session (runtime/logs.py).

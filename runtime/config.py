@@ -229,6 +229,16 @@ class LoginConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The figures a host's monitoring reads (runtime.metrics, runtime.metrics_server)."""
+
+    enabled: bool
+    address: str  # host:port of the endpoint; "" serves none
+    token: str  # "" asks none (the default address is the loopback one)
+    directory: str  # shared by a host's processes; "" keeps one of the process's own
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """The site itself: where it is installed, and the origins trusted besides its own host."""
 
@@ -250,6 +260,7 @@ class Config:
     audit: AuditConfig
     console: ConsoleConfig
     login: LoginConfig
+    metrics: MetricsConfig
 
 
 # --- building it ---------------------------------------------------------------
@@ -398,6 +409,12 @@ def build(s: Any) -> Config:
             address_failure_limit=s.OWLLAYER_LOGIN_ADDRESS_FAILURE_LIMIT,
             # django-axes' own setting (its default lives in axes.conf).
             lockout_status=s.AXES_HTTP_RESPONSE_CODE,
+        ),
+        metrics=MetricsConfig(
+            enabled=s.OWLLAYER_METRICS,
+            address=s.OWLLAYER_METRICS_ADDRESS,
+            token=s.OWLLAYER_METRICS_TOKEN,
+            directory=s.OWLLAYER_METRICS_DIR,
         ),
     )
 

@@ -33,6 +33,7 @@ from channels.consumer import get_handler_name
 from channels.db import aclose_old_connections
 from django.db import close_old_connections
 
+from runtime import metrics
 from runtime.config import config
 
 P = ParamSpec("P")
@@ -128,7 +129,11 @@ async def db_call(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R
     does not run.
     """
     call = functools.partial(contextvars.copy_context().run, _in_thread, fn, args, kwargs)
-    return await threads().submit(asyncio.get_running_loop(), call)
+    started = time.monotonic()
+    try:
+        return await threads().submit(asyncio.get_running_loop(), call)
+    finally:
+        metrics.database_call(time.monotonic() - started)
 
 
 def _in_thread(fn: Callable[..., R], args: tuple, kwargs: dict) -> R:

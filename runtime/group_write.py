@@ -28,6 +28,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from runtime import metrics
 from runtime.db import db_call
 
 WriteMany = Callable[[list[dict]], list[BaseException | None]]
@@ -39,8 +40,10 @@ class Gathered:
     """Requests asked for while a group is on its way go together in the
     next one (``send_many``); a lone request goes at once."""
 
-    def __init__(self, send_many: SendMany) -> None:
+    def __init__(self, send_many: SendMany, *, name: str = "") -> None:
         self.send_many = send_many
+        # Named: how many wait is one of the process's figures (runtime.metrics).
+        self.name = name
         self._waiting: list[tuple[dict, asyncio.Future]] = []
         self._sending: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -57,6 +60,7 @@ class Gathered:
         future = loop.create_future()
         entry = (arguments, future)
         self._waiting.append(entry)
+        self._count_waiting()
         if self._sending is None or self._sending.done():
             self._sending = loop.create_task(self._send())
         try:
@@ -70,6 +74,7 @@ class Gathered:
         try:
             while self._waiting:
                 group, self._waiting = self._waiting, []
+                self._count_waiting()
                 try:
                     outcomes = await self.send_many([arguments for arguments, _ in group])
                 except asyncio.CancelledError:
@@ -92,14 +97,19 @@ class Gathered:
             raise
 
 
+    def _count_waiting(self) -> None:
+        if self.name:
+            metrics.writes_waiting(self.name, len(self._waiting))
+
+
 class GroupWrite(Gathered):
     """Writes of many connections in one database call (see the module)."""
 
-    def __init__(self, write_many: WriteMany) -> None:
+    def __init__(self, write_many: WriteMany, *, name: str = "") -> None:
         async def send_many(writes: list[dict]) -> list[Any]:
             return await db_call(write_many, writes)
 
-        super().__init__(send_many)
+        super().__init__(send_many, name=name)
 
     async def write(self, **arguments) -> None:
         """Write with the group on its way next; raises what that write raised.

@@ -79,6 +79,10 @@ _ = _Names()
 (_.handle_async, _.failByDrop, _.__str__, _.default_schema, _.field_title_should_be_set,
  _.nullable_schema)
 (_.signum,)
+# The standard library's HTTP server: its handler's methods and its attributes (runtime.metrics_server).
+(_.do_GET, _.log_message, _.daemon_threads, _.address_family, _.allow_reuse_port)
+# prometheus_client reads its values' class from its module (runtime.metrics sets it).
+(_.ValueClass,)
 
 # The Python client's API for its users (aitp_client).
 (_.wait_closed, _.recv_until, _.say)

@@ -189,6 +189,8 @@ def server_env(database_url: str) -> dict[str, str]:
     env["DATABASE_URL"] = database_url
     env["DJANGO_SETTINGS_MODULE"] = "owllayer_site.settings"
     env["PYTHONUNBUFFERED"] = "1"
+    # Each test server's figures on a port of its own (the default is one per host).
+    env.setdefault("OWLLAYER_METRICS_ADDRESS", "127.0.0.1:0")
     # The child must import this checkout, whatever the caller's cwd was.
     env["PYTHONPATH"] = os.pathsep.join(
         [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
