@@ -181,7 +181,7 @@ async def open_pages(target: Target, api_key: str, log: Observations, count: int
     return peers
 
 
-async def _each(peers: Sequence[Peer], work: Callable[[Peer, int], Awaitable[None]]) -> float:
+async def each_peer(peers: Sequence[Peer], work: Callable[[Peer, int], Awaitable[None]]) -> float:
     """Run ``work(peer, number)`` for every peer at once; the wall seconds."""
     started = measure.clock()
     try:
@@ -222,7 +222,7 @@ async def turns(side: Side, api_key: str, log: Observations, *, sessions: int,
                                             timeout=LOAD_TIMEOUT))
 
     try:
-        seconds = await _each(peers, work)
+        seconds = await each_peer(peers, work)
     finally:
         await _close_all(peers)
     return Sample(count=sessions * per_session, seconds=seconds, latencies=latencies,
@@ -315,7 +315,7 @@ def is_text_delta(frame: dict) -> bool:
     return frame.get("type") == "AGENT_RESPONSE" and frame["payload"].get("done") is False
 
 
-async def _send_until_accepted(peer: Peer, payload: dict, answered, log: Observations,
+async def send_until_accepted(peer: Peer, payload: dict, answered, log: Observations,
                                on_frame, timeout: float = ANSWER_TIMEOUT) -> list[dict]:
     for _ in range(MAX_TURN_RETRIES + 1):
         try:
@@ -343,11 +343,11 @@ async def streamed_deltas(side: Side, api_key: str, log: Observations, *, sessio
 
     async def work(peer: Peer, number: int) -> None:
         for _ in range(per_session):
-            await _send_until_accepted(peer, {"modality": "text", "content": STREAM_PROMPT},
+            await send_until_accepted(peer, {"modality": "text", "content": STREAM_PROMPT},
                                        is_turn_done_frame, log, on_frame, LOAD_TIMEOUT)
 
     try:
-        seconds = await _each(peers, work)
+        seconds = await each_peer(peers, work)
     finally:
         await _close_all(peers)
     if not latencies:
@@ -377,7 +377,7 @@ async def paced_echoes(side: Side, api_key: str, log: Observations, *, sessions:
             await asyncio.sleep(pause)
 
     try:
-        seconds = await _each(peers, work)
+        seconds = await each_peer(peers, work)
     finally:
         await _close_all(peers)
     return Sample(count=len(latencies), seconds=seconds, latencies=latencies)
@@ -392,7 +392,7 @@ async def delta_frame_size(side: Side, api_key: str, log: Observations) -> int:
     peers = [peer]
     sizes: list[int] = []
     try:
-        frames = await _send_until_accepted(
+        frames = await send_until_accepted(
             peer, {"modality": "text", "content": STREAM_PROMPT}, is_turn_done_frame, log,
             None, timeout=WARMUP_TIMEOUT)
         sizes = [len(_dumps(frame).encode()) for frame in frames if is_text_delta(frame)]
@@ -491,7 +491,7 @@ async def voice_turns(side: Side, api_key: str, log: Observations, *, sessions: 
             heard.append(turn.heard)
 
     try:
-        seconds = await _each(peers, work)
+        seconds = await each_peer(peers, work)
     finally:
         await _close_all(peers)
     if not latencies:

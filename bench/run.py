@@ -33,7 +33,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
-from bench import environment, lines, measure, proxy, report, servers
+from bench import environment, first_text, lines, measure, proxy, report, servers
 from bench.drain import Drainer, NotDrained, run_rows
 from bench.lines import Side
 from bench.measure import BenchError, Observations, Target, Throughput
@@ -343,8 +343,33 @@ class Run:
                 self.measures.append(latency_line(
                     "streaming" if checks else "streaming_default", title,
                     pooled[name], pooled[self.baseline.target.name], checks_of=checks))
+            await self.first_text_added(sides["stream-0"], started["fake-llm"])
         finally:
             self.server_set.stop(["stream-0", "stream-default", "fake-llm"])
+
+    async def first_text_added(self, side: Side, fake: servers.Server) -> None:
+        """USER_INPUT -> the page's first text delta, against the same request
+        sent straight to the fake Messages API: what the server adds, for one
+        caller and for ``stream_sessions`` at once."""
+        config = self.config
+        rows: list[tuple[str, float, float | None]] = []
+        raw = {}
+        for sessions in (1, config.stream_sessions):
+            _progress(f"time to first text: {sessions} at once x {config.stream_turns} turns")
+            await self.drainer.drain(side.pids)
+            async with asyncio.timeout(PHASE_TIMEOUT):
+                product = await first_text.product_first_text(
+                    side, self.api_key, self.log, sessions=sessions, per_session=config.stream_turns)
+                direct = await first_text.direct_first_text(
+                    f"http://{servers.HOST}:{fake.port}", sessions=sessions,
+                    per_session=config.stream_turns, model=settings.OWLLAYER_MODEL)
+            p, b = latency_summary(product.latencies), latency_summary(direct.latencies)
+            rows += [(f"{sessions} at once: p50 ms", p["p50"], b["p50"]),
+                     (f"{sessions} at once: added p50 ms", p["p50"] - b["p50"], None)]
+            raw[str(sessions)] = {"product": _raw(product, p), "direct": _raw(direct, b)}
+        self.measures.append(report.line_measure(
+            "first_text_added", "time to first text, added by the server", rows, checks_of="-",
+            raw=raw))
 
     async def voice(self) -> None:
         """Voice turns on the offline engines, one concurrency step after the

@@ -27,7 +27,7 @@ TINY = ["--handshakes", "2", "--round-trips", "2", "--turns", "2", "--sessions",
         "--stream-turns", "1", "--stream-deltas", "3", "--line-repeats", "1",
         "--no-stream-default", "--voice-sessions", "2", "--voice-samples", "1"]
 LINES = ["idle_memory", "handshake", "context_round_trip", "tool_turn", "concurrency", "opens",
-         "turns", "turns", "streaming", "voice"]
+         "turns", "turns", "streaming", "first_text_added", "voice"]
 # Set-up (migrate, two daphne start-ups) dominates; well under pytest's own timeout.
 RUN_TIMEOUT = 100
 
@@ -117,6 +117,12 @@ def test_a_tiny_run_reports_every_line_with_both_sides_and_a_ratio(tmp_path):
     # Every stamped delta of every streamed answer reached the page.
     assert measures["streaming"]["raw"]["product"]["count"] == 2 * 1 * 3
     assert measures["streaming"]["verdict"] in ("ok", "over")
+    # The first text of every turn, through the product and straight from the fake model.
+    first_text = measures["first_text_added"]
+    assert [row["stat"] for row in first_text["rows"]] == [
+        "1 at once: p50 ms", "1 at once: added p50 ms", "2 at once: p50 ms", "2 at once: added p50 ms"]
+    assert [(side["count"]) for sessions in ("1", "2") for side in first_text["raw"][sessions].values()] == [
+        1 * 1, 1 * 1, 2 * 1, 2 * 1]
     if embedded:
         # One session, then two, each speaking two turns; every turn heard and spoken back.
         voice = measures["voice"]["raw"]
