@@ -68,6 +68,7 @@ class Approvals:
     ) -> p.Message | None:
         """Open the call's approval row (its first ask, through ``asked``)."""
         parts = self.parts
+        asked_at = time.monotonic()  # the page asked: the person's wait starts
         try:
             approval = await parts.store.approval_request_client(
                 call, tool_name=tool_name, args=args, message=message,
@@ -87,7 +88,7 @@ class Approvals:
                     call.resolve(outcome)
             return p.error_event(exc.code, exc.message, callId=call.call_id)
         call.approval_id = approval.id
-        call.approval_asked_at = time.monotonic()
+        call.approval_asked_at = asked_at
         call.step(CallEvent.APPROVAL_REQUESTED, by=Party.PAGE)
         call.extend(asyncio.get_running_loop().time() + parts.config.approval_timeout)
         await parts.io.send(TurnEvent.APPROVAL_ASKED)
@@ -122,8 +123,9 @@ class Approvals:
         # An interface tool: the response replaces the TOOL_RESULT. A refusal
         # is never a success, whatever else the frame carries.
         if call.approval_asked_at is not None:
-            metrics.approval_waited("approved" if payload.approved else "denied",
-                                    time.monotonic() - call.approval_asked_at)
+            waited = time.monotonic() - call.approval_asked_at
+            parts.clock.approval += waited
+            metrics.approval_waited("approved" if payload.approved else "denied", waited)
         if not payload.approved:
             call.declined_by = "user"
             call.resolve(Outcome(DENIED, error=DECLINED_MESSAGE))

@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from agent.approvals import Approvals
 from agent.page_tools import PageTools
@@ -36,6 +37,7 @@ from agent.parts import (
     AgentIO,
     ApprovalLimits,
     PageSnapshot,
+    TurnClock,
     TurnIO,
     TurnOver,
     TurnParts,
@@ -61,6 +63,7 @@ from aitp.ledger import (
 )
 from aitp.llm import LlmBackend, LlmError, LlmRequest, Usage
 from aitp.ports import ServerTool
+from aitp.pricing import cost_micros, price_of
 from aitp.quota import QuotaExceeded, TokenQuota
 from aitp.turn import TurnEvent
 from runtime import metrics, model_access
@@ -97,8 +100,8 @@ class Agent:
         # Each model request is reserved against the tenant's token quota.
         self.quota = quota
         self.ledger = Ledger()
-        parts = TurnParts(session_id=session_id, tenant_id=tenant_id, config=config, io=io,
-                          store=store, ledger=self.ledger, limits=limits)
+        self.parts = parts = TurnParts(session_id=session_id, tenant_id=tenant_id, config=config,
+                                       io=io, store=store, ledger=self.ledger, limits=limits)
         self.approvals = Approvals(parts)
         self.page_tools = PageTools(parts, self.approvals)
         self.server_tools = ServerTools(parts, self.approvals, server_tools)
@@ -125,7 +128,8 @@ class Agent:
         same turn, with the answer spoken as well as written). It ends, last
         of all and whatever happened, with ``TurnOver``."""
         self.turn += 1
-        run = _Run(TextStreamer(self.io.send, self.config.stream_interval))
+        self.parts.clock = TurnClock()
+        run = _Run(TextStreamer(self.io.send, self.config.stream_interval), self.parts.clock)
         log = _SessionLog(logger, self.session_id)
         done: p.Message | None = None
         try:
@@ -187,8 +191,10 @@ class Agent:
         while True:
             force_answer = rounds >= self.config.max_tool_rounds
             request = self._build_request(force_answer=force_answer)
+            asked = time.monotonic()
             completion = await ask_model(self.backend, self.quota, request, run.usage, run.streamer,
                                          run.full_text, run.speaker)
+            run.clock.model += time.monotonic() - asked
             content, refused = as_recorded(completion.content, max_depth=self.config.max_json_depth,
                                            session_id=self.session_id)
             tool_uses = [b for b in content if b.get("type") == "tool_use"]
@@ -230,7 +236,8 @@ class Agent:
         if audio is not None:
             metrics.voice("heard", audio["audio_heard_ms"] / 1000)
             metrics.voice("spoken", audio["audio_spoken_ms"] / 1000)
-        await self._checkpoint(usage=run.usage, audio=audio, counted=counted)
+        await self._checkpoint(usage=run.usage, audio=audio, counted=counted,
+                               figures=run.figures(self.turn, self.config))
 
     async def _store_said(self, run: _Run, *, interrupted: bool) -> None:
         """After a barge-in or the page's leaving: the answer as far as the user
@@ -284,14 +291,15 @@ class Agent:
         self._unsaved.append({"seq": self._seq, "role": role, "content": content})
 
     async def _checkpoint(self, *, calls: list[PendingCall] = (), usage: Usage | None = None,
-                          audio: dict[str, int] | None = None, counted: Usage | None = None) -> None:
+                          audio: dict[str, int] | None = None, counted: Usage | None = None,
+                          figures: dict | None = None) -> None:
         """Write what the turn produced since the last checkpoint. Messages stay
         buffered until the write returns, so a checkpoint cut short by a
         cancellation is simply written again (it is idempotent)."""
         messages = list(self._unsaved)
         await self.store.checkpoint(
             turn=self.turn, messages=messages, calls=calls, usage=usage, turns=1 if usage else 0,
-            audio=audio, counted=counted,
+            audio=audio, counted=counted, figures=figures,
         )
         del self._unsaved[: len(messages)]
 
@@ -333,7 +341,7 @@ class Agent:
                 outcomes[index] = (skip or (refused[index] if refused else None)
                                    or await self._run_one(call))
                 call.finish(outcomes[index])
-                _measured(call, outcomes[index])
+                _measured(self.parts.clock, call, outcomes[index])
                 await self.store.finish_call(call, outcomes[index])
         except BaseException as exc:
             # Cancelled (disconnect, barge-in) or a bug: the calls not yet
@@ -368,12 +376,12 @@ class Agent:
                 # cut landed, before the turn read it: the answer stands, in
                 # the row and for the model.
                 outcomes[index] = call.future.result()
-                _measured(call, outcomes[index])
+                _measured(self.parts.clock, call, outcomes[index])
                 await self.store.finish_call(call, outcomes[index])
                 continue
             outcomes[index] = Outcome(status, error=error)
             call.resolve(outcomes[index])
-            _measured(call, outcomes[index])
+            _measured(self.parts.clock, call, outcomes[index])
             if call.approval_id is not None:
                 # The call's end with its approval's event, in one transaction.
                 try:
@@ -431,6 +439,7 @@ async def _to_the_end(work: Awaitable[None]) -> bool:
 
 async def _failed(io: TurnIO, run: _Run, code: str, message: str) -> p.Message:
     """The turn failed: the page gets the error, then an empty done."""
+    run.error_code = code
     await run.streamer.discard()
     await io.send(p.error_event(code, message))
     if run.speaker is not None:
@@ -450,27 +459,49 @@ class _Run:
     """What one turn has produced so far."""
 
     streamer: TextStreamer
+    clock: TurnClock
     usage: Usage = field(default_factory=Usage)
     full_text: list[str] = field(default_factory=list)
     speaker: Speaker | None = None
     # Where the text of the round not yet stored starts in the full text.
     round_start: int = 0
-    started: float = field(default_factory=time.monotonic)
-    # How it ended: answered, failed, refused (the token quota), or cut.
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # How it ended: answered, failed, refused (the token quota), or cut; and
+    # the code it failed with.
     outcome: str = "cut"
+    error_code: str = ""
+
+    def figures(self, number: int, config: AgentConfig) -> dict:
+        """The turn's record (``TurnRecord``): its times, tokens and cost."""
+        clock, first_text = self.clock, self.streamer.first_text_at
+        price = price_of(config.prices, config.model)
+        return {
+            "number": number, "started_at": self.started_at, "outcome": self.outcome,
+            "error_code": self.error_code,
+            "first_text_ms": None if first_text is None else _ms(first_text - clock.started),
+            "model_ms": _ms(clock.model), "approval_ms": _ms(clock.approval),
+            "tools_ms": _ms(max(0.0, clock.tools - clock.approval)),
+            "cost_micros": None if price is None else cost_micros(price, self.usage),
+            "model": config.model[:128],
+        }
 
     def measured(self) -> None:
-        first_text = self.streamer.first_text_at
-        metrics.turn_ended(self.outcome, time.monotonic() - self.started,
-                           None if first_text is None else first_text - self.started)
+        first_text, started = self.streamer.first_text_at, self.clock.started
+        metrics.turn_ended(self.outcome, time.monotonic() - started,
+                           None if first_text is None else first_text - started)
         metrics.llm_used(input_tokens=self.usage.input_tokens, output_tokens=self.usage.output_tokens,
                          cache_read_tokens=self.usage.cache_read_tokens,
                          cache_write_tokens=self.usage.cache_write_tokens)
 
 
-def _measured(call: PendingCall, outcome: Outcome) -> None:
-    metrics.tool_call("server" if call.origin == "server" else "page", outcome.status,
-                      time.monotonic() - call.began)
+def _measured(clock: TurnClock, call: PendingCall, outcome: Outcome) -> None:
+    took = time.monotonic() - call.began
+    clock.tools += took
+    metrics.tool_call("server" if call.origin == "server" else "page", outcome.status, took)
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
 
 
 def _cancel_message(status: str) -> str:

@@ -10,12 +10,14 @@ nothing of the consumer but ``TurnIO``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.store import AgentStore
 from aitp import protocol as p
 from aitp.ledger import Ledger
+from aitp.pricing import PriceRow
 from aitp.tools import ToolSurface
 from aitp.turn import TurnEvent
 
@@ -31,6 +33,8 @@ class AgentConfig:
     stream_interval: float = 0.04
     # A server tool's answer may nest as deep as a page's result in its frame.
     max_json_depth: int = p.DEFAULT_MAX_DEPTH
+    # What the model's tokens cost (aitp.pricing).
+    prices: tuple[PriceRow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,19 @@ class TurnParts:
     store: AgentStore
     ledger: Ledger
     limits: ApprovalLimits | None = None
+    # Where the running turn's time goes (a new one each turn).
+    clock: TurnClock = field(default_factory=lambda: TurnClock())
+
+
+@dataclass
+class TurnClock:
+    """Where one turn's time went: seconds waiting for the model, running
+    tools (their approval waits apart) and waiting for a person's approval."""
+
+    started: float = field(default_factory=time.monotonic)
+    model: float = 0.0
+    tools: float = 0.0
+    approval: float = 0.0
 
 
 def unknown_call(call_id: str) -> p.Message:

@@ -84,7 +84,9 @@ class ServerTools:
                     ))
                 asked = time.monotonic()
                 decision = await self.await_decision(call)
-                metrics.approval_waited(decision or "expired", time.monotonic() - asked)
+                waited = time.monotonic() - asked
+                parts.clock.approval += waited
+                metrics.approval_waited(decision or "expired", waited)
                 if decision is None:
                     outcome = Outcome(EXPIRED, error=SERVER_EXPIRED_MESSAGE)
                     await parts.store.approval_expire(call, outcome)

@@ -56,7 +56,7 @@ class AgentStore:
     async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
                          usage: Usage | None = None, turns: int = 0,
                          audio: dict[str, int] | None = None,
-                         counted: Usage | None = None) -> None:
+                         counted: Usage | None = None, figures: dict | None = None) -> None:
         """One database write for what the turn produced since the last one,
         outcomes of finished calls included (with the checkpoints of other
         turns that meet it in time). ``audio`` (a voice turn's
@@ -65,7 +65,7 @@ class AgentStore:
         the tenant's day (settled against its quota, ``aitp.quota``)."""
         await self._marks_written()
         finished = list(self._finished)
-        if not (messages or calls or usage is not None or finished):
+        if not (messages or calls or usage is not None or finished or figures):
             return
         await CHECKPOINTS.write(
             session_id=self.session_id,
@@ -96,6 +96,7 @@ class AgentStore:
             counted=None if counted is None else {
                 "input_tokens": counted.input_tokens, "output_tokens": counted.output_tokens,
             },
+            figures=figures,
         )
         self._forget(finished)
 

@@ -205,6 +205,46 @@ class ToolCall(models.Model):
         return f"{self.name} ({self.call_id})"
 
 
+class TurnRecord(models.Model):
+    """One turn's figures, written with its last checkpoint: how it ended,
+    where its time went, its tokens and their cost, its trace."""
+
+    class Outcome(models.TextChoices):
+        ANSWERED = "answered", "Answered"
+        FAILED = "failed", "Failed"
+        REFUSED = "refused", "Refused (token quota)"
+        CUT = "cut", "Cut (barge-in, page gone)"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turn_records")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField()
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    first_text_ms = models.PositiveIntegerField("time to first text (ms)", null=True, blank=True)
+    model_ms = models.PositiveIntegerField("model time (ms)", default=0)
+    tools_ms = models.PositiveIntegerField("tool time (ms)", default=0)
+    approval_ms = models.PositiveIntegerField("approval wait (ms)", default=0)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cache_read_tokens = models.PositiveIntegerField(default=0)
+    cache_write_tokens = models.PositiveIntegerField(default=0)
+    # Millionths of a US dollar, at the prices of the turn's day (OWLLAYER_MODEL_PRICES);
+    # None: the model has no price there.
+    cost_micros = models.BigIntegerField("cost (millionths of USD)", null=True, blank=True)
+    model = models.CharField(max_length=128, blank=True, default="")
+    trace_id = models.CharField("trace ID", max_length=32, blank=True, default="")
+
+    class Meta:
+        ordering = ["session", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "number"], name="uniq_turn_session_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"turn {self.number} of {self.session_id}"
+
+
 class DailyUsage(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_usage")
     date = models.DateField()

@@ -120,6 +120,7 @@ def session_detail(request: HttpRequest, access: Access, session_id: str) -> Htt
     return render_page(
         request, access, "console/session_detail.html", title=f"Session {session.id}",
         section="usage", session=session, conversation=conversation, tool_calls=tool_calls,
+        turns=list(session.turn_records.order_by("number")),
         page_history=session.page_history if isinstance(session.page_history, list) else [],
         actions=actions,
         final_errors=sorted(str(s) for s in ToolCall.FINAL_STATUSES if s != ToolCall.Status.SUCCESS),

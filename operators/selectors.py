@@ -168,6 +168,7 @@ def session_record(session: Session) -> dict:
         "session": session,
         "conversation": conversation_rows(session_conversation(session)),
         "tool_calls": _tool_calls(session),
+        "turns": list(session.turn_records.order_by("number")),
         "approvals": approvals,
         "pending_approvals": [a for a in approvals if a["can_decide"]],
         "page_history": _page_history(session),

@@ -477,6 +477,40 @@ if OWLLAYER_LLM == "anthropic" and not ANTHROPIC_API_KEY:
     raise ImproperlyConfigured("OWLLAYER_LLM=anthropic needs ANTHROPIC_API_KEY")
 OWLLAYER_MODEL = env_str("OWLLAYER_MODEL", "claude-sonnet-5-5")
 OWLLAYER_MAX_TOKENS = env_int("OWLLAYER_MAX_TOKENS", 1024, minimum=1)
+
+
+def env_prices(name: str, default: dict[str, list[float]]) -> tuple[tuple[str, float, float, float, float], ...]:
+    """A JSON object: a model (or the start of its name) -> [input, output,
+    cache read, cache write], US dollars per million tokens; added to and
+    over ``default``."""
+    import json
+
+    raw = os.environ.get(name, "")
+    given = {}
+    if raw.strip():
+        try:
+            given = json.loads(raw)
+        except ValueError:
+            given = None
+        if not isinstance(given, dict) or not all(
+                isinstance(v, list) and len(v) == 4
+                and all(isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 0 for n in v)
+                for v in given.values()):
+            raise ImproperlyConfigured(
+                f'{name} must be a JSON object such as {{"claude-sonnet-4-5": [3, 15, 0.3, 3.75]}} '
+                "(model -> input, output, cache read, cache write; US dollars per million tokens)")
+    return tuple((model, *map(float, prices)) for model, prices in {**default, **given}.items())
+
+
+# What a turn's tokens cost (the session record, the console's usage): list
+# prices, US dollars per million tokens; set yours, or a model's missing here.
+OWLLAYER_MODEL_PRICES = env_prices("OWLLAYER_MODEL_PRICES", {
+    "claude-opus-4": [15, 75, 1.5, 18.75],
+    "claude-sonnet-4": [3, 15, 0.3, 3.75],
+    "claude-sonnet-5": [3, 15, 0.3, 3.75],
+    "claude-haiku-4": [1, 5, 0.1, 1.25],
+    "claude-3-5-haiku": [0.8, 4, 0.08, 1],
+})
 OWLLAYER_LLM_TIMEOUT = env_float("OWLLAYER_LLM_TIMEOUT", 30.0, minimum=0.1)
 OWLLAYER_LLM_MAX_RETRIES = env_int("OWLLAYER_LLM_MAX_RETRIES", 2, minimum=0)
 OWLLAYER_LLM_MAX_RETRY_WAIT = env_float("OWLLAYER_LLM_MAX_RETRY_WAIT", 8.0, minimum=0.0)

@@ -80,6 +80,8 @@ class AgentConfig:
     history_messages: int
     stream_interval: float
     max_json_depth: int
+    # (model or the start of its name, input, output, cache read, cache write), USD per million tokens.
+    prices: tuple[tuple[str, float, float, float, float], ...]
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,7 @@ def build(s: Any) -> Config:
             history_messages=s.OWLLAYER_HISTORY_MESSAGES,
             stream_interval=s.OWLLAYER_STREAM_INTERVAL,
             max_json_depth=s.OWLLAYER_MAX_JSON_DEPTH,
+            prices=s.OWLLAYER_MODEL_PRICES,
         ),
         llm=LlmConfig(
             name=s.OWLLAYER_LLM,

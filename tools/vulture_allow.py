@@ -69,6 +69,9 @@ _ = _Names()
 # channels_redis' layer: a method and attributes it reads, replaced.
 (_.new_channel, _.receive_clean_locks, _.brpop_timeout)
 
+# A turn's record: written by statement (aitp.store.statements.TURN_COLUMNS) and shown by templates.
+(_.ANSWERED, _.first_text_ms, _.model_ms, _.tools_ms, _.approval_ms, _.trace_id)
+
 # Named by a dotted path in the settings, or by name in an engine table.
 (_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response)
 (_.JsonFormatter, _.SessionFields, _.model_access_problem)

@@ -37,6 +37,7 @@ from aitp.store.port import (
     live_fields,
     new_session,
     not_counted,
+    turn_record_fields,
 )
 
 logger = logging.getLogger(__name__)
@@ -159,13 +160,15 @@ class FastStore:
 
     def turn_checkpoint(self, *, session_id: str, tenant_id: int, turn: int, messages: list[dict],
                         calls: list[dict] = (), usage: dict | None = None,
-                        finished: list[dict] = (), counted: dict | None = None) -> None:
+                        finished: list[dict] = (), counted: dict | None = None,
+                        figures: dict | None = None) -> None:
         """In one transaction (``statements.together``: one round trip on
         PostgreSQL); the usage counted in the tenant's day once it committed."""
         now = timezone.now()
         with statements.together():
             self._checkpoint_statements(session_id=session_id, turn=turn, messages=messages,
-                                        calls=calls, usage=usage, finished=finished, now=now)
+                                        calls=calls, usage=usage, finished=finished,
+                                        figures=figures, now=now)
         if usage is not None:
             _count(tenant_id, now, usage, counted)
 
@@ -186,7 +189,8 @@ class FastStore:
 
     def _checkpoint_statements(self, *, session_id: str, turn: int, messages: list[dict],
                                calls: list[dict] = (), usage: dict | None = None,
-                               finished: list[dict] = (), now: datetime) -> None:
+                               finished: list[dict] = (), figures: dict | None = None,
+                               now: datetime) -> None:
         for outcome in finished:
             self.tool_call_finish(**outcome, now=now)
         if messages:
@@ -195,6 +199,8 @@ class FastStore:
             statements.calls_insert(session_id=session_id, turn=turn, calls=calls, now=now)
         if usage is not None:
             statements.session_usage_add(session_id=session_id, now=now, amounts=usage)
+        if figures is not None:
+            statements.turn_insert(session_id=session_id, fields=turn_record_fields(figures, usage), now=now)
 
     def tool_calls_record(self, *, session_id: str, turn: int, calls: list[dict]) -> None:
         statements.calls_insert(session_id=session_id, turn=turn, calls=calls, now=timezone.now())

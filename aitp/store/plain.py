@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from aitp import calls
 from aitp.calls import CallStatus
-from aitp.models import ApiKey, ConversationMessage, Session, ToolCall
+from aitp.models import ApiKey, ConversationMessage, Session, ToolCall, TurnRecord
 from aitp.store import admission, keys, port, usage
 from aitp.store.admission import Refusal
 from aitp.store.port import (
@@ -26,6 +26,7 @@ from aitp.store.port import (
     live_fields,
     new_session,
     not_counted,
+    turn_record_fields,
 )
 
 
@@ -111,7 +112,8 @@ class PlainStore:
 
     def turn_checkpoint(self, *, session_id: str, tenant_id: int, turn: int, messages: list[dict],
                         calls: list[dict] = (), usage: dict | None = None,
-                        finished: list[dict] = (), counted: dict | None = None) -> None:
+                        finished: list[dict] = (), counted: dict | None = None,
+                        figures: dict | None = None) -> None:
         now = timezone.now()
         with transaction.atomic():
             for outcome in finished:
@@ -127,6 +129,10 @@ class PlainStore:
                     last_activity_at=now,
                     **{name: F(name) + int(amount) for name, amount in usage.items()})
                 _usage_now(tenant_id, now, not_counted(usage, counted))
+            if figures is not None:
+                TurnRecord.objects.bulk_create([TurnRecord(session_id=session_id, ended_at=now,
+                                                           **turn_record_fields(figures, usage))],
+                                               ignore_conflicts=True)
 
     def turn_checkpoints(self, checkpoints: list[dict]) -> Outcomes:
         return each_alone(checkpoints, lambda checkpoint: self.turn_checkpoint(**checkpoint))

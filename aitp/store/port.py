@@ -79,12 +79,16 @@ class SessionStore(Protocol):
 
     def turn_checkpoint(self, *, session_id: str, tenant_id: int, turn: int, messages: list[dict],
                         calls: list[dict] = (), usage: dict | None = None,
-                        finished: list[dict] = (), counted: dict | None = None) -> None:
+                        finished: list[dict] = (), counted: dict | None = None,
+                        figures: dict | None = None) -> None:
         """What a turn produced since its last checkpoint, all or nothing:
         final outcomes of calls (``tool_call_finish`` arguments), messages,
-        the ledger rows of calls about to run, usage on the session row.
-        Outcomes, messages and calls are idempotent; usage is added once and
-        counted in the tenant's day, less ``counted`` (already there)."""
+        the ledger rows of calls about to run, usage on the session row, and,
+        at the turn's end, its record (``figures``: ``TurnRecord``'s fields
+        but the session, the tokens, which are ``usage``'s, and the end, which
+        is now). Outcomes, messages, calls and the record are idempotent;
+        usage is added once and counted in the tenant's day, less ``counted``
+        (already there)."""
 
     def turn_checkpoints(self, checkpoints: list[dict]) -> Outcomes: ...
 
@@ -162,6 +166,15 @@ def not_counted(usage: dict, counted: dict | None) -> dict:
     if not counted:
         return usage
     return {name: amount - counted.get(name, 0) for name, amount in usage.items()}
+
+
+TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def turn_record_fields(figures: dict, usage: dict | None) -> dict:
+    """A ``TurnRecord``'s fields but its session and end: the turn's figures,
+    and its tokens from its usage."""
+    return {**figures, **{name: int((usage or {}).get(name, 0)) for name in TOKENS}}
 
 
 def each_alone(writes: list[dict], write) -> Outcomes:

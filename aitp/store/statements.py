@@ -28,7 +28,7 @@ from django.db.models.constants import OnConflict
 from psycopg.adapt import Transformer
 from psycopg.types.json import Jsonb
 
-from aitp.models import ConversationMessage, Session, ToolCall
+from aitp.models import ConversationMessage, Session, ToolCall, TurnRecord
 
 
 class _Table:
@@ -226,6 +226,19 @@ def messages_insert(*, session_id: str, turn: int, messages: Iterable[dict], now
     _insert_ignoring(ConversationMessage, MESSAGE_COLUMNS, [
         (session_id, m["seq"], turn, m["role"], m["content"], now) for m in messages
     ])
+
+
+TURN_COLUMNS = (
+    "session", "number", "started_at", "ended_at", "outcome", "error_code", "first_text_ms",
+    "model_ms", "tools_ms", "approval_ms", "input_tokens", "output_tokens", "cache_read_tokens",
+    "cache_write_tokens", "cost_micros", "model", "trace_id",
+)
+
+
+def turn_insert(*, session_id: str, fields: dict, now: datetime) -> None:
+    """A turn's record (``TurnRecord``); a turn already recorded is left alone."""
+    row = {"error_code": "", "trace_id": "", "model": "", **fields, "session": session_id, "ended_at": now}
+    _insert_ignoring(TurnRecord, TURN_COLUMNS, [tuple(row.get(name) for name in TURN_COLUMNS)])
 
 
 CALL_COLUMNS = (

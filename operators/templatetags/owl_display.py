@@ -68,3 +68,11 @@ def clock(moment) -> str:
 def moment_filter(moment) -> str:
     """<time datetime="..." title="1 Dec 2026, 02:30 UTC">1 Dec 2026, 02:30</time>; "-" for no time."""
     return _time(moment, "DATETIME_FORMAT")
+
+
+@register.filter
+def dollars(micros) -> str:
+    """Millionths of a US dollar as "$0.0123"; "-" when there is no price."""
+    if micros is None or micros == "":
+        return "-"
+    return f"${int(micros) / 1_000_000:,.4f}"
