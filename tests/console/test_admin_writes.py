@@ -168,6 +168,25 @@ def test_an_expiry_cleared_in_the_admin_is_recorded(admin_client, acme_key):
     }
 
 
+def test_a_key_saved_in_the_admin_with_its_expiry_untouched_keeps_it_to_the_microsecond(admin_client, acme_key):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    expiry = (timezone.now() + timedelta(days=3)).replace(microsecond=123456)
+    ApiKey.objects.filter(pk=acme_key.pk).update(expires_at=expiry)
+    acme_key.refresh_from_db()
+    shown = timezone.localtime(expiry)  # the form shows whole seconds
+
+    response = admin_client.post(reverse("admin:aitp_apikey_change", args=[acme_key.pk]), key_form(
+        acme_key, name="renamed", expires_at_0=shown.date().isoformat(), expires_at_1=shown.strftime("%H:%M:%S")))
+
+    assert response.status_code == 302
+    acme_key.refresh_from_db()
+    assert (acme_key.name, acme_key.expires_at) == ("renamed", expiry)
+    assert OperatorAction.objects.get(action="key_updated").data == {"prefix": acme_key.prefix, "name": "renamed"}
+
+
 def test_an_origin_that_is_not_an_origin_is_refused_in_the_admin(admin_client, acme_key):
     response = admin_client.post(reverse("admin:aitp_apikey_change", args=[acme_key.pk]),
                                  key_form(acme_key, allowed_origins='["https://x.example/path"]'))
@@ -225,6 +244,20 @@ def test_a_key_added_in_the_admin_is_active_whatever_status_is_posted(admin_clie
     key = ApiKey.objects.get(name="admin-made")
     assert (key.status, key.revoked_at) == (ApiKey.Status.ACTIVE, None)
     assert list(OperatorAction.objects.values_list("action", flat=True)) == ["key_created"]
+
+
+def test_a_key_made_in_the_admin_has_the_cap_and_expiry_it_was_given(admin_client, acme):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    expiry = timezone.localtime(timezone.now() + timedelta(days=30)).replace(microsecond=0)
+    response = admin_client.post(reverse("admin:aitp_apikey_add"), new_key_form(
+        acme, max_sessions=7, expires_at_0=expiry.date().isoformat(), expires_at_1=expiry.strftime("%H:%M:%S")))
+
+    assert response.status_code == 200
+    key = ApiKey.objects.get(name="admin-made")
+    assert (key.max_sessions, key.expires_at) == (7, expiry)
 
 
 def test_a_key_added_in_the_admin_cannot_be_already_expired(admin_client, acme):

@@ -7,19 +7,20 @@ message that arrives must be the own one (the channel keeps their order).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 from aitp import live, store, tenancy
 from aitp.models import Session
 from tenants.models import TenantMembership
 from tests.aitp.conftest import Page
-from tests.operators.conftest import CONSUMER_PATIENCE, ORIGIN, make_session
+from tests.operators.conftest import CONSUMER_PATIENCE, ORIGIN, make_session, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -125,6 +126,86 @@ async def test_an_operator_who_is_no_longer_staff_is_closed_and_the_log_names_he
         consumer_log.removeHandler(caplog.handler)
     assert f"watch socket of user {olivia.pk} closed: no longer allowed to watch" in [
         r.getMessage() for r in caplog.records if r.name == "operators.consumer"]
+
+
+async def test_an_operator_added_to_a_tenant_gets_its_rows_at_once(
+    watch, olivia, acme_session, globex_session
+):
+    watcher = await watch(olivia)
+    await TenantMembership.objects.acreate(tenant=globex_session.tenant, user=olivia)
+    # At once, the list again: with the tenant's sessions, and its events from now on.
+    listed = await watcher.recv()
+    assert listed["type"] == "sessions"
+    assert sorted(row["id"] for row in listed["sessions"]) == ["ses_acme", "ses_globex"]
+    await live.publish_session(globex_session, "state", state="answering")
+    assert (await watcher.recv())["session"]["id"] == "ses_globex"
+    await watcher.close()
+
+
+async def test_a_second_change_of_access_reaches_the_socket_as_the_first_did(
+    watch, olivia, acme_session, globex
+):
+    await TenantMembership.objects.acreate(tenant=globex, user=olivia)
+    watcher = await watch(olivia)
+    await TenantMembership.objects.filter(user=olivia, tenant=globex).adelete()
+    assert (await watcher.recv())["type"] == "sessions"
+
+    olivia.is_staff = False
+    await olivia.asave(update_fields=["is_staff"])
+
+    assert await watcher.recv() == {"type": "__close__", "code": 4403}
+
+
+async def test_a_change_that_leaves_an_operators_tenants_as_they_were_still_sends_the_list_again(
+    watch, olivia, acme_session
+):
+    watcher = await watch(olivia)
+    await olivia.asave(update_fields=["is_staff"])
+    listed = await watcher.recv()
+    assert listed["type"] == "sessions"
+    assert [row["id"] for row in listed["sessions"]] == ["ses_acme"]
+    await watcher.close()
+
+
+async def test_a_recheck_that_finds_nothing_changed_sends_nothing(
+    watch, olivia, acme_session, monkeypatch
+):
+    from operators import consumer
+
+    reads: list[int] = []  # the socket's reads of the user's tenants: at connect, then per re-check
+    real = consumer.tenant_ids_for_user
+    monkeypatch.setattr(consumer, "tenant_ids_for_user", lambda user: reads.append(user.pk) or real(user))
+    with override_settings(OWLLAYER_HEARTBEAT_INTERVAL=0.5):
+        watcher = await watch(olivia)
+        await asyncio.wait_for(_until(lambda: len(reads) >= 3), CONSUMER_PATIENCE)
+        await live.publish_session(acme_session, "state", state="answering")
+        # The first message is the event: no re-check sent the list.
+        assert (await watcher.recv())["type"] == "session"
+        await watcher.close()
+
+
+async def test_a_tenant_lost_with_no_notice_is_left_at_the_next_recheck_and_the_list_sent_again(
+    watch, olivia, acme_session, globex
+):
+    await TenantMembership.objects.acreate(tenant=globex, user=olivia)
+    globex_session = await in_db(make_session)(globex, "ses_globex2")
+    someone = await in_db(make_user)("ursula", staff=False)
+    with override_settings(OWLLAYER_HEARTBEAT_INTERVAL=0.5):
+        watcher = await watch(olivia)
+        # A queryset update sends no signal, so no notice.
+        await TenantMembership.objects.filter(user=olivia, tenant=globex).aupdate(user=someone)
+        listed = await watcher.recv()
+        assert listed["type"] == "sessions"
+        assert [row["id"] for row in listed["sessions"]] == ["ses_acme"]
+        await live.publish_session(globex_session, "state", state="answering")
+        await live.publish_session(acme_session, "state", state="answering")
+        assert (await watcher.recv())["session"]["id"] == "ses_acme"
+        await watcher.close()
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.05)
 
 
 async def test_a_closed_session_is_sent_as_no_longer_live(watch, olivia, acme_session):
