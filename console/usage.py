@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, timedelta
 
+from django.db.models import Sum
+from django.db.models.functions import TruncDate
 from django.utils.formats import date_format
 
-from aitp.models import AudioSeconds, DailyUsage
+from aitp.models import AudioSeconds, DailyUsage, TurnRecord
 from tenants.models import Tenant
 
 USAGE_DAYS = 30
@@ -28,6 +30,8 @@ class DayUsage(AudioSeconds):
     # Voice: milliseconds of the users' speech heard and of the agent's audio sent.
     audio_heard_ms: int = 0
     audio_spoken_ms: int = 0
+    # What the day's turns cost (millionths of USD); None: no turn of the day had a price.
+    cost_micros: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -36,7 +40,8 @@ class DayUsage(AudioSeconds):
     @property
     def used(self) -> bool:
         return bool(self.sessions or self.turns or self.tokens or self.cache_read_tokens
-                    or self.cache_write_tokens or self.audio_heard_ms or self.audio_spoken_ms)
+                    or self.cache_write_tokens or self.audio_heard_ms or self.audio_spoken_ms
+                    or self.cost_micros)
 
 
 def daily_usage(tenant: Tenant, *, today: date, days: int = USAGE_DAYS) -> list[DayUsage]:
@@ -46,12 +51,13 @@ def daily_usage(tenant: Tenant, *, today: date, days: int = USAGE_DAYS) -> list[
         row.date: row
         for row in DailyUsage.objects.filter(tenant=tenant, date__gte=first, date__lte=today)
     }
+    costs = day_costs(tenant, first, today)
     result = []
     for offset in range(days):
         day = first + timedelta(days=offset)
         row = rows.get(day)
         if row is None:
-            result.append(DayUsage(date=day))
+            result.append(DayUsage(date=day, cost_micros=costs.get(day)))
             continue
         result.append(
             DayUsage(
@@ -64,9 +70,19 @@ def daily_usage(tenant: Tenant, *, today: date, days: int = USAGE_DAYS) -> list[
                 cache_write_tokens=row.cache_write_tokens,
                 audio_heard_ms=row.audio_heard_ms,
                 audio_spoken_ms=row.audio_spoken_ms,
+                cost_micros=costs.get(day),
             )
         )
     return result
+
+
+def day_costs(tenant: Tenant, first: date, last: date) -> dict[date, int]:
+    """What the tenant's turns that ended each day (UTC) cost, in millionths of USD."""
+    rows = (TurnRecord.objects
+            .filter(session__tenant=tenant, ended_at__date__gte=first, ended_at__date__lte=last,
+                    cost_micros__isnull=False)
+            .annotate(day=TruncDate("ended_at")).values("day").annotate(total=Sum("cost_micros")))
+    return {row["day"]: row["total"] for row in rows}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.db import IntegrityError
-from django.db.models import BooleanField, Case, Count, Q, Value, When
+from django.db.models import BooleanField, Case, Count, Q, Sum, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.templatetags.static import static
@@ -80,9 +80,11 @@ def usage(request: HttpRequest, access: Access) -> HttpResponse:
         Session.objects.filter(tenant=access.tenant)
         .select_related("api_key")
         .annotate(live_now=Case(When(_live_q(), then=Value(True)), default=Value(False),
-                                output_field=BooleanField()))
+                                output_field=BooleanField()),
+                  cost_micros=Sum("turn_records__cost_micros"))
         .order_by("-started_at")[:RECENT_SESSIONS]
     )
+    costs = [d.cost_micros for d in days if d.cost_micros is not None]
     return render_page(
         request, access, "console/usage.html", title="Usage", section="usage",
         days=days,
@@ -96,6 +98,7 @@ def usage(request: HttpRequest, access: Access) -> HttpResponse:
             "tokens": sum(d.tokens for d in days),
             "audio_heard_seconds": sum(d.audio_heard_ms for d in days) / 1000,
             "audio_spoken_seconds": sum(d.audio_spoken_ms for d in days) / 1000,
+            "cost_micros": sum(costs) if costs else None,
         },
         recent_sessions=recent,
         recent_limit=RECENT_SESSIONS,

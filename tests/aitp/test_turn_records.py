@@ -153,3 +153,26 @@ def test_the_record_pages_show_each_turns_breakdown(transactional_db):
         for shown in ("412 ms", "1530 ms", "220 ms", "8100 ms", "1234 / 56", "$0.0123",
                       "4bf92f3577b34da6a3ce929d0e0e4736", "Answered"):
             assert shown in page, (url, shown)
+
+
+def test_the_usage_page_shows_the_cost_of_each_day_and_each_session(transactional_db):
+    from django.utils import timezone
+
+    from aitp import tenancy
+    from tests.support.people import make_session, make_user
+
+    shop = tenancy.tenant_create(slug="costs", name="Costs shop")
+    priced, unpriced = make_session(shop), make_session(shop)
+    now = timezone.now()
+    for session, number, cost in ((priced, 1, 120_000), (priced, 2, 5_000), (unpriced, 1, None)):
+        TurnRecord.objects.create(session=session, number=number, started_at=now, ended_at=now,
+                                  outcome="answered", cost_micros=cost)
+    owner = make_user("owner", tenant=shop)
+    client = Client()
+    client.force_login(owner)
+
+    page = client.get(reverse("console:usage", args=[shop.slug])).content.decode()
+
+    assert "data-cost-total>$0.1250<" in page  # the days' total
+    assert page.count('data-cost>$0.1250<') == 2  # the day, and the session with prices
+    assert 'data-cost>-<' in page  # the session whose model had none
