@@ -121,6 +121,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Health checks, before the Host check and the HTTPS redirect (owllayer_site/probes.py).
+    "owllayer_site.probes.probes",
     "django.middleware.security.SecurityMiddleware",
     # daphne serves no static files: the admin's and the console's CSS and JS
     # come from here (found in the apps directly, no collectstatic needed).
@@ -141,10 +143,9 @@ MIDDLEWARE = [
 # `manage.py check --deploy` asks for: HTTPS redirect, HSTS, Secure cookies.
 OWLLAYER_HTTPS = env_bool("OWLLAYER_HTTPS", False)
 if OWLLAYER_HTTPS:
+    # (A proxy's health checks, over plain HTTP, are answered before the
+    # redirect: owllayer_site/probes.py.)
     SECURE_SSL_REDIRECT = env_bool("OWLLAYER_SSL_REDIRECT", True)
-    # A proxy's health checks ask each process over plain HTTP on its own
-    # address: /healthz and /readyz answer them there instead of redirecting.
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("OWLLAYER_HSTS_SECONDS", 31536000, minimum=0)

@@ -127,3 +127,28 @@ def test_readiness_reads_the_migrations_no_more_once_it_found_them_all_applied(
 
     monkeypatch.setattr(views, "unapplied_migrations", unexpected)
     assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_a_probe_addressed_to_the_processs_own_ip_is_answered_whatever_allowed_hosts_says(
+        client, settings, no_redis_url, path):
+    settings.ALLOWED_HOSTS = ["owl.example.com"]
+
+    answer = client.get(path, HTTP_HOST="10.1.2.3:8000")
+
+    assert answer.status_code == 200
+    assert answer.json()["status"] in ("ok", "ready")
+
+
+def test_any_other_path_at_an_address_not_allowed_is_still_refused(client, settings):
+    settings.ALLOWED_HOSTS = ["owl.example.com"]
+
+    assert client.get("/console/", HTTP_HOST="10.1.2.3:8000").status_code == 400
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_a_probe_over_plain_http_is_answered_not_redirected_when_https_is_on(
+        client, settings, no_redis_url, path):
+    settings.SECURE_SSL_REDIRECT = True
+
+    assert client.get(path).status_code == 200
