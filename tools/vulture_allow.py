@@ -73,7 +73,7 @@ _ = _Names()
 (_.ANSWERED, _.first_text_ms, _.model_ms, _.tools_ms, _.approval_ms, _.trace_id)
 
 # Named by a dotted path in the settings, or by name in an engine table.
-(_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response)
+(_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response, _.probes)
 (_.JsonFormatter, _.SessionFields, _.model_access_problem)
 (_.AnthropicBackend, _.OfflineBackend)
 
