@@ -108,6 +108,8 @@ def prepare(scratch: Path, backend: str = "embedded", *, postgres: str = DEFAULT
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("OWLLAYER_CHANNEL_PREFIX", None)
     os.environ["PYTHONUNBUFFERED"] = "1"
+    # Each of the run's processes serves its figures on a port of its own.
+    os.environ.setdefault("OWLLAYER_METRICS_ADDRESS", "127.0.0.1:0")
     # The servers must import this checkout, whatever the caller's cwd is.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]

@@ -145,6 +145,8 @@ LINE_CHECKS = {
     "opens": (Check("opens/s", ">=", 0.5),),
     "idle_memory": (Check("KiB/session", "<=", 2.0),),
     "streaming": (Check("p50 ms", "<=", 2.0), Check("p99 ms", "<=", 3.0)),
+    # Keeping the figures (OWLLAYER_METRICS, on by default) against not keeping them.
+    "metrics_cost": (Check("turns/s", ">=", 0.95), Check("p50 ms", "<=", 1.05)),
 }
 INFO = "-"
 

@@ -135,7 +135,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, BenchConfig]
     return args, dataclasses.replace(preset, **overrides)
 
 
-PHASES = ("idle", "samples", "opens", "turns", "streaming", "voice", "proxy")
+PHASES = ("idle", "samples", "opens", "turns", "observability", "streaming", "voice", "proxy")
 # The voice line's time is mostly the speech engines' (the transcript alone is
 # most of it: its raw heard_ms), not the database's: by default it runs on the
 # embedded backend only, and on PostgreSQL when --only names it.
@@ -303,6 +303,30 @@ class Run:
                          pooled[baseline.target.name], checks_of=checks_of)
         self.measures.append(line)
         return line
+
+    async def observability(self) -> None:
+        """The turns line at ``turn_sessions`` on the product (metrics on, the
+        default) and on a product with traces exported, each against a
+        product with metrics off: what keeping the figures and the spans costs."""
+        started = {server.name: server for server in self.server_set.started}
+        path = settings.OWLLAYER_WS_PATH
+
+        def side(name: str) -> Side:
+            return Side(Target(name, started[name].ws_url(path), check_frames=True),
+                        [started[name].process.pid])
+
+        plain, traced = side("metrics-off"), side("traced")
+        try:
+            for target in (plain, traced):
+                await lines.warm_up(target.target, self.api_key, self.log)
+            await self.turns(self.config.turn_sessions, name="metrics_cost",
+                             title=f"metrics on / off, turns, {self.config.turn_sessions} sessions",
+                             product=self.product, baseline=plain, checks_of="metrics_cost")
+            await self.turns(self.config.turn_sessions, name="traces_cost",
+                             title=f"traces on / off, turns, {self.config.turn_sessions} sessions",
+                             product=traced, baseline=plain, checks_of="-")
+        finally:
+            self.server_set.stop(["metrics-off", "traced", "otlp-sink"])
 
     async def streaming(self) -> None:
         config = self.config
@@ -473,6 +497,8 @@ class Run:
         if "turns" in phases:
             await self.turns(config.turn_sessions)
             await self.turns(config.turn_sessions_large)
+        if "observability" in phases:
+            await self.observability()
         if "streaming" in phases:
             await self.streaming()
         if "voice" in phases:
@@ -505,6 +531,10 @@ def latency_line(name: str, title: str, product: lines.Sample, baseline: lines.S
 def _raw(sample: lines.Sample, summary: dict) -> dict:
     return {"count": sample.count, "seconds": sample.seconds, "per_second": sample.rate,
             "refused_user_inputs": sample.refusals, "latency_ms": summary}
+
+
+def otlp_sink_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "bench.otlp_sink", "--port", str(port)]
 
 
 def fake_llm_command(config: BenchConfig) -> servers.CommandForPort:
@@ -579,6 +609,12 @@ def run(config: BenchConfig, *, backend: str = "embedded",
                 specs["stream-default"] = servers.product_command
             extra_env = {"stream-0": {**llm_env, "OWLLAYER_STREAM_INTERVAL": "0"},
                          "stream-default": llm_env}
+        if "observability" in phases:
+            sink = server_set.start({"otlp-sink": otlp_sink_command})["otlp-sink"]
+            specs["metrics-off"] = specs["traced"] = servers.product_command
+            extra_env["metrics-off"] = {"OWLLAYER_METRICS": "false"}
+            extra_env["traced"] = {"OWLLAYER_TRACES": "true", "OTEL_EXPORTER_OTLP_ENDPOINT":
+                                   f"http://{servers.HOST}:{sink.port}"}
         if "voice" in phases:
             specs["voice"] = servers.product_command
             extra_env["voice"] = VOICE_ENV

@@ -83,7 +83,7 @@ _ = _Names()
  _.nullable_schema)
 (_.signum,)
 # The standard library's HTTP server: its handler's methods and its attributes (runtime.metrics_server).
-(_.do_GET, _.log_message, _.daemon_threads, _.address_family, _.allow_reuse_port)
+(_.do_GET, _.do_POST, _.log_message, _.daemon_threads, _.address_family, _.allow_reuse_port)
 # prometheus_client reads its values' class from its module (runtime.metrics sets it).
 (_.ValueClass,)
 

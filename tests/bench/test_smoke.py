@@ -27,7 +27,7 @@ TINY = ["--handshakes", "2", "--round-trips", "2", "--turns", "2", "--sessions",
         "--stream-turns", "1", "--stream-deltas", "3", "--line-repeats", "1",
         "--no-stream-default", "--voice-sessions", "2", "--voice-samples", "1"]
 LINES = ["idle_memory", "handshake", "context_round_trip", "tool_turn", "concurrency", "opens",
-         "turns", "turns", "streaming", "first_text_added", "voice"]
+         "turns", "turns", "metrics_cost", "traces_cost", "streaming", "first_text_added", "voice"]
 # Set-up (migrate, two daphne start-ups) dominates; well under pytest's own timeout.
 RUN_TIMEOUT = 100
 
