@@ -112,13 +112,22 @@ class ApprovalDesk(Protocol):
     async def load_server_tools(self, tenant_id: int) -> list[ServerTool]: ...
 
 
+class TenantWebhooks(Protocol):
+    """Notices to a url a tenant chose, sent as its server tools' calls are:
+    signed, to a checked address only (the approvals app owns that)."""
+
+    def post_notice(self, *, url: str, secret: str, payload: dict) -> None:
+        """POST ``payload`` as JSON, blocking until it is answered; raises
+        (with a message fit for the operator's log) when it was not taken."""
+
+
 # The ports a turn may use; another joins in the same shape: a Protocol above,
 # a slot below, a getter. Speech engines and LLM backends need none: the turn
 # never reaches them from here. They implement interfaces of this app
 # (aitp.voice.base, aitp.llm), are chosen by settings, and the agent, a
 # floor above, uses them.
 _provided: dict[str, Any] = {}
-PORTS = ("approvals",)
+PORTS = ("approvals", "webhooks")
 
 
 def provide(**implementations: Any) -> None:
@@ -138,3 +147,7 @@ def _get(name: str) -> Any:
 
 def approvals() -> ApprovalDesk:
     return _get("approvals")
+
+
+def webhooks() -> TenantWebhooks:
+    return _get("webhooks")

@@ -59,7 +59,7 @@ from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
 
-from aitp import liveness, ports, quota, services, store
+from aitp import budgets, liveness, ports, quota, services, store
 from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.liveness import (  # noqa: F401  (the liveness rules, as this module offered them)
     START_TIME_TOLERANCE,
@@ -285,14 +285,18 @@ def draining() -> bool:
 
 def start_timers(loop: asyncio.AbstractEventLoop | None = None) -> None:
     """Refresh this process's row every OWLLAYER_HEARTBEAT_INTERVAL, sweep
-    every OWLLAYER_SWEEP_INTERVAL and write the usage counts added up every
-    OWLLAYER_USAGE_FLUSH_INTERVAL, on the serving event loop."""
+    every OWLLAYER_SWEEP_INTERVAL, write the usage counts added up every
+    OWLLAYER_USAGE_FLUSH_INTERVAL and check the tenants' monthly budgets every
+    OWLLAYER_BUDGET_CHECK_INTERVAL, on the serving event loop."""
     loop = loop or asyncio.get_event_loop()
     _timers.append(loop.create_task(_every(config().store.heartbeat_interval, _heartbeat)))
     _timers.append(loop.create_task(_every(config().store.sweep_interval, _sweep)))
     if config().store.usage_flush_interval > 0:
         _timers.append(loop.create_task(
             _every(config().store.usage_flush_interval, _usage_flush)))
+    if config().store.budget_check_interval > 0:
+        _timers.append(loop.create_task(
+            _every(config().store.budget_check_interval, _budgets_check)))
 
 
 async def _every(interval: float, job) -> None:
@@ -315,6 +319,12 @@ async def _usage_flush() -> None:
     # Only when something is pending: an idle process makes no database call.
     if store.current().usage_pending():
         await db_call(store.current().usage_flush)
+
+
+async def _budgets_check() -> None:
+    # On a database thread: it sends too (SMTP, the webhook), never on the loop.
+    # Every process runs it; the alert's unique row makes one of them the sender.
+    await db_call(budgets.budgets_check, timezone.now())
 
 
 async def _sweep() -> None:

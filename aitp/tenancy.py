@@ -95,6 +95,29 @@ def tenant_update(*, tenant: Tenant, by, changes: dict) -> Tenant:
     return tenant
 
 
+def tenant_budget_update(*, tenant: Tenant, by, monthly_budget_micros: int | None,
+                         alert_webhook_url: str) -> bool:
+    """Set the tenant's monthly budget (None: none) and its alert webhook
+    (empty: e-mail only), recording who did; False when nothing changed. The
+    budget only tells (``aitp.budgets``): it refuses nothing."""
+    changes = {
+        field: value for field, value in
+        (("monthly_budget_micros", monthly_budget_micros), ("alert_webhook_url", alert_webhook_url))
+        if getattr(tenant, field) != value
+    }
+    if not changes:
+        return False
+    with transaction.atomic():
+        for field, value in changes.items():
+            setattr(tenant, field, value)
+        tenant.save(update_fields=list(changes))
+        OperatorAction.objects.create(tenant=tenant, user=by, action="tenant_budget_updated",
+                                      data={"fields": sorted(changes), **changes})
+    logger.info("tenant budget updated tenant=%s fields=%s user=%s", tenant.slug,
+                ",".join(sorted(changes)), getattr(by, "pk", None))
+    return True
+
+
 # --- keys -----------------------------------------------------------------------------
 
 

@@ -224,6 +224,7 @@ ACTION_LABELS = {
     "member_role_changed": "Member's role changed",
     "member_removed": "Member removed",
     "tenant_updated": "Tenant changed",
+    "tenant_budget_updated": "Budget or alert webhook changed",
 }
 
 

@@ -8,7 +8,7 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         from aitp import ports
-        from approvals.provider import ApprovalsProvider
+        from approvals.provider import ApprovalsProvider, TenantWebhooksProvider
 
         # The protocol app reaches approvals and server tools only through this.
-        ports.provide(approvals=ApprovalsProvider())
+        ports.provide(approvals=ApprovalsProvider(), webhooks=TenantWebhooksProvider())

@@ -8,8 +8,10 @@ instances across.
 """
 from __future__ import annotations
 
+import asyncio
+
 from aitp.models import ToolCall
-from approvals import services
+from approvals import services, webhooks
 from approvals.models import Approval
 from approvals.server_tools import ServerToolDef, load_server_tools
 
@@ -71,3 +73,12 @@ class ApprovalsProvider:
 
     async def load_server_tools(self, tenant_id: int) -> list[ServerToolDef]:
         return await load_server_tools(tenant_id)
+
+
+class TenantWebhooksProvider:
+    """``aitp.ports.TenantWebhooks``: the alerts' notices, sent as a server
+    tool's call is (``approvals.webhooks``). Called from a thread with no
+    event loop of its own (a database thread, a command)."""
+
+    def post_notice(self, *, url: str, secret: str, payload: dict) -> None:
+        asyncio.run(webhooks.post_notice(url=url, secret=secret, payload=payload))

@@ -168,42 +168,13 @@ async def call_webhook(
     limit = config().webhooks.max_bytes if max_bytes is None else max_bytes
     networks = (tuple(AllowedNetwork(net) for net in config().webhooks.allowed_networks)
                 if allowed_networks is None else tuple(allowed_networks))
-    parts = urlsplit(url)
     body = json.dumps(
         {"tool": tool, "arguments": arguments, "sessionId": session_id, "callId": call_id},
         separators=(",", ":"), ensure_ascii=False,
     ).encode("utf-8")
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": f"OwlLayer/{config().protocol.server_version}",
-    }
     try:
-        # httpx's timeout bounds each network step; asyncio.timeout bounds the
-        # whole exchange, so a server dripping bytes cannot hold the turn.
-        async with asyncio.timeout(timeout):
-            address = await checked_address(
-                parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
-                networks,
-            )
-            target, headers["Host"], server_name = _pinned(url, address)
-            # Signed as it is sent, not before the name was resolved: a
-            # receiver refusing old timestamps sees the time of sending.
-            timestamp = str(int(time.time()))
-            headers[TIMESTAMP_HEADER] = timestamp
-            headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
-            # trust_env=False: no proxy from the environment may carry the
-            # request somewhere other than the checked address. The
-            # certificate is checked for the url's host name (sni_hostname).
-            async with httpx.AsyncClient(
-                timeout=timeout, follow_redirects=False, trust_env=False,
-                verify=_tls_context(config().webhooks.ca_file),
-            ) as client:
-                async with client.stream("POST", target, content=body, headers=headers,
-                                         extensions={"sni_hostname": server_name}) as response:
-                    if not 200 <= response.status_code < 300:
-                        raise ToolRunError(f"webhook answered {response.status_code}")
-                    raw = await _read_capped(response, limit)
-                    status = response.status_code
+        status, raw = await _signed_post(url, body, secret=secret, timeout=timeout, limit=limit,
+                                         networks=networks)
     except ToolRunError as exc:
         if exc.message == NOT_ALLOWED:
             logger.warning("session %s: webhook tool %s: address not allowed", session_id, tool)
@@ -220,6 +191,62 @@ async def call_webhook(
         return json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         raise ToolRunError("webhook returned invalid JSON") from None
+
+
+async def _signed_post(url: str, body: bytes, *, secret: str, timeout: float, limit: int,
+                       networks: Sequence[AllowedNetwork]) -> tuple[int, bytes]:
+    """POST ``body`` signed to the checked address: (status, answer). Raises
+    ToolRunError for an answer outside 2xx, too large or a refused address;
+    TimeoutError and httpx.HTTPError as they come."""
+    parts = urlsplit(url)
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": f"OwlLayer/{config().protocol.server_version}",
+    }
+    # httpx's timeout bounds each network step; asyncio.timeout bounds the
+    # whole exchange, so a server dripping bytes cannot hold the turn.
+    async with asyncio.timeout(timeout):
+        address = await checked_address(
+            parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+            networks,
+        )
+        target, headers["Host"], server_name = _pinned(url, address)
+        # Signed as it is sent, not before the name was resolved: a
+        # receiver refusing old timestamps sees the time of sending.
+        timestamp = str(int(time.time()))
+        headers[TIMESTAMP_HEADER] = timestamp
+        headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
+        # trust_env=False: no proxy from the environment may carry the
+        # request somewhere other than the checked address. The
+        # certificate is checked for the url's host name (sni_hostname).
+        async with httpx.AsyncClient(
+            timeout=timeout, follow_redirects=False, trust_env=False,
+            verify=_tls_context(config().webhooks.ca_file),
+        ) as client:
+            async with client.stream("POST", target, content=body, headers=headers,
+                                     extensions={"sni_hostname": server_name}) as response:
+                if not 200 <= response.status_code < 300:
+                    raise ToolRunError(f"webhook answered {response.status_code}")
+                return response.status_code, await _read_capped(response, limit)
+
+
+async def post_notice(*, url: str, secret: str, payload: dict, timeout: float | None = None) -> None:
+    """POST a notice to a tenant's own url (an alert: ``{"kind": ...}``),
+    signed and sent as a server tool's call is, to an address allowed for
+    every network of OWLLAYER_WEBHOOK_ALLOWED_NETWORKS; the answer is read
+    (at most OWLLAYER_WEBHOOK_MAX_BYTES) and dropped. Raises ToolRunError
+    with the same words as a tool's call."""
+    check_url(url)
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    networks = tuple(AllowedNetwork(net) for net in config().webhooks.allowed_networks)
+    try:
+        await _signed_post(url, body, secret=secret, limit=config().webhooks.max_bytes,
+                           timeout=config().webhooks.timeout if timeout is None else timeout,
+                           networks=networks)
+    except (TimeoutError, httpx.HTTPError) as exc:
+        logger.warning("notice %s to a tenant's webhook did not arrive: %s",
+                       payload.get("kind", ""), _failure(exc))
+        raise ToolRunError(NO_ANSWER) from None
 
 
 def _failure(exc: BaseException) -> str:

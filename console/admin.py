@@ -89,11 +89,15 @@ class TenantAdmin(admin.ModelAdmin):
                     "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
+    # The alert webhook's secret is the tenant's owners' (the console's Budget page).
+    exclude = ["alert_webhook_secret"]
 
     def get_readonly_fields(self, request, obj=None):
         # The quota and the ceilings bound what a tenant costs: only the
         # service's operators (superusers) set them, never a tenant's own staff.
-        readonly = [*super().get_readonly_fields(request, obj), "created_at", "tokens_this_month"]
+        # The budget and the alert webhook are the owners' own, set in the console.
+        readonly = [*super().get_readonly_fields(request, obj), "created_at", "tokens_this_month",
+                    "monthly_budget_micros", "alert_webhook_url"]
         if not request.user.is_superuser:
             readonly += ["monthly_token_quota", *tenancy.CEILING_FIELDS]
         return readonly

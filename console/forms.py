@@ -1,9 +1,12 @@
-"""Console forms: keys, memberships and invitations. Writes happen in the views through services."""
+"""Console forms: keys, memberships, invitations and the budget. Writes happen in the views through services."""
 from __future__ import annotations
+
+from decimal import Decimal
 
 from django import forms
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import UserCreationForm
+from django.core.validators import URLValidator
 from django.utils import timezone
 
 from console.origins import parse_origin_lines
@@ -94,3 +97,22 @@ class InvitationSignUpForm(UserCreationForm):
 
 class MemberRoleForm(forms.Form):
     role = forms.ChoiceField(choices=TenantMembership.Role.choices)
+
+
+class BudgetForm(forms.Form):
+    """The monthly budget in US dollars (empty: none) and the alert webhook."""
+
+    budget_usd = forms.DecimalField(
+        label="Monthly budget (US$)", required=False, min_value=Decimal("0.01"),
+        max_value=Decimal("1000000000"), max_digits=12, decimal_places=2,
+        help_text="Model cost per calendar month (UTC). Empty: no budget, no alerts.",
+    )
+    alert_webhook_url = forms.URLField(
+        label="Alert webhook", required=False, max_length=500, assume_scheme="https",
+        validators=[URLValidator(schemes=["http", "https"])],
+        help_text="Optional. Each alert is also POSTed here as signed JSON. Empty: e-mail only.",
+    )
+
+    def budget_micros(self) -> int | None:
+        dollars = self.cleaned_data["budget_usd"]
+        return None if dollars is None else int(dollars * 1_000_000)

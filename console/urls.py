@@ -25,6 +25,7 @@ urlpatterns = [
     path(tenant + "keys/<int:key_id>/created/", views.key_created, name="key_created"),
     path(tenant + "keys/<int:key_id>/edit/", views.key_edit, name="key_edit"),
     path(tenant + "keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+    path(tenant + "budget/", views.budget, name="budget"),
     path(tenant + "members/", views.members, name="members"),
     path(tenant + "members/<int:membership_id>/role/", views.member_role, name="member_role"),
     path(tenant + "members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),

@@ -9,6 +9,7 @@ import json
 import logging
 import smtplib
 from datetime import datetime, time
+from decimal import Decimal
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -24,7 +25,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from aitp import selectors, tenancy
+from aitp import budgets, selectors, tenancy
 from aitp.models import ApiKey, OperatorAction, Session, ToolCall
 from aitp.quota import tenant_quota_status
 from aitp.store import admission
@@ -33,13 +34,14 @@ from console.access import Access, render_page, tenant_view
 from console.forms import (
     ApiKeyCreateForm,
     ApiKeyEditForm,
+    BudgetForm,
     InvitationSignUpForm,
     InviteForm,
     MemberRoleForm,
 )
 from console.usage import bar_chart, daily_usage, day_label, day_title
 from runtime.config import config
-from tenants.models import Invitation, TenantMembership
+from tenants.models import BudgetAlert, Invitation, TenantMembership
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +280,41 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
     return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
                        section="keys", key=key, live_sessions=live,
                        demo_key=key.status != ApiKey.Status.REVOKED and selectors.is_the_demo_pages_key(key))
+
+
+# --- budget ----------------------------------------------------------------------
+
+
+@tenant_view()
+def budget(request: HttpRequest, access: Access) -> HttpResponse:
+    tenant = access.tenant
+    initial = {
+        "budget_usd": None if tenant.monthly_budget_micros is None
+        else Decimal(tenant.monthly_budget_micros) / 1_000_000,
+        "alert_webhook_url": tenant.alert_webhook_url,
+    }
+    form = BudgetForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        changed = tenancy.tenant_budget_update(
+            tenant=tenant, by=request.user, monthly_budget_micros=form.budget_micros(),
+            alert_webhook_url=form.cleaned_data["alert_webhook_url"],
+        )
+        if changed:
+            messages.success(request, "Budget saved." if tenant.monthly_budget_micros
+                             else "Budget saved: none is set, so no alert is sent.")
+        else:
+            messages.info(request, "Nothing changed.")
+        return redirect("console:budget", slug=tenant.slug)
+    now = timezone.now()
+    month, _, _ = budgets.month_bounds(now)
+    spent = budgets.spent_micros([tenant.pk], now).get(tenant.pk, 0)
+    budget_micros = tenant.monthly_budget_micros or 0
+    return render_page(
+        request, access, "console/budget.html", title="Budget", section="budget", form=form,
+        month=month, spent_usd=budgets.usd(spent), budget_usd=budgets.usd(budget_micros) if budget_micros else "",
+        percent=round(spent * 100 / budget_micros) if budget_micros else None,
+        alerts=BudgetAlert.objects.filter(tenant=tenant).order_by("-month", "-threshold")[:12],
+    )
 
 
 # --- members ---------------------------------------------------------------------

@@ -575,6 +575,10 @@ OWLLAYER_SHUTDOWN_DRAIN = env_float("OWLLAYER_SHUTDOWN_DRAIN", 10.0, minimum=0.0
 # at most this many seconds later (and when it stops); 0 writes every count
 # at once. A process killed outright loses at most this long of counts.
 OWLLAYER_USAGE_FLUSH_INTERVAL = env_float("OWLLAYER_USAGE_FLUSH_INTERVAL", 1.0, minimum=0.0)
+# Every serving process checks this often whether a tenant's model cost this
+# month passed 80% or 100% of its monthly budget (aitp.budgets); 0 turns the
+# check off (the check_budgets command does the same from cron).
+OWLLAYER_BUDGET_CHECK_INTERVAL = env_float("OWLLAYER_BUDGET_CHECK_INTERVAL", 60.0, minimum=0.0)
 # How sessions' rows are written (aitp/store): "fast" (statements prepared
 # once, writes of several sessions together, usage written behind) or
 # "plain" (the ORM, one transaction per write), the same promises either way.

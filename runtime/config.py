@@ -189,6 +189,7 @@ class StoreConfig:
     shutdown_drain: float
     usage_flush_interval: float
     token_reservation_seconds: float
+    budget_check_interval: float
 
 
 @dataclass(frozen=True)
@@ -386,6 +387,7 @@ def build(s: Any) -> Config:
             shutdown_drain=s.OWLLAYER_SHUTDOWN_DRAIN,
             usage_flush_interval=s.OWLLAYER_USAGE_FLUSH_INTERVAL,
             token_reservation_seconds=s.OWLLAYER_TOKEN_RESERVATION_SECONDS,
+            budget_check_interval=s.OWLLAYER_BUDGET_CHECK_INTERVAL,
         ),
         webhooks=WebhooksConfig(
             timeout=s.OWLLAYER_WEBHOOK_TIMEOUT,

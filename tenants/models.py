@@ -11,6 +11,8 @@ The tables are still the ones the protocol app created (``aitp_tenant``,
 """
 from __future__ import annotations
 
+import secrets
+
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -27,6 +29,11 @@ def default_session_ceiling() -> int | None:
 def default_key_ceiling() -> int | None:
     """A new tenant's ceiling on API keys (OWLLAYER_DEFAULT_TENANT_KEY_CAP; 0: none)."""
     return config().store.default_tenant_key_cap or None
+
+
+def generate_alert_secret() -> str:
+    """The secret signing a tenant's alert webhook (as a server tool's is made)."""
+    return "whsec_" + secrets.token_urlsafe(32)
 
 
 class Tenant(models.Model):
@@ -62,6 +69,25 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1)],
         help_text="API keys this tenant may hold (active or disabled; revoked keys do not "
         "count); one more is refused. Empty means no ceiling.",
+    )
+    # Told, never enforced: the token quota above is the hard stop.
+    monthly_budget_micros = models.PositiveBigIntegerField(
+        "monthly budget (millionths of USD)",
+        null=True,
+        blank=True,
+        help_text="The model cost this tenant means to spend per calendar month (UTC); its "
+        "owners are told at 80% and 100% of it. Nothing is refused when it is spent. "
+        "Empty means no budget.",
+    )
+    alert_webhook_url = models.URLField(
+        "alert webhook",
+        max_length=500,
+        blank=True,
+        help_text="Alerts (the monthly budget's) are also POSTed here as signed JSON. Empty: e-mail only.",
+    )
+    alert_webhook_secret = models.CharField(
+        max_length=128, default=generate_alert_secret,
+        help_text="Signs the alert webhook's requests (X-OwlLayer-Signature).",
     )
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -131,3 +157,26 @@ class Invitation(models.Model):
 
     def is_pending(self, now) -> bool:
         return self.accepted_at is None and self.withdrawn_at is None and self.expires_at > now
+
+
+class BudgetAlert(models.Model):
+    """A budget alert sent: one per tenant, month and threshold. The process
+    whose insert made the row is the one that sends it, so several processes
+    checking at once tell the tenant once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budget_alerts")
+    month = models.CharField(max_length=7, help_text="YYYY-MM (UTC).")
+    threshold = models.PositiveSmallIntegerField(choices=[(80, "80%"), (100, "100%")])
+    spent_micros = models.BigIntegerField("spent (millionths of USD)", default=0)
+    budget_micros = models.BigIntegerField("budget (millionths of USD)", default=0)
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-sent_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "month", "threshold"],
+                                    name="uniq_budget_alert_tenant_month_threshold")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.month} {self.threshold}%"

@@ -38,6 +38,8 @@ _ = _Names()
 (_.urlpatterns, _.app_name, _.application)
 (_.Command, _.help, _.add_arguments)
 (_.verbose_name_plural, _.constraints, _.default_permissions)
+# Form fields read by their name (cleaned_data, the posted data, the templates).
+(_.budget_usd,)
 (_.widget, _.clean_user, _.clean_allowed_origins, _.clean_expires_at, _.clean_status, _.clean_tenant)
 # The admin's options and hooks (methods shown in lists are @admin.display,
 # which vulture is told to skip).
