@@ -252,12 +252,15 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> None:
     from django.db import DatabaseError, connections
 
     from aitp import processes
+    from runtime import tracing
     from runtime.config import config
     from speech import jobs
 
     _raise_open_files_limit()
     # The speech workers stop with the drain, once the turns that used them are over.
     processes.stop_after_drain(jobs.shutdown)
+    # The spans of the turns the drain ended go to the collector before the process does.
+    processes.stop_after_drain(tracing.flush)
     _install_graceful_shutdown()
     ceiling = str(config().protocol.frame_ceiling_bytes)
     from daphne.cli import CommandLineInterface

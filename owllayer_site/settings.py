@@ -397,6 +397,17 @@ if OWLLAYER_METRICS_ADDRESS and not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\s]+):
 OWLLAYER_METRICS_TOKEN = env_str("OWLLAYER_METRICS_TOKEN", "")
 OWLLAYER_METRICS_DIR = env_str("OWLLAYER_METRICS_DIR", "")
 
+# Traces of the agent's turns, for an OpenTelemetry collector (runtime/tracing.py):
+# off unless OWLLAYER_TRACES; then sent over OTLP/HTTP to the standard
+# OTEL_EXPORTER_OTLP_ENDPOINT (its /v1/traces), named OTEL_SERVICE_NAME.
+OWLLAYER_TRACES = env_bool("OWLLAYER_TRACES", False)
+OTEL_EXPORTER_OTLP_ENDPOINT = (env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+                               or "http://127.0.0.1:4318")
+if OWLLAYER_TRACES and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", OTEL_EXPORTER_OTLP_ENDPOINT):
+    raise ImproperlyConfigured("OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// url "
+                               f"(e.g. http://127.0.0.1:4318), got {OTEL_EXPORTER_OTLP_ENDPOINT!r}")
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "owllayer-server").strip() or "owllayer-server"
+
 # "text": `time LEVEL logger message`; "json": one JSON object per line, with
 # the session's id and tenant on every line of a session (runtime/logs.py).
 OWLLAYER_LOG_FORMAT = env_choice("OWLLAYER_LOG_FORMAT", "text", ("text", "json"))

@@ -242,6 +242,15 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """Traces of the agent's turns, for an OpenTelemetry collector (runtime.tracing)."""
+
+    enabled: bool
+    endpoint: str  # the collector's OTLP/HTTP base url; spans go to its /v1/traces
+    service_name: str
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """The site itself: where it is installed, and the origins trusted besides its own host."""
 
@@ -264,6 +273,7 @@ class Config:
     console: ConsoleConfig
     login: LoginConfig
     metrics: MetricsConfig
+    tracing: TracingConfig
 
 
 # --- building it ---------------------------------------------------------------
@@ -420,6 +430,11 @@ def build(s: Any) -> Config:
             address=s.OWLLAYER_METRICS_ADDRESS,
             token=s.OWLLAYER_METRICS_TOKEN,
             directory=s.OWLLAYER_METRICS_DIR,
+        ),
+        tracing=TracingConfig(
+            enabled=s.OWLLAYER_TRACES,
+            endpoint=s.OTEL_EXPORTER_OTLP_ENDPOINT,
+            service_name=s.OTEL_SERVICE_NAME,
         ),
     )
 

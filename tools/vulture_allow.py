@@ -97,5 +97,7 @@ _ = _Names()
 # server-frame parser, the Django state of a row written by statement.
 (_.verify_chain, _.wait_until_anchored, _.reset, _.load, _.jobs_of, _.transcribe_now,
  _.speech_end_seconds, _.close_client, _.db, _.frame_schema, _.FINAL_CODES, _.to_wire)
+# The in-memory exporter tests read a turn's spans from (runtime.tracing).
+(_.record_in_memory,)
 # Written for the tests beside the fast session writes.
 (_.tool_calls_record, _.USAGE_FIELDS)
