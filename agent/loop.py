@@ -24,9 +24,10 @@ await the turn themselves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -66,7 +67,7 @@ from aitp.ports import ServerTool
 from aitp.pricing import cost_micros, price_of
 from aitp.quota import QuotaExceeded, TokenQuota
 from aitp.turn import TurnEvent
-from runtime import metrics, model_access
+from runtime import metrics, model_access, tracing
 
 __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "TurnIO", "TurnOver",
            "bounded_history"]
@@ -74,6 +75,20 @@ __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "T
 logger = logging.getLogger(__name__)
 
 INTERNAL_ERROR_MESSAGE = "Something went wrong on the server."
+
+
+def _traced_turn(run_turn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """A turn is a trace of its own (``runtime.tracing``), its root span
+    ``turn``: the model's requests, the tool calls, the approvals and the
+    store's writes under it."""
+
+    @functools.wraps(run_turn)
+    async def traced(agent: Agent, *args, **kwargs) -> None:
+        with tracing.trace("turn", session_id=agent.session_id, turn=agent.turn + 1):
+            await run_turn(agent, *args, **kwargs)
+
+    return traced
+
 
 class Agent:
     def __init__(
@@ -123,6 +138,7 @@ class Agent:
 
     # --- the turn ------------------------------------------------------------
 
+    @_traced_turn
     async def run_turn(self, text: str = "", *, voice: Listening | None = None) -> None:
         """One turn: ``text`` typed, or ``voice`` heard (transcribed, then the
         same turn, with the answer spoken as well as written). It ends, last
@@ -192,8 +208,11 @@ class Agent:
             force_answer = rounds >= self.config.max_tool_rounds
             request = self._build_request(force_answer=force_answer)
             asked = time.monotonic()
-            completion = await ask_model(self.backend, self.quota, request, run.usage, run.streamer,
-                                         run.full_text, run.speaker)
+            with tracing.span("model", model=request.model) as traced:
+                completion = await ask_model(self.backend, self.quota, request, run.usage, run.streamer,
+                                             run.full_text, run.speaker)
+                traced.set(input_tokens=completion.usage.input_tokens,
+                           output_tokens=completion.usage.output_tokens)
             run.clock.model += time.monotonic() - asked
             content, refused = as_recorded(completion.content, max_depth=self.config.max_json_depth,
                                            session_id=self.session_id)
@@ -338,8 +357,10 @@ class Agent:
             await self._checkpoint(calls=calls)
             for index, call in enumerate(calls):
                 call.began = time.monotonic()
-                outcomes[index] = (skip or (refused[index] if refused else None)
-                                   or await self._run_one(call))
+                with tracing.span("tool_call", tool=call.name, origin=_origin(call)) as traced:
+                    outcomes[index] = (skip or (refused[index] if refused else None)
+                                       or await self._run_one(call))
+                    traced.set(status=outcomes[index].status)
                 call.finish(outcomes[index])
                 _measured(self.parts.clock, call, outcomes[index])
                 await self.store.finish_call(call, outcomes[index])
@@ -470,6 +491,8 @@ class _Run:
     # the code it failed with.
     outcome: str = "cut"
     error_code: str = ""
+    # The turn's trace (runtime.tracing): "" with traces off.
+    trace_id: str = field(default_factory=tracing.current_trace_id)
 
     def figures(self, number: int, config: AgentConfig) -> dict:
         """The turn's record (``TurnRecord``): its times, tokens and cost."""
@@ -486,6 +509,7 @@ class _Run:
         }
 
     def measured(self) -> None:
+        tracing.annotate(outcome=self.outcome)
         first_text, started = self.streamer.first_text_at, self.clock.started
         metrics.turn_ended(self.outcome, time.monotonic() - started,
                            None if first_text is None else first_text - started)
@@ -502,6 +526,10 @@ def _measured(clock: TurnClock, call: PendingCall, outcome: Outcome) -> None:
 
 def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
+
+
+def _origin(call: PendingCall) -> str:
+    return "server" if call.origin == "server" else "page"
 
 
 def _cancel_message(status: str) -> str:

@@ -25,6 +25,7 @@ from aitp.ledger import (
     wait_until_deadline,
 )
 from aitp.turn import TurnEvent
+from runtime import tracing
 
 
 class PageTools:
@@ -67,6 +68,9 @@ class PageTools:
             return outcome
         finally:
             parts.ledger.remove(call.call_id)
+            if call.approval_asked_at is not None:
+                # From the page's APPROVAL_REQUEST to its answer (or the call's end).
+                tracing.record("approval_wait", since=call.approval_asked_at, asked_by="page")
 
     async def on_tool_result(self, payload: p.ToolResult) -> p.Message | None:
         """Returns an error event to send back, or None when accepted."""

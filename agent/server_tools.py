@@ -36,7 +36,7 @@ from aitp.ledger import (
 from aitp.ports import ServerTool
 from aitp.tools import canonical_json
 from aitp.turn import TurnEvent
-from runtime import metrics
+from runtime import metrics, tracing
 
 # The turn logs under one name, whichever piece of it writes the line.
 logger = logging.getLogger("agent.loop")
@@ -83,7 +83,9 @@ class ServerTools:
                         data={"callId": call.call_id, "reason": "operator_approval"},
                     ))
                 asked = time.monotonic()
-                decision = await self.await_decision(call)
+                with tracing.span("approval_wait", asked_by="server") as traced:
+                    decision = await self.await_decision(call)
+                    traced.set(decision=decision or "expired")
                 waited = time.monotonic() - asked
                 parts.clock.approval += waited
                 metrics.approval_waited(decision or "expired", waited)

@@ -12,6 +12,8 @@ A call that has an approval is the exception: its end (run, expired,
 cancelled, disconnected) is written by the approvals app in the transaction
 of the approval's event that records it (``approval_*`` below), and is not
 written behind again. Calls without one cost no extra round trip.
+
+Inside a turn's trace each call is a span ``store.<method>`` (``runtime.tracing``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from aitp import ports, store
 from aitp.ledger import Outcome, PendingCall
 from aitp.llm import Usage
 from aitp.ports import ApprovalTicket
+from runtime import tracing
 from runtime.db import db_call
 from runtime.group_write import GroupWrite
 
@@ -53,6 +56,7 @@ class AgentStore:
         # failed leaves neither (and nothing is written behind in its place).
         self._ended_by_approval: set[str] = set()
 
+    @tracing.traced("store.checkpoint")
     async def checkpoint(self, *, turn: int, messages: list[dict], calls: list[PendingCall] = (),
                          usage: Usage | None = None, turns: int = 0,
                          audio: dict[str, int] | None = None,
@@ -100,6 +104,7 @@ class AgentStore:
         )
         self._forget(finished)
 
+    @tracing.traced("store.mark_call")
     async def mark_call(self, call: PendingCall, status: str, *, sent: bool = False) -> None:
         """Start writing a call's progress (an open state) and return: the turn does not wait
         for it (the frame is out, the page is answering). It lands whatever
@@ -114,6 +119,7 @@ class AgentStore:
         sent_at = timezone.now() if sent else self._mark_of.get(call.call_id, (None, None))[1]
         self._mark_of[call.call_id] = (task, sent_at)
 
+    @tracing.traced("store.finish_call")
     async def finish_call(self, call: PendingCall, outcome: Outcome) -> None:
         """Keep a call's final outcome for the turn's next write (the next
         checkpoint: the turn always writes one before it ends).
@@ -136,6 +142,7 @@ class AgentStore:
             "created_at": created_at, "sent_at": sent_at,
         })
 
+    @tracing.traced("store.flush")
     async def flush(self) -> None:
         """Write what is kept behind now (before a write that reads it)."""
         await self._marks_written()
@@ -163,6 +170,7 @@ class AgentStore:
 
     # --- approvals (the approvals app owns these rows: aitp.ports) --------------
 
+    @tracing.traced("store.approval_request_client")
     async def approval_request_client(self, call: PendingCall, *, tool_name: str, args: dict,
                                       message: str, timeout: float) -> ApprovalTicket:
         await self.flush()
@@ -172,6 +180,7 @@ class AgentStore:
             timeout=timeout,
         )
 
+    @tracing.traced("store.approval_request_server")
     async def approval_request_server(self, call: PendingCall, tool, *, timeout: float,
                                       message: str) -> ApprovalTicket:
         await self.flush()
@@ -180,12 +189,14 @@ class AgentStore:
             session_id=self.session_id, timeout=timeout, message=message,
         )
 
+    @tracing.traced("store.approval_violation")
     async def approval_violation(self, call: PendingCall, *, reason: str) -> ApprovalTicket:
         return await db_call(
             ports.approvals().record_violation, call_id=call.call_id, risk=call.risk.value,
             session_id=self.session_id, reason=reason,
         )
 
+    @tracing.traced("store.approval_decide_user")
     async def approval_decide_user(self, approval_id: int, *, approved: bool,
                                    error: str | None) -> ApprovalTicket:
         await self.flush()
@@ -194,16 +205,19 @@ class AgentStore:
             approved=approved, error=error,
         )
 
+    @tracing.traced("store.approval_decision")
     async def approval_decision(self, approval_id: int) -> tuple[str, str]:
         """(status, who declined) of the approval row; a row gone is cancelled."""
         decision = await db_call(ports.approvals().decision, approval_id)
         return decision if decision is not None else ("cancelled", "")
 
+    @tracing.traced("store.approval_expire")
     async def approval_expire(self, call: PendingCall, outcome: Outcome) -> None:
         """Nobody decided in time: the approval and the call end with ``outcome``."""
         await self._ended_with_approval(call, lambda: db_call(
             ports.approvals().expire, approval_id=call.approval_id, error=outcome.error))
 
+    @tracing.traced("store.approval_close")
     async def approval_close(self, call: PendingCall, status: str, outcome: Outcome) -> None:
         """The approval closes as ``status`` (cancelled, disconnected), the call
         ends with ``outcome``."""
@@ -211,6 +225,7 @@ class AgentStore:
             ports.approvals().close, approval_id=call.approval_id, status=status,
             call_status=outcome.status, error=outcome.error))
 
+    @tracing.traced("store.approval_executed")
     async def approval_executed(self, call: PendingCall, outcome: Outcome) -> None:
         """The approved call ran: executed or failed, the call's ``outcome`` with it."""
         await self._ended_with_approval(call, lambda: db_call(

@@ -17,6 +17,10 @@ swap it. No proxy from the environment is used. The errors say what failed
 ("the webhook address is not allowed", "the webhook did not answer"), never
 which port was closed, how a connection failed or that a certificate was
 refused.
+
+Inside a turn's trace (``runtime.tracing``) the call is a span ``webhook``,
+and the request carries its W3C ``traceparent``: the receiver's own spans
+join the turn's trace.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import httpx
 
 from approvals import webhook_addresses
 from approvals.webhook_addresses import AllowedNetwork, IPAddress
+from runtime import tracing
 from runtime.config import config
 
 logger = logging.getLogger(__name__)
@@ -173,8 +178,10 @@ async def call_webhook(
         separators=(",", ":"), ensure_ascii=False,
     ).encode("utf-8")
     try:
-        status, raw = await _signed_post(url, body, secret=secret, timeout=timeout, limit=limit,
-                                         networks=networks)
+        with tracing.span("webhook", tool=tool) as traced:
+            status, raw = await _signed_post(url, body, secret=secret, timeout=timeout, limit=limit,
+                                             networks=networks)
+            traced.set(status_code=status)
     except ToolRunError as exc:
         if exc.message == NOT_ALLOWED:
             logger.warning("session %s: webhook tool %s: address not allowed", session_id, tool)
@@ -216,6 +223,8 @@ async def _signed_post(url: str, body: bytes, *, secret: str, timeout: float, li
         timestamp = str(int(time.time()))
         headers[TIMESTAMP_HEADER] = timestamp
         headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
+        # Inside a turn's trace: the receiver's spans may join it (W3C traceparent).
+        tracing.inject(headers)
         # trust_env=False: no proxy from the environment may carry the
         # request somewhere other than the checked address. The
         # certificate is checked for the url's host name (sni_hostname).

@@ -14,6 +14,10 @@ ses_...: ...``); nothing that logs needs to pass the fields itself.
 when it has them, and ``exception`` (the traceback, as one string) when
 there is one. The site's settings choose it (``OWLLAYER_LOG_FORMAT=json``);
 the default stays ``time LEVEL logger message``.
+
+A line logged inside a turn's trace (``OWLLAYER_TRACES``, ``runtime.tracing``)
+also carries its ``trace_id``, the id the collector shows the turn under; the
+text lines stay as they are.
 """
 from __future__ import annotations
 
@@ -22,11 +26,14 @@ import json
 import logging
 from datetime import UTC, datetime
 
+from runtime import tracing
+
 _session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("log_session_id", default=None)
 _tenant_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("log_tenant_id", default=None)
 
-# The fields a session's lines carry, in the order a JSON line shows them.
-SESSION_FIELDS = ("session_id", "tenant_id")
+# The fields a session's lines carry, in the order a JSON line shows them
+# (a turn's trace id last, inside a trace).
+SESSION_FIELDS = ("session_id", "tenant_id", "trace_id")
 
 
 def bind_session(session_id: str, tenant_id: int | None) -> None:
@@ -38,12 +45,15 @@ def bind_session(session_id: str, tenant_id: int | None) -> None:
 
 class SessionFields(logging.Filter):
     """Adds the bound session's fields to every record (None outside a
-    session); a record that has its own (``extra=``) keeps them."""
+    session), and the trace's id inside a turn's trace (None outside one);
+    a record that has its own (``extra=``) keeps them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "session_id"):
             record.session_id = _session_id.get()
             record.tenant_id = _tenant_id.get()
+        if not hasattr(record, "trace_id"):
+            record.trace_id = tracing.current_trace_id() or None
         return True
 
 
