@@ -16,9 +16,12 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -42,6 +45,7 @@ from tests.support.fake_anthropic import text_response, tool_use_response
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 PATIENCE = 30.0
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -344,3 +348,31 @@ async def test_a_server_with_traces_on_sends_the_turns_spans_to_the_collector_ov
     attributes = {a.key: a.value for a in turn_span.attributes}
     assert attributes["outcome"].string_value == "answered"
     assert attributes["session_id"].string_value.startswith("ses_")
+
+
+# --- the settings ---------------------------------------------------------------------------
+
+
+def settings_in_a_fresh_process(**overrides: str) -> subprocess.CompletedProcess:
+    env = {name: v for name, v in os.environ.items()
+           if not name.startswith(("OWLLAYER_TRACES", "OTEL_"))}
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+                               "print(settings.OWLLAYER_TRACES, settings.OTEL_EXPORTER_OTLP_ENDPOINT, "
+                               "settings.OTEL_SERVICE_NAME)"],
+        env={**env, **overrides, "DJANGO_SETTINGS_MODULE": "owllayer_site.settings"}, cwd=ROOT,
+        capture_output=True, text=True)
+
+
+def test_traces_are_off_by_default_and_would_go_to_a_collector_on_this_host():
+    shown = settings_in_a_fresh_process()
+
+    assert shown.stdout.split() == ["False", "http://127.0.0.1:4318", "owllayer-server"]
+
+
+def test_a_collector_endpoint_that_is_not_an_http_url_stops_the_server_at_start_naming_it():
+    shown = settings_in_a_fresh_process(OWLLAYER_TRACES="true",
+                                        OTEL_EXPORTER_OTLP_ENDPOINT="collector:4318")
+
+    assert shown.returncode != 0
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// url" in shown.stderr
