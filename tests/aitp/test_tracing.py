@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -235,6 +236,22 @@ async def test_a_webhook_request_carries_the_traceparent_of_the_turns_trace(
     assert parent_id == format(called.context.span_id, "016x")
     assert ("tool_call", "webhook") in shape(found)
     assert dict(called.attributes) == {"tool": "look_up", "status_code": 200}
+
+
+async def test_a_webhook_that_does_not_answer_ends_its_span_as_an_error(spans, webhook):
+    from opentelemetry.trace import StatusCode
+
+    from approvals.webhooks import ToolRunError, call_webhook
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    with tracing.trace("turn"), pytest.raises(ToolRunError):
+        await call_webhook(url=f"http://127.0.0.1:{closed}/hook", secret="s", tool="look_up",
+                           arguments={}, session_id="ses_1", call_id="tc_1", timeout=5.0)
+
+    (called,) = [s for s in spans.get_finished_spans() if s.name == "webhook"]
+    assert called.status.status_code == StatusCode.ERROR
 
 
 # --- the log lines --------------------------------------------------------------------------
