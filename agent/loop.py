@@ -505,7 +505,7 @@ class _Run:
             "model_ms": _ms(clock.model), "approval_ms": _ms(clock.approval),
             "tools_ms": _ms(max(0.0, clock.tools - clock.approval)),
             "cost_micros": None if price is None else cost_micros(price, self.usage),
-            "model": config.model[:128],
+            "model": config.model[:128], "trace_id": self.trace_id,
         }
 
     def measured(self) -> None:

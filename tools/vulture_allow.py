@@ -72,7 +72,7 @@ _ = _Names()
 (_.new_channel, _.receive_clean_locks, _.brpop_timeout)
 
 # A turn's record: written by statement (aitp.store.statements.TURN_COLUMNS) and shown by templates.
-(_.ANSWERED, _.first_text_ms, _.model_ms, _.tools_ms, _.approval_ms, _.trace_id)
+(_.ANSWERED, _.first_text_ms, _.model_ms, _.tools_ms, _.approval_ms)
 
 # Named by a dotted path in the settings, or by name in an engine table.
 (_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response, _.probes)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from aitp.models import TurnRecord
 from aitp_client import AitpClient
 from runtime import logs, tracing
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN, in_db
@@ -112,6 +113,28 @@ async def test_a_turn_with_a_page_call_its_user_approved_is_one_trace_shaped_lik
     assert dict(tool_call.attributes) == {"tool": "pay", "origin": "page", "status": "success"}
     (waited,) = [s for s in found if s.name == "approval_wait"]
     assert tool_call.start_time <= waited.start_time <= waited.end_time <= tool_call.end_time
+
+
+async def test_the_turns_record_keeps_the_id_of_its_trace(llm, connect, api_key, spans):
+    llm.enqueue(text_response("Hello."))
+    page = await open_shop(connect, api_key)
+    await turn(page, "hi")
+    found = await ended(spans)
+    await close(page)
+
+    (root,) = [s for s in found if s.name == "turn"]
+    record = await TurnRecord.objects.aget(session_id=page.session_id, number=1)
+    assert record.trace_id == format(root.context.trace_id, "032x")
+
+
+async def test_with_traces_off_the_turns_record_has_no_trace_id(llm, connect, api_key):
+    llm.enqueue(text_response("Hello."))
+    page = await open_shop(connect, api_key)
+    await turn(page, "hi")
+    await close(page)
+
+    record = await TurnRecord.objects.aget(session_id=page.session_id, number=1)
+    assert record.trace_id == ""
 
 
 async def test_a_server_tool_the_user_approves_waits_for_the_approval_in_a_span_of_its_call(
