@@ -60,12 +60,6 @@ class _NoSpan:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    async def __aenter__(self) -> _NoSpan:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
     def set(self, **attributes: Any) -> None:
         """Add attributes to the span (none here)."""
 
@@ -74,7 +68,7 @@ NO_SPAN = _NoSpan()
 
 
 class Span:
-    """A live span: current inside its ``with`` (also ``async with``)."""
+    """A live span: the current one inside its ``with``."""
 
     __slots__ = ("_span", "_token")
 
@@ -103,13 +97,6 @@ class Span:
         finally:
             context.detach(self._token)
             self._span.end()
-
-    async def __aenter__(self) -> Span:
-        return self.__enter__()
-
-    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                        _traceback: object) -> None:
-        self.__exit__(kind, error, _traceback)
 
     def set(self, **attributes: Any) -> None:
         """Add attributes to the span (what is learned as it runs: an outcome, tokens)."""
