@@ -60,7 +60,6 @@ class Gathered:
         future = loop.create_future()
         entry = (arguments, future)
         self._waiting.append(entry)
-        self._count_waiting()
         if self._sending is None or self._sending.done():
             self._sending = loop.create_task(self._send())
         try:
@@ -74,7 +73,9 @@ class Gathered:
         try:
             while self._waiting:
                 group, self._waiting = self._waiting, []
-                self._count_waiting()
+                if self.name:
+                    # How many went together: those that waited behind the group before.
+                    metrics.writes_grouped(self.name, len(group))
                 try:
                     outcomes = await self.send_many([arguments for arguments, _ in group])
                 except asyncio.CancelledError:
@@ -96,10 +97,6 @@ class Gathered:
             self._waiting = []
             raise
 
-
-    def _count_waiting(self) -> None:
-        if self.name:
-            metrics.writes_waiting(self.name, len(self._waiting))
 
 
 class GroupWrite(Gathered):

@@ -3,7 +3,7 @@
 The product records what happens (a session opened or refused, a turn and
 its time to first token, a tool call and its outcome, an approval's wait,
 the model's tokens and errors, voice seconds, rate-limit refusals, the
-database's and the channel layer's latency, the writes waiting behind, a
+database's and the channel layer's latency, the writes grouped into one call, a
 drain) through the functions below; with ``OWLLAYER_METRICS`` off each is
 a no-op.
 
@@ -52,7 +52,7 @@ class _Figures:
     rate_limited: Any
     database_seconds: Any
     channel_layer_seconds: Any
-    writes_waiting: Any
+    writes_grouped: Any
     draining: Any
 
 
@@ -137,8 +137,9 @@ def _make() -> _Figures:
                                    "its wait for a thread included.", FAST),
         channel_layer_seconds=histogram("owllayer_channel_layer_seconds", "Seconds a channel layer "
                                         "call took.", FAST, ("operation",)),
-        writes_waiting=gauge("owllayer_writes_waiting", "Writes waiting behind the one on its way to "
-                             "the database.", "livesum", ("writes",)),
+        writes_grouped=gauge("owllayer_writes_grouped", "Writes in the latest group sent to the "
+                             "database in one call: those that waited behind the group before it.",
+                             "livesum", ("writes",)),
         draining=gauge("owllayer_process_draining", "1 while the process drains before it stops.",
                        "liveall"),
     )
@@ -256,9 +257,9 @@ def channel_layer_call(operation: str, seconds: float) -> None:
         _made().channel_layer_seconds.labels(operation).observe(seconds)
 
 
-def writes_waiting(writes: str, count: int) -> None:
+def writes_grouped(writes: str, count: int) -> None:
     if enabled():
-        _made().writes_waiting.labels(writes).set(count)
+        _made().writes_grouped.labels(writes).set(count)
 
 
 def draining(now: bool) -> None:

@@ -42,7 +42,7 @@ metrics.voice("heard", 1.0)
 metrics.rate_limited("frames")
 metrics.database_call(0.01)
 metrics.channel_layer_call("join", 0.01)
-metrics.writes_waiting("checkpoints", 1)
+metrics.writes_grouped("checkpoints", 1)
 metrics.draining(False)
 print(metrics.exposition()[0].decode())
 """
