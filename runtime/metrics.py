@@ -19,14 +19,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec
 
 from runtime.config import config
+
+logger = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 # Seconds, for the histograms.
 FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -182,86 +189,115 @@ def exposition() -> tuple[bytes, str]:
 
 
 # --- what the product records -----------------------------------------------------------
+#
+# Each is a no-op with OWLLAYER_METRICS off, and never raises into the turn,
+# the connection or the write that records: a failure is logged (at most
+# once a minute) and the figure is lost.
+
+_failed_at = 0.0
 
 
+def _recorder(function: Callable[P, None]) -> Callable[P, None]:
+    @functools.wraps(function)
+    def record(*args: P.args, **kwargs: P.kwargs) -> None:
+        if not enabled():
+            return
+        try:
+            function(*args, **kwargs)
+        except Exception as exc:
+            _record_failed(function.__name__, exc)
+
+    return record
+
+
+def _record_failed(name: str, error: Exception) -> None:
+    global _failed_at
+    now = time.monotonic()
+    if now - _failed_at >= 60 or _failed_at == 0.0:
+        _failed_at = now
+        logger.error("a figure (%s) could not be recorded; the server goes on without it",
+                     name, exc_info=error)
+
+
+@_recorder
 def session_opened() -> None:
-    if enabled():
-        figures = _made()
-        figures.sessions_opened.inc()
-        figures.sessions_live.inc()
+    figures = _made()
+    figures.sessions_opened.inc()
+    figures.sessions_live.inc()
 
 
+@_recorder
 def session_closed() -> None:
     """An opened session ended (after ``session_opened``)."""
-    if enabled():
-        _made().sessions_live.dec()
+    _made().sessions_live.dec()
 
 
+@_recorder
 def session_refused(code: str) -> None:
-    if enabled():
-        _made().session_refusals.labels(code).inc()
+    _made().session_refusals.labels(code).inc()
 
 
+@_recorder
 def turn_ended(outcome: str, seconds: float | None = None, first_token: float | None = None) -> None:
-    if enabled():
-        figures = _made()
-        figures.turns.labels(outcome).inc()
-        if seconds is not None:
-            figures.turn_seconds.observe(seconds)
-        if first_token is not None:
-            figures.first_token_seconds.observe(first_token)
+    figures = _made()
+    figures.turns.labels(outcome).inc()
+    if seconds is not None:
+        figures.turn_seconds.observe(seconds)
+    if first_token is not None:
+        figures.first_token_seconds.observe(first_token)
 
 
+@_recorder
 def tool_call(origin: str, outcome: str, seconds: float) -> None:
-    if enabled():
-        _made().tool_call_seconds.labels(origin, outcome).observe(seconds)
+    _made().tool_call_seconds.labels(origin, outcome).observe(seconds)
 
 
+@_recorder
 def approval_waited(outcome: str, seconds: float) -> None:
-    if enabled():
-        _made().approval_wait_seconds.labels(outcome).observe(seconds)
+    _made().approval_wait_seconds.labels(outcome).observe(seconds)
 
 
+@_recorder
 def llm_used(*, input_tokens: int, output_tokens: int, cache_read_tokens: int,
              cache_write_tokens: int) -> None:
-    if enabled():
-        tokens = _made().llm_tokens
-        for kind, count in (("input", input_tokens), ("output", output_tokens),
-                            ("cache_read", cache_read_tokens), ("cache_write", cache_write_tokens)):
-            if count:
-                tokens.labels(kind).inc(count)
+    tokens = _made().llm_tokens
+    for kind, count in (("input", input_tokens), ("output", output_tokens),
+                        ("cache_read", cache_read_tokens), ("cache_write", cache_write_tokens)):
+        if count:
+            tokens.labels(kind).inc(count)
 
 
+@_recorder
 def llm_error(code: str) -> None:
-    if enabled():
-        _made().llm_errors.labels(code).inc()
+    _made().llm_errors.labels(code).inc()
 
 
+@_recorder
 def voice(direction: str, seconds: float) -> None:
-    if enabled() and seconds > 0:
+    if seconds > 0:
         _made().voice_seconds.labels(direction).inc(seconds)
 
 
+@_recorder
 def rate_limited(limit: str, times: int = 1) -> None:
-    if enabled():
-        _made().rate_limited.labels(limit).inc(times)
+    _made().rate_limited.labels(limit).inc(times)
 
 
+@_recorder
 def database_call(seconds: float) -> None:
-    if enabled():
-        _made().database_seconds.observe(seconds)
+    _made().database_seconds.observe(seconds)
 
 
+@_recorder
 def channel_layer_call(operation: str, seconds: float) -> None:
-    if enabled():
-        _made().channel_layer_seconds.labels(operation).observe(seconds)
+    _made().channel_layer_seconds.labels(operation).observe(seconds)
 
 
+@_recorder
 def writes_grouped(writes: str, count: int) -> None:
-    if enabled():
-        _made().writes_grouped.labels(writes).set(count)
+    _made().writes_grouped.labels(writes).set(count)
 
 
+@_recorder
 def draining(now: bool) -> None:
-    if enabled():
-        _made().draining.set(1 if now else 0)
+    _made().draining.set(1 if now else 0)

@@ -308,3 +308,23 @@ async def test_two_processes_sharing_a_host_answer_every_scrape_with_the_sum_of_
     assert value(found, "owllayer_turns_total", outcome="answered") == 5
     assert {dict(labels).get("pid") for name, labels in found
             if name == "owllayer_process_draining"} == {str(first.process.pid)}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_figure_that_cannot_be_recorded_is_logged_and_the_turn_ends_as_ever(
+        connect, api_key, monkeypatch, caplog):
+    def broken() -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(metrics, "_made", broken)
+    monkeypatch.setattr(metrics, "_failed_at", 0.0)
+    page = await open_page(connect, api_key)
+    await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
+
+    frames = await until_done(page)
+    await page.close()
+
+    assert frames[-1]["payload"]["done"] is True
+    failures = [r for r in caplog.records if r.name == "runtime.metrics"]
+    assert len(failures) == 1  # once, not once per figure
+    assert "could not be recorded" in failures[0].getMessage()
