@@ -61,7 +61,7 @@ MUTANTS ?= 'aitp.store.keys.x_api_key_lookup__*' 'aitp.store.keys.x_key_hash__*'
 # 17 an APPROVAL_REQUEST for other arguments than the call's is refused in a turn
 MUTANTS_EDGES := \
 	'agent.page_tools.xǁPageToolsǁon_tool_result__*' 'agent.approvals.xǁApprovalsǁskipped__*' \
-	'agent.loop.xǁAgentǁ_settle_cut_calls__*' 'agent.loop.x__to_the_end__*' 'agent.loop.x__cancel_message__*' \
+	'agent.loop.x__settle_cut_calls__*' 'agent.loop.x__to_the_end__*' 'agent.loop.x__cancel_message__*' \
 	'aitp.tenancy.x_key_update__*' 'console.admin.xǁApiKeyAdminǁsave_model__*' \
 	'console.admin.xǁApiKeyAdminǁ_owned__*' 'tenants.selectors.x_changeable_tenant_ids__*' \
 	'operators.access.x_access_changed__*' 'operators.access.x__membership_saved__*' \

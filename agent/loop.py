@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agent.approvals import Approvals
+from agent.conversation import Conversation
 from agent.page_tools import PageTools
 from agent.parts import (
     AgentConfig,
@@ -47,7 +48,7 @@ from agent.request import ToolParams, as_recorded, ask_model, build_request
 from agent.server_tools import ServerTools
 from agent.store import AgentStore
 from agent.text import TextStreamer, bounded_history
-from agent.voice import Listening, Speaker, audio_usage, voice_record
+from agent.voice import Listening, Speaker, audio_usage
 from aitp import protocol as p
 from aitp.ledger import (
     CANCELLED,
@@ -120,11 +121,8 @@ class Agent:
         self.approvals = Approvals(parts)
         self.page_tools = PageTools(parts, self.approvals)
         self.server_tools = ServerTools(parts, self.approvals, server_tools)
-        self.history: list[dict] = []
+        self.conversation = Conversation()
         self.turn = 0
-        self._seq = 0
-        self._unsaved: list[dict] = []
-        self._last_page: PageSnapshot | None = None
         # The model-ready tool list, built once per tool surface.
         self._tool_params = ToolParams()
         # The running voice turn's voice.
@@ -177,13 +175,13 @@ class Agent:
                 run.outcome = "failed"
                 metrics.llm_error(exc.code)
                 model_access.turn_failed(exc.code, exc.detail)
-            self._record_failure(exc.code, exc.message)
+            self.conversation.record_failure(exc.code, exc.message)
             done = await _failed(self.io, run, exc.code, exc.message)
         except Exception:
             # Our bug, not the peer's: log it, end the turn for the page.
             log.exception("turn %s crashed", self.turn)
             run.outcome = "failed"
-            self._record_failure("internal_error", INTERNAL_ERROR_MESSAGE)
+            self.conversation.record_failure("internal_error", INTERNAL_ERROR_MESSAGE)
             done = await _failed(self.io, run, "internal_error", INTERNAL_ERROR_MESSAGE)
         finally:
             cut_again = False
@@ -202,7 +200,7 @@ class Agent:
 
     async def _answer(self, text: str, run: _Run) -> int:
         """The model's rounds until it answers without tools; how many had tools."""
-        await self._append("user", [{"type": "text", "text": text}, *self._page_blocks()])
+        self._append("user", [{"type": "text", "text": text}, *self._page_blocks()])
         rounds = 0
         while True:
             force_answer = rounds >= self.config.max_tool_rounds
@@ -226,7 +224,7 @@ class Agent:
                 # An empty answer is not stored: the API refuses an empty
                 # message in the next request.
                 if content:
-                    await self._append("assistant", content)
+                    self._append("assistant", content)
                 break
             rounds += 1
             await run.streamer.close()
@@ -266,48 +264,18 @@ class Agent:
         said = "".join(run.full_text)
         said = run.speaker.spoken_text(said) if run.speaker is not None else said[:run.streamer.sent_chars]
         said = said[run.round_start:].strip()
-        if said and self.history and self.history[-1]["role"] == "user":
-            await self._append("assistant", [{"type": "text", "text": said}], interrupted=interrupted)
-
-    def _record_failure(self, code: str, message: str) -> None:
-        """The turn failed with ``code``: the stored record says so (a
-        ``turn_error`` block, read by ``aitp.transcript``), on the turn's
-        last message not yet written -- the user's words, or the tool
-        results the failed request carried -- or else on a row of its own.
-        The conversation the model is sent is unchanged."""
-        mark = {"type": "turn_error", "code": code, "message": message}
-        if self._unsaved and self._unsaved[-1]["role"] == "user":
-            last = self._unsaved[-1]
-            last["content"] = [*last["content"], mark]
-        else:
-            self._seq += 1
-            self._unsaved.append({"seq": self._seq, "role": "assistant", "content": [mark]})
+        if said and self.conversation.awaits_answer():
+            self._append("assistant", [{"type": "text", "text": said}], interrupted=interrupted)
 
     def _page_blocks(self) -> list[dict]:
-        page = self.io.page()
-        if page == self._last_page:
-            return []
-        self._last_page = page
-        return [{"type": "text", "text": page.describe()}]
+        return self.conversation.page_blocks(self.io.page())
 
     def _build_request(self, *, force_answer: bool) -> LlmRequest:
-        return build_request(config=self.config, system_prompt=self.system_prompt, history=self.history,
+        return build_request(config=self.config, system_prompt=self.system_prompt, history=self.conversation.history,
                              tools=self._tool_params(self.io.surface()), force_answer=force_answer)
 
-    async def _append(self, role: str, content: list[dict], *, interrupted: bool = False) -> None:
-        # Consecutive user messages (a turn that failed after its tool results)
-        # are merged so the conversation keeps alternating.
-        if role == "user" and self.history and self.history[-1]["role"] == "user":
-            self.history[-1] = {"role": "user", "content": [*self.history[-1]["content"], *content]}
-        else:
-            self.history.append({"role": role, "content": content})
-        self._seq += 1
-        if self._speaker is not None:  # a voice turn: the stored copy says so
-            content = voice_record(role, content, self._speaker, interrupted=interrupted)
-        # Written at the turn's next checkpoint, with the calls about to run
-        # or with the turn's usage: one database round trip instead of one
-        # per message.
-        self._unsaved.append({"seq": self._seq, "role": role, "content": content})
+    def _append(self, role: str, content: list[dict], *, interrupted: bool = False) -> None:
+        self.conversation.append(role, content, speaker=self._speaker, interrupted=interrupted)
 
     async def _checkpoint(self, *, calls: list[PendingCall] = (), usage: Usage | None = None,
                           audio: dict[str, int] | None = None, counted: Usage | None = None,
@@ -315,16 +283,16 @@ class Agent:
         """Write what the turn produced since the last checkpoint. Messages stay
         buffered until the write returns, so a checkpoint cut short by a
         cancellation is simply written again (it is idempotent)."""
-        messages = list(self._unsaved)
+        messages = list(self.conversation.unsaved)
         await self.store.checkpoint(
             turn=self.turn, messages=messages, calls=calls, usage=usage, turns=1 if usage else 0,
             audio=audio, counted=counted, figures=figures,
         )
-        del self._unsaved[: len(messages)]
+        self.conversation.written(messages)
 
     async def _append_results(self, tool_uses: list[dict], outcomes: list[Outcome]) -> None:
         blocks = [o.tool_result_block(b["id"]) for b, o in zip(tool_uses, outcomes, strict=True)]
-        await self._append("user", [*blocks, *self._page_blocks()])
+        self._append("user", [*blocks, *self._page_blocks()])
 
     # --- tools -----------------------------------------------------------------
 
@@ -353,7 +321,7 @@ class Agent:
         try:
             # Inside the try: a cancel can land on this very write, and the
             # tool_uses it stores must still get their results.
-            await self._append("assistant", content)
+            self._append("assistant", content)
             await self._checkpoint(calls=calls)
             for index, call in enumerate(calls):
                 call.began = time.monotonic()
@@ -376,41 +344,17 @@ class Agent:
             else:
                 status, error = ERROR, "The server failed while running this tool."
             cut_again = await _to_the_end(
-                self._settle_cut_calls(calls, tool_uses, outcomes, status, error))
+                self._settle_cut_round(calls, tool_uses, outcomes, status, error))
             if cut_again and not isinstance(exc, asyncio.CancelledError):
                 raise asyncio.CancelledError() from exc
             raise
         await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
 
-    async def _settle_cut_calls(self, calls: list[PendingCall], tool_uses: list[dict],
+    async def _settle_cut_round(self, calls: list[PendingCall], tool_uses: list[dict],
                                 outcomes: list[Outcome | None], status: str, error: str) -> None:
-        """The end of a tool round cut short: each call keeps the outcome it
-        had (finished, or answered as the cut landed), the others end with
-        ``status``; rows, results and the conversation are written now."""
-        # Idempotent: the checkpoint may or may not have landed.
-        await self._checkpoint(calls=calls)
-        for index, call in enumerate(calls):
-            if outcomes[index] is not None:
-                continue  # finished before the cut: its real outcome stands
-            if call.future.done():
-                # Answered (the page's result, the server tool's run) when the
-                # cut landed, before the turn read it: the answer stands, in
-                # the row and for the model.
-                outcomes[index] = call.future.result()
-                _measured(self.parts.clock, call, outcomes[index])
-                await self.store.finish_call(call, outcomes[index])
-                continue
-            outcomes[index] = Outcome(status, error=error)
-            call.resolve(outcomes[index])
-            _measured(self.parts.clock, call, outcomes[index])
-            if call.approval_id is not None:
-                # The call's end with its approval's event, in one transaction.
-                try:
-                    await self.store.approval_close(call, status, outcomes[index])
-                except Exception:
-                    logger.exception("session %s: the end of call %s could not be written with "
-                                     "its approval", self.session_id, call.call_id)
-            await self.store.finish_call(call, outcomes[index])
+        """The end of a tool round cut short: rows, results and the conversation written now."""
+        await self._checkpoint(calls=calls)  # idempotent: it may or may not have landed
+        await _settle_cut_calls(self.parts, calls, outcomes, status, error)
         await self._append_results(tool_uses, outcomes)  # type: ignore[arg-type]
         await self._checkpoint()
 
@@ -442,6 +386,35 @@ class Agent:
 
     async def on_approval_decided(self, approval_id: int) -> None:
         await self.approvals.on_approval_decided(approval_id)
+
+async def _settle_cut_calls(parts: TurnParts, calls: list[PendingCall],
+                            outcomes: list[Outcome | None], status: str, error: str) -> None:
+    """Each call of a round cut short keeps the outcome it had (finished, or
+    answered as the cut landed); the others end with ``status``; every
+    call's end is kept for the turn's next checkpoint."""
+    for index, call in enumerate(calls):
+        if outcomes[index] is not None:
+            continue  # finished before the cut: its real outcome stands
+        if call.future.done():
+            # Answered (the page's result, the server tool's run) when the
+            # cut landed, before the turn read it: the answer stands, in
+            # the row and for the model.
+            outcomes[index] = call.future.result()
+            _measured(parts.clock, call, outcomes[index])
+            await parts.store.finish_call(call, outcomes[index])
+            continue
+        outcomes[index] = Outcome(status, error=error)
+        call.resolve(outcomes[index])
+        _measured(parts.clock, call, outcomes[index])
+        if call.approval_id is not None:
+            # The call's end with its approval's event, in one transaction.
+            try:
+                await parts.store.approval_close(call, status, outcomes[index])
+            except Exception:
+                logger.exception("session %s: the end of call %s could not be written with "
+                                 "its approval", parts.session_id, call.call_id)
+        await parts.store.finish_call(call, outcomes[index])
+
 
 async def _to_the_end(work: Awaitable[None]) -> bool:
     """Await ``work`` to its end even if this task is cancelled meanwhile

@@ -1401,7 +1401,7 @@ async def test_an_answer_that_arrived_as_the_turn_was_cancelled_keeps_its_real_o
     llm.enqueue(tool_use_response(ALL_ANSWERED_ADDS))
     await run_until_cut(page, agent, "add one, two, three")
 
-    told = [results_told(m["content"]) for m in agent.history if results_told(m["content"])]
+    told = [results_told(m["content"]) for m in agent.conversation.history if results_told(m["content"])]
     assert told == [[("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
                      ("toolu_3", False, '{"added":3}')]]
     rows = await stored_calls(session.id)
@@ -1422,7 +1422,7 @@ async def test_a_cut_as_the_second_answer_lands_keeps_it_and_ends_the_call_not_y
 
     told = [("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
             ("toolu_3", True, "The turn was cancelled before the tool answered.")]
-    assert [results_told(m["content"]) for m in agent.history if results_told(m["content"])] == [told]
+    assert [results_told(m["content"]) for m in agent.conversation.history if results_told(m["content"])] == [told]
     rows = await stored_calls(session.id)
     assert [(r.tool_use_id, r.status) for r in rows] == [
         ("toolu_1", "success"), ("toolu_2", "error"), ("toolu_3", "cancelled")]
@@ -1457,7 +1457,7 @@ async def test_a_turn_cut_twice_during_a_call_still_ends_every_call_and_answers_
     assert cut_again == [True]
     told = [("toolu_1", False, '{"added":1}'), ("toolu_2", True, "out of stock"),
             ("toolu_3", True, "The turn was cancelled before the tool answered.")]
-    assert [results_told(m["content"]) for m in agent.history if results_told(m["content"])] == [told]
+    assert [results_told(m["content"]) for m in agent.conversation.history if results_told(m["content"])] == [told]
     rows = await stored_calls(session.id)
     assert [(r.tool_use_id, r.status) for r in rows] == [
         ("toolu_1", "success"), ("toolu_2", "error"), ("toolu_3", "cancelled")]

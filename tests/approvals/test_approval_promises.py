@@ -168,9 +168,9 @@ class Turn:
         return await ToolCall.objects.aget(name="cancel_order")
 
     def tool_result(self) -> dict:
-        results = [b for m in self.agent.history for b in m["content"]
+        results = [b for m in self.agent.conversation.history for b in m["content"]
                    if b.get("type") == "tool_result"]
-        assert len(results) == 1, self.agent.history
+        assert len(results) == 1, self.agent.conversation.history
         return results[0]
 
     def approval_frames(self) -> list[tuple[str, dict]]:
