@@ -283,6 +283,10 @@ class ConnectionRunner:
     async def _teardown(self, code: int, reason: str) -> None:
         """Stop everything this connection owns: the turn (its pending calls
         become 'disconnected'), the timers, the groups, the row."""
+        if self.session_row is not None:
+            # Started by the page's close or by the drain of a stopping
+            # process (whose task knows no session): its lines name the session.
+            logs.bind_session(self.session_row.id, self.session_row.tenant_id)
         # Each step runs whatever the one before raised: the row must end.
         with self._step("turn"):
             await self.turns.left()

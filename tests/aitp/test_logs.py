@@ -100,3 +100,20 @@ async def test_a_server_logging_json_writes_only_json_lines_each_of_a_session_na
     access = [line for line in lines if line["logger"] == "daphne.access"]
     assert any(line["message"].startswith("WSCONNECT /owllayer") for line in access)
     assert all(api_key.raw not in line["message"] for line in access)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_session_the_drain_closes_names_itself_in_its_closing_line(daphne_factory, api_key):
+    server = daphne_factory(OWLLAYER_LOG_FORMAT="json")
+    page = AitpClient(server.ws_url(), api_key=api_key.raw, origin=ORIGIN)
+    session_id = (await page.connect(timeout=PATIENCE))["sessionId"]
+    await page.say("hello", timeout=PATIENCE)
+
+    # The process stops with the page still there: its drain ends the session.
+    assert await asyncio.to_thread(server.stop) == 0
+    await page.close()
+
+    lines = [json.loads(line) for line in server.logs().splitlines() if line.strip()]
+    (closing,) = [line for line in lines if line["message"].startswith(f"session {session_id}: closed")]
+    assert "(1001)" in closing["message"]
+    assert (closing["session_id"], closing["tenant_id"]) == (session_id, api_key.tenant_id)
