@@ -19,7 +19,6 @@ from aitp.calls import APPROVAL_DECISIONS, CallEvent, Party
 from aitp.ledger import DECLINED_MESSAGE, DENIED, ERROR, OPERATOR_DECLINED_MESSAGE, SUCCESS, Outcome, PendingCall
 from aitp.ports import ApprovalError
 from aitp.turn import TurnEvent
-from runtime import metrics
 
 MISMATCH_MESSAGE = (
     "The action was not approved: the page asked its user about different arguments than this "
@@ -123,9 +122,8 @@ class Approvals:
         # An interface tool: the response replaces the TOOL_RESULT. A refusal
         # is never a success, whatever else the frame carries.
         if call.approval_asked_at is not None:
-            waited = time.monotonic() - call.approval_asked_at
-            parts.clock.approval += waited
-            metrics.approval_waited("approved" if payload.approved else "denied", waited)
+            parts.clock.approval_decided("approved" if payload.approved else "denied",
+                                         asked_at=call.approval_asked_at)
         if not payload.approved:
             call.declined_by = "user"
             call.resolve(Outcome(DENIED, error=DECLINED_MESSAGE))

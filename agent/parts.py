@@ -20,6 +20,7 @@ from aitp.ledger import Ledger
 from aitp.pricing import PriceRow
 from aitp.tools import ToolSurface
 from aitp.turn import TurnEvent
+from runtime import metrics
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class TurnClock:
     model: float = 0.0
     tools: float = 0.0
     approval: float = 0.0
+
+    def approval_decided(self, decision: str, *, asked_at: float) -> None:
+        """A person's wait since ``asked_at`` (``time.monotonic()``) ended with ``decision``."""
+        waited = time.monotonic() - asked_at
+        self.approval += waited
+        metrics.approval_waited(decision, waited)
 
 
 def unknown_call(call_id: str) -> p.Message:

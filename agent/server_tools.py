@@ -36,7 +36,7 @@ from aitp.ledger import (
 from aitp.ports import ServerTool
 from aitp.tools import canonical_json
 from aitp.turn import TurnEvent
-from runtime import metrics, tracing
+from runtime import tracing
 
 # The turn logs under one name, whichever piece of it writes the line.
 logger = logging.getLogger("agent.loop")
@@ -86,9 +86,7 @@ class ServerTools:
                 with tracing.span("approval_wait", asked_by="server") as traced:
                     decision = await self.await_decision(call)
                     traced.set(decision=decision or "expired")
-                waited = time.monotonic() - asked
-                parts.clock.approval += waited
-                metrics.approval_waited(decision or "expired", waited)
+                parts.clock.approval_decided(decision or "expired", asked_at=asked)
                 if decision is None:
                     outcome = Outcome(EXPIRED, error=SERVER_EXPIRED_MESSAGE)
                     await parts.store.approval_expire(call, outcome)
