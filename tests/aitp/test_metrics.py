@@ -328,3 +328,19 @@ async def test_a_figure_that_cannot_be_recorded_is_logged_and_the_turn_ends_as_e
     failures = [r for r in caplog.records if r.name == "runtime.metrics"]
     assert len(failures) == 1  # once, not once per figure
     assert "could not be recorded" in failures[0].getMessage()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_turn_cut_by_the_page_leaving_counts_as_cut_with_its_call_disconnected(connect, api_key):
+    before = figures()
+    page = await open_page(connect, api_key, tools=[ADD_TO_CART])
+    await page.send("USER_INPUT", {"modality": "text", "content": ADD_ONE})
+    await page.recv_until("TOOL_CALL", PATIENCE)
+
+    await page.close()  # the call is never answered
+    after = figures()
+
+    assert added(before, after, "owllayer_turns_total", outcome="cut") == 1
+    assert added(before, after, "owllayer_turns_total", outcome="answered") == 0
+    assert added(before, after, "owllayer_tool_call_seconds_count", origin="page",
+                 outcome="disconnected") == 1
