@@ -23,6 +23,13 @@ It also bounds what one connection can make the process hold:
   protocol.md §10) and dropped, which frees the buffer and makes
   daphne tell the consumer, whose teardown ends the session.
 
+A page slow to answer a close frame (a busy browser on a loaded machine)
+still reads it: when the page has not answered within autobahn's close
+handshake timeout, the connection is dropped with a FIN once the close frame
+has left the process, not with a reset, which made the page's kernel throw
+away the frame still unread (the page then saw 1006 and reconnected where
+1008 told it not to). Only a page that does not read at all is reset.
+
 Nor does a connection leave reference cycles behind (the HTTP request it was
 upgraded from and its channel; autobahn's ``is_closed``, fired with the
 protocol itself): a closed connection is freed by reference counting, never
@@ -104,6 +111,7 @@ def install() -> None:
     _install_lazy_debug_text()
     _install_frame_ceiling(WebSocketProtocol)
     _install_backpressure(WebSocketProtocol)
+    _install_orderly_close_timeout(WebSocketProtocol)
     _install_no_cycles_left(WebSocketProtocol)
     WebSocketProtocol._aitp_close_installed = True
 
@@ -156,6 +164,23 @@ def _install_frame_ceiling(protocol_class) -> None:
         return original(self, msg_size, max_msg_size, reason)
 
     protocol_class._max_message_size_exceeded = _max_message_size_exceeded
+
+
+def _install_orderly_close_timeout(protocol_class) -> None:
+    original = protocol_class.onCloseHandshakeTimeout
+
+    def onCloseHandshakeTimeout(self):
+        if self.state == self.STATE_CLOSED or outbound_backlog(self.transport) > 0:
+            return original(self)
+        # The close frame is in the kernel's hands: a FIN follows it there.
+        self.closeHandshakeTimeoutCall = None
+        self.wasClean = False
+        self.wasNotCleanReason = "the page did not answer the close frame in time"
+        self.wasCloseHandshakeTimeout = True
+        self.dropConnection(abort=False)
+        return None
+
+    protocol_class.onCloseHandshakeTimeout = onCloseHandshakeTimeout
 
 
 def _install_backpressure(protocol_class) -> None:

@@ -101,3 +101,5 @@ _ = _Names()
 (_.record_in_memory,)
 # Written for the tests beside the fast session writes.
 (_.tool_calls_record, _.USAGE_FIELDS)
+# autobahn reads what a dropped connection was like from these (owllayer_site.daphne_close).
+(_.closeHandshakeTimeoutCall, _.wasClean, _.wasNotCleanReason, _.wasCloseHandshakeTimeout)

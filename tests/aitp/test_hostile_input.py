@@ -419,6 +419,46 @@ async def test_a_frame_over_the_ceiling_closes_with_1009(daphne_factory, open_ke
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything the server sent until it closed; a reset raises."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def close_code_in(stream: bytes) -> int | None:
+    """The code of the first close frame in an unmasked server stream."""
+    at = 0
+    while at + 2 <= len(stream):
+        opcode, size = stream[at] & 0x0F, stream[at + 1] & 0x7F
+        at += 2
+        if size == 126:
+            size, at = struct.unpack("!H", stream[at:at + 2])[0], at + 2
+        elif size == 127:
+            size, at = struct.unpack("!Q", stream[at:at + 8])[0], at + 8
+        if opcode == 0x8:
+            return struct.unpack("!H", stream[at:at + 2])[0]
+        at += size
+    return None
+
+
+async def test_a_refused_page_slow_to_answer_the_close_still_reads_its_1008(daphne_factory, open_key):
+    # The server waits a second for the page to answer its close frame, then
+    # drops the connection: with a reset, the page's kernel threw away the
+    # close frame still unread, the page saw 1006 and reconnected.
+    server = daphne_factory()
+    sock = raw_connect(server.port, "pk_live_not_a_key")
+    sock.sendall(ws_frame(frame("HANDSHAKE_INIT", {"protocolVersion": "1.0.0",
+                                                   "apiKey": "pk_live_not_a_key"})))
+    await asyncio.sleep(3)  # the page is busy: it reads after the server gave up waiting
+
+    received = await asyncio.to_thread(read_to_end, sock)
+    sock.close()
+    assert b"invalid_api_key" in received
+    assert close_code_in(received) == 1008
+
+
 async def test_a_client_that_never_reads_is_closed_1013_and_its_session_ends(daphne_factory, open_key):
     _, raw = open_key
     limit = 64 * 1024
