@@ -114,10 +114,11 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self.shutdown(processes.SHUTDOWN_MESSAGE)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if not await self.runner.rate_limits.allow_frame(self.machine):
-            await self.runner.flush()  # dropped, not parsed
-            return
         data = text_data if text_data is not None else bytes_data
+        if not await self.runner.rate_limits.allow_frame(self.machine):
+            self.machine.frame_dropped(data or "")  # dropped, not parsed
+            await self.runner.flush()
+            return
         events = self.machine.receive_text(data or "")
         self.runner.show_watchers(events, data or "")
         for event in events:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -116,6 +117,21 @@ def parse_server_frame(text: str | bytes, *, max_bytes: int = DEFAULT_MAX_BYTES)
     data = _loads(_frame_text(text, max_bytes), parse_constant=_reject_constant,
                   parse_float=_finite_float)
     return _message(data, SERVER_TYPES)
+
+
+# How far into an unread frame its type is looked for: the clients write
+# ``{"id": ..., "type": ..., ...}``, the type within the first few dozen characters.
+_TYPE_NEAR_START = 256
+_USER_INPUT_TYPE = re.compile(r'"type"\s*:\s*"USER_INPUT"')
+
+
+def names_user_input(text: str | bytes) -> bool:
+    """Whether a frame left unparsed (dropped by a rate limit) says near its
+    start that it is a USER_INPUT: a look at a few hundred characters, never a parse."""
+    head = text[:_TYPE_NEAR_START]
+    if isinstance(head, bytes):
+        head = head.decode("utf-8", "replace")
+    return _USER_INPUT_TYPE.search(head) is not None
 
 
 def _frame_text(text: str | bytes, max_bytes: int) -> str:

@@ -194,12 +194,19 @@ class SessionMachine:
             message = p.parse_client_frame(data, max_bytes=self.limits.max_message_bytes,
                                            max_depth=self.limits.max_json_depth)
         except p.ProtocolError as exc:
-            if exc.type == p.MessageType.USER_INPUT.value:
+            # A frame too large or too broken to parse says what it is near its start.
+            if exc.type == p.MessageType.USER_INPUT.value or (exc.type is None and p.names_user_input(data)):
                 self._refuse_input(exc.code, exc.message, message_id=exc.message_id)
             else:
                 self._invalid(exc.code, exc.message, message_id=exc.message_id)
             return []
         return self._dispatch(message)
+
+    def frame_dropped(self, data: str | bytes) -> None:
+        """A frame a rate limit dropped unread. The page waits for a done
+        after every USER_INPUT it sends, dropped or not (protocol.md §5)."""
+        if self.state is State.OPEN and p.names_user_input(data):
+            self._input_refused()
 
     def _dispatch(self, message: p.Message) -> list[Event]:
         if self.state is State.AWAITING_HANDSHAKE:

@@ -104,6 +104,54 @@ async def test_frames_over_the_limit_are_dropped_and_answered_once_a_second(cloc
     assert await limiter.allow_frame(m) is True
 
 
+async def test_a_user_input_dropped_for_flooding_still_ends_its_turn_for_the_page(clock):
+    limiter, m = ConnectionLimits(quiet(frames_per_second=1)), machine()
+    m.receive_text(json.dumps({"id": "m1", "type": "HANDSHAKE_INIT", "timestamp": 1,
+                               "payload": {"protocolVersion": "1.0.0", "apiKey": "k"}}))
+    m.accept_handshake("ses_1")
+    m.data_to_send()
+    text = json.dumps({"id": "m2", "type": "USER_INPUT", "timestamp": 1,
+                       "payload": {"modality": "text", "content": "hi"}})
+    await limiter.allow_frame(m)  # the second's one frame
+
+    assert await limiter.allow_frame(m) is False
+    m.frame_dropped(text)
+
+    notice, closing = sent(m)
+    assert notice["payload"]["data"]["code"] == "rate_limited"
+    assert (closing["type"], closing["payload"]) == ("AGENT_RESPONSE", {"chunk": "", "done": True})
+
+
+async def test_other_frames_dropped_for_flooding_get_no_done(clock):
+    m = machine()
+    m.receive_text(json.dumps({"id": "m1", "type": "HANDSHAKE_INIT", "timestamp": 1,
+                               "payload": {"protocolVersion": "1.0.0", "apiKey": "k"}}))
+    m.accept_handshake("ses_1")
+    m.data_to_send()
+
+    m.frame_dropped(json.dumps({"id": "m2", "type": "CONTEXT_UPDATE", "timestamp": 1,
+                                "payload": {"url": "/", "context": {"said": "USER_INPUT"}}}))
+    m.frame_dropped(b"\xff\xfe not json")
+
+    assert sent(m) == []
+
+
+def test_a_user_input_dropped_while_a_turn_runs_is_ended_by_that_turns_own_done():
+    m = machine()
+    m.receive_text(json.dumps({"id": "m1", "type": "HANDSHAKE_INIT", "timestamp": 1,
+                               "payload": {"protocolVersion": "1.0.0", "apiKey": "k"}}))
+    m.accept_handshake("ses_1")
+    text = json.dumps({"id": "m2", "type": "USER_INPUT", "timestamp": 1,
+                       "payload": {"modality": "text", "content": "hi"}})
+    m.receive_text(text)
+    m.data_to_send()
+    assert m.turn.busy
+
+    m.frame_dropped(text)
+
+    assert sent(m) == []
+
+
 async def test_a_connection_that_keeps_flooding_is_closed_with_1008(clock):
     limiter, m = ConnectionLimits(quiet(frames_per_second=2, flood_close_drops=10)), machine()
 
@@ -376,6 +424,27 @@ async def test_a_flood_is_answered_with_rate_limited_and_another_tenants_page_is
     assert error_codes(answer) == []
     assert (await Session.objects.aget(api_key=other_key)).ended_at is None
     await bystander.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(OWLLAYER_FRAMES_PER_SECOND=3)
+async def test_a_user_input_over_the_frames_per_second_limit_is_ended_with_one_empty_done(
+    clock, connect, api_key
+):
+    page = await open_page(connect, api_key)  # handshake + context: 2 of the 3 frames
+    await page.send("CONTEXT_UPDATE", context_update("/third"))
+    assert is_tools_effective(await page.recv(SOON))
+
+    await page.send("USER_INPUT", {"modality": "text", "content": "hello"})
+    refused = await collect_until(page, done)
+
+    assert error_codes(refused) == ["rate_limited"]
+    assert [f["payload"] for f in refused if f["type"] == "AGENT_RESPONSE"] == [{"chunk": "", "done": True}]
+    clock.advance(1.5)
+    await page.send("USER_INPUT", {"modality": "text", "content": "a second later"})
+    answered = await collect_until(page, done)
+    assert error_codes(answered) == [] and answered[-1]["payload"]["done"] is True
+    await page.close()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -289,6 +289,26 @@ class TestARefusedUserInputEndsItsTurn:
         assert (done["type"], done["payload"]) == ("AGENT_RESPONSE", {"chunk": "", "done": True})
         assert not m.turn.busy and m.state is State.OPEN
 
+    @pytest.mark.parametrize("text, code", [
+        (frame("USER_INPUT", {"modality": "text", "content": "a" * 400}), "too_large"),
+        (frame("USER_INPUT", {"modality": "text", "content": "cut"})[:-2], "invalid_json"),
+        (frame("USER_INPUT", {"modality": "text", "content": "x"}).replace('"x"', '"x", "n": 1e999'),
+         "invalid_number"),
+        ('{"id": "m", "type": "USER_INPUT", "timestamp": 1, "payload": {"modality": "text", '
+         '"content": "x", "n": ' + "[" * 40 + "]" * 40 + "}}", "too_deep"),
+    ])
+    def test_a_user_input_too_large_or_too_broken_to_parse_is_followed_by_an_empty_done(self, text, code):
+        m = opened(max_message_bytes=300, max_json_depth=16)
+        assert m.receive_text(text) == []
+        error, done = sent(m)
+        assert error["payload"]["data"]["code"] == code
+        assert (done["type"], done["payload"]) == ("AGENT_RESPONSE", {"chunk": "", "done": True})
+
+    def test_a_frame_too_large_to_parse_that_is_no_user_input_gets_no_done(self):
+        m = opened(max_message_bytes=300)
+        m.receive_text(frame("CONTEXT_UPDATE", {"url": "/", "context": {"said": "USER_INPUT" * 40}}))
+        assert [f["type"] for f in sent(m)] == ["SYSTEM_EVENT"]
+
     @pytest.mark.parametrize("payload", [
         {"modality": "text", "content": "   "},
         {"modality": "text"},
