@@ -11,6 +11,9 @@ from __future__ import annotations
 from agent.parts import PageSnapshot
 from agent.voice import Speaker, voice_record
 
+# What the model is told of a call whose socket dropped before it was answered.
+NOT_ANSWERED = "The page was disconnected before it answered; the call's outcome is unknown."
+
 
 class Conversation:
     def __init__(self) -> None:
@@ -18,6 +21,23 @@ class Conversation:
         self.unsaved: list[dict] = []
         self._seq = 0
         self._last_page: PageSnapshot | None = None
+
+    @classmethod
+    def restored(cls, stored: list[dict]) -> Conversation:
+        """The conversation of a session continued on a new socket, from its
+        stored messages (``seq``, ``role``, ``content``, in order): the
+        model's copy without the record's marks, and a call left without
+        its result answered as not answered, so that every tool_use the
+        model sees has exactly one tool_result."""
+        conversation = cls()
+        for message in stored:
+            conversation._seq = max(conversation._seq, message["seq"])
+            content = [_model_block(block) for block in message["content"]
+                       if isinstance(block, dict) and block.get("type") != "turn_error"]
+            if content:
+                _extend(conversation.history, message["role"], content)
+        conversation.history = _answered(conversation.history)
+        return conversation
 
     def append(self, role: str, content: list[dict], *, speaker: Speaker | None = None,
                interrupted: bool = False) -> None:
@@ -66,3 +86,47 @@ class Conversation:
     def written(self, messages: list[dict]) -> None:
         """``messages`` (the first of ``unsaved``) reached the database."""
         del self.unsaved[: len(messages)]
+
+
+def _model_block(block: dict) -> dict:
+    """A stored block as the model was sent it: without its voice mark."""
+    return {name: value for name, value in block.items() if name != "voice"}
+
+
+def _extend(history: list[dict], role: str, content: list[dict]) -> None:
+    if history and history[-1]["role"] == role:
+        history[-1] = {"role": role, "content": [*history[-1]["content"], *content]}
+    else:
+        history.append({"role": role, "content": content})
+
+
+def _answered(history: list[dict]) -> list[dict]:
+    """``history`` where each assistant message's tool_use blocks are
+    answered by the next message, first, and tool results that answer
+    nothing are left out."""
+    repaired: list[dict] = []
+    asked: list[str] = []
+    for message in history:
+        if message["role"] == "assistant":
+            if asked:
+                repaired.append({"role": "user", "content": _results(asked, [])})
+            repaired.append(message)
+            asked = [block["id"] for block in message["content"] if block.get("type") == "tool_use"]
+            continue
+        content = _results(asked, message["content"])
+        asked = []
+        if content:
+            _extend(repaired, "user", content)
+    if asked:
+        repaired.append({"role": "user", "content": _results(asked, [])})
+    return repaired
+
+
+def _results(asked: list[str], content: list[dict]) -> list[dict]:
+    """The user's content with a result for each call in ``asked`` first
+    (its own, or "not answered"), and no result for any other call."""
+    given = {block.get("tool_use_id"): block for block in content if block.get("type") == "tool_result"}
+    results = [given.get(call_id) or {"type": "tool_result", "tool_use_id": call_id,
+                                      "content": NOT_ANSWERED, "is_error": True}
+               for call_id in asked]
+    return [*results, *(block for block in content if block.get("type") != "tool_result")]

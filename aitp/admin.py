@@ -205,9 +205,10 @@ class SessionAdmin(RecordAdmin):
     date_hierarchy = "started_at"
     # The page's JSON is shown depth-bounded: Django's own display of a
     # JSONField breaks on a context nested a few hundred levels deep.
-    exclude = ["context", "tools", "page_history"]
+    exclude = ["context", "tools", "page_history", "resume_token_hash"]
     readonly_fields = [
-        *(f.name for f in Session._meta.fields if f.name not in ("context", "tools", "page_history")),
+        *(f.name for f in Session._meta.fields
+          if f.name not in ("context", "tools", "page_history", "resume_token_hash")),
         "context_shown", "tools_shown", "page_history_shown",
     ]
     inlines = [ToolCallInline]

@@ -98,12 +98,20 @@ class Payload(BaseModel):
         return {k: v for k, v in data.items() if k not in drop}
 
 
+class ResumeOffer(Payload):
+    # protocol.md §1a: absent on a client's first socket; the token its last
+    # HANDSHAKE_ACK gave it on the next.
+    token: str | None = Field(default=None, max_length=200)
+
+
 class HandshakeInit(Payload):
     apiKey: str | None = None
     userAgent: str | None = None
     viewport: str | None = None
     sdkVersion: str | None = None
     protocolVersion: str
+    # Present (even empty) when the client can continue its session on a new socket.
+    resume: ResumeOffer | None = None
 
 
 class HandshakeAck(Payload):
@@ -113,6 +121,10 @@ class HandshakeAck(Payload):
     capabilities: list[str]
     # protocol.md §1: any value but an integer >= 1 invalidates the whole ACK.
     maxActiveTools: int | None = Field(default=None, ge=1)
+    # Only to a client that offered ``resume``: the token for its next
+    # socket, and whether this socket continued the session it named.
+    resumeToken: str | None = None
+    resumed: bool | None = None
 
 
 class ContextUpdate(Payload):

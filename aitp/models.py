@@ -107,6 +107,11 @@ class Session(AudioSeconds, models.Model):
     # and of the agent's audio sent (a barge-in stops the count where it stopped the voice).
     audio_heard_ms = models.PositiveBigIntegerField("speech heard (ms)", default=0)
     audio_spoken_ms = models.PositiveBigIntegerField("speech spoken (ms)", default=0)
+    # The SHA-256 of the secret of the session's resume token (aitp.resume),
+    # replaced at every socket: "" when its client cannot resume.
+    resume_token_hash = models.CharField(max_length=64, blank=True, default="")
+    # How many times a new socket continued the session after its socket dropped.
+    resumes = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-started_at"]

@@ -422,13 +422,17 @@ def error_event(code: str, message: str, **data: Any) -> Message:
 
 
 def handshake_ack(session_id: str, server_version: str, capabilities: list[str] | tuple[str, ...],
-                  max_active_tools: int | None) -> Message:
+                  max_active_tools: int | None, *, resume_token: str | None = None,
+                  resumed: bool | None = None) -> Message:
+    """``resume_token`` and ``resumed``: only for a client that offered to resume."""
     return make_message(MessageType.HANDSHAKE_ACK, HandshakeAck(
         sessionId=session_id,
         serverVersion=server_version,
         protocolVersion=PROTOCOL_VERSION,
         capabilities=list(capabilities),
         maxActiveTools=max_active_tools,
+        resumeToken=resume_token,
+        resumed=resumed,
     ))
 
 

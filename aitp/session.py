@@ -348,14 +348,18 @@ class SessionMachine:
 
     # --- decisions from the consumer ------------------------------------------
 
-    def accept_handshake(self, session_id: str) -> None:
+    def accept_handshake(self, session_id: str, *, resume_token: str | None = None,
+                         resumed: bool | None = None) -> None:
+        """``resume_token``: the token for the client's next socket, given
+        (with ``resumed``) to a client that offered to resume."""
         assert self.state is State.AWAITING_HANDSHAKE and self.handshake_pending
         self.session_id = session_id
         self.state = State.OPEN
         self.handshake_pending = False
         self.send(
             p.handshake_ack(
-                session_id, self.server_version, list(self.capabilities), self.limits.max_active_tools
+                session_id, self.server_version, list(self.capabilities), self.limits.max_active_tools,
+                resume_token=resume_token, resumed=resumed,
             )
         )
 

@@ -81,7 +81,10 @@ class AitpClient:
         user_agent: str = DEFAULT_USER_AGENT,
         strict: bool = True,
         max_size: int = 4 * 1024 * 1024,
+        resume: dict | None = None,
     ) -> None:
+        """``resume``: sent as HANDSHAKE_INIT's ``resume`` (``{}`` to be given
+        a resume token, ``{"token": ...}`` to continue a session); None: not sent."""
         self.url = url
         self.api_key = api_key
         self.origin = origin
@@ -89,6 +92,7 @@ class AitpClient:
         self.sdk_version = sdk_version
         self.viewport = viewport
         self.user_agent = user_agent
+        self.resume = resume
         # The socket, and every frame received on it (``history``).
         self.socket = FrameSocket(strict=strict, max_size=max_size)
         self.ack: dict | None = None
@@ -147,7 +151,7 @@ class AitpClient:
         return urlunsplit(parts._replace(query=query))
 
     def handshake_payload(self, *, key_in_handshake: bool = True) -> dict:
-        payload = {
+        payload: dict[str, Any] = {
             "userAgent": self.user_agent,
             "viewport": self.viewport,
             "sdkVersion": self.sdk_version,
@@ -155,6 +159,8 @@ class AitpClient:
         }
         if key_in_handshake and self.api_key is not None:
             payload = {"apiKey": self.api_key, **payload}
+        if self.resume is not None:
+            payload["resume"] = self.resume
         return payload
 
     async def connect(

@@ -5,18 +5,25 @@ session.
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 
 import speech
+from agent.conversation import Conversation
 from agent.loop import Agent, AgentConfig, TurnIO
 from agent.store import AgentStore
-from aitp import ports
+from aitp import liveness, ports, processes, resume, services, store
+from aitp import protocol as p
+from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.limits import ConnectionLimits
+from aitp.models import ConversationMessage, Session, TurnRecord
 from aitp.quota import TokenQuota
 from aitp.session import Limits
+from aitp.store.port import NOT_RESUMABLE, ResumeOutcome
 from llm import get_backend
 from runtime import ids
 from runtime.config import config, derived
+from runtime.db import db_call
 from runtime.recent import RecentAnswers
 
 CAPABILITIES = ("text", "tools")
@@ -52,6 +59,73 @@ def agent_config() -> AgentConfig:
 
 def new_session_id() -> str:
     return "ses_" + ids.token_hex(12)
+
+
+def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, channel_name: str,
+                   token: resume.ResumeToken | None) -> store.HandshakeInfo:
+    return store.HandshakeInfo(
+        session_id=session_id,
+        origin=origin,
+        user_agent=init.userAgent or "",
+        viewport=init.viewport or "",
+        sdk_version=init.sdkVersion or "",
+        protocol_version=init.protocolVersion,
+        channel_name=channel_name,
+        process=processes.current_id(),
+        resume_token_hash=token.secret_hash if token is not None else "",
+    )
+
+
+# A reloaded page's new socket may arrive before the server has seen its old
+# one close: the token's session is asked for again this long before a new
+# one is opened instead (a second tab with a copy of the token gets its own).
+RESUME_WAIT_SECONDS = 2.0
+RESUME_ASK_EVERY = 0.1
+
+
+async def continue_session(raw_key: str, token: resume.ResumeToken,
+                           info: store.HandshakeInfo) -> ResumeOutcome:
+    """The session ``token`` names, continued on this socket (its next token
+    ``info.resume_token_hash``), or why not."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + RESUME_WAIT_SECONDS
+    while True:
+        outcome = await db_call(store.current().session_resume, raw_key=raw_key, token=token,
+                                next_hash=info.resume_token_hash, info=info,
+                                window=config().protocol.resume_window)
+        if not outcome.still_open:
+            return outcome
+        # A session whose process was killed is closed as the sweep would,
+        # at once, and then continued.
+        if await db_call(_closed_if_its_process_is_gone, token.session_id):
+            continue
+        if loop.time() >= give_up:
+            return NOT_RESUMABLE
+        await asyncio.sleep(RESUME_ASK_EVERY)
+
+
+def _closed_if_its_process_is_gone(session_id: str) -> bool:
+    process = Session.objects.filter(id=session_id, ended_at__isnull=True).values_list(
+        "process", flat=True).first()
+    if not process or not liveness.gone_ids({process}):
+        return False
+    return services.sessions_close_of_processes(process_ids=[process], code=CLOSE_ABNORMAL,
+                                                reason="server process lost", mark_stopped=True) > 0
+
+
+def _stored_conversation(session_id: str) -> tuple[list[dict], int]:
+    messages = list(ConversationMessage.objects.filter(session_id=session_id).order_by("seq")
+                    .values("seq", "role", "content", "turn"))
+    numbers = [m["turn"] for m in messages] + list(
+        TurnRecord.objects.filter(session_id=session_id).values_list("number", flat=True))
+    return messages, max(numbers, default=0)
+
+
+async def restore(agent: Agent) -> None:
+    """A continued session's agent: its conversation and its count of turns as stored."""
+    messages, turns = await db_call(_stored_conversation, agent.session_id)
+    agent.conversation = Conversation.restored(messages)
+    agent.turn = turns
 
 
 def build_agent(session, server_tools: list, io: TurnIO, limits: ConnectionLimits) -> Agent:

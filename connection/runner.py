@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any, Protocol
 
 from django.utils import timezone
 
 from agent.loop import Agent
-from aitp import live, notify, processes, services, store
+from aitp import live, notify, processes, resume, services, store
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
 from aitp.limits import connection_limits
@@ -79,6 +80,8 @@ class ConnectionRunner:
         self.commands = OperatorCommands(machine)
         self.groups_joined: list[str] = []
         self.closed = False
+        # The token the client is given for its next socket (None: it cannot resume).
+        self.next_token: resume.ResumeToken | None = None
         self.rate_limits = connection_limits()
         self.turns = TurnOwner(machine, rate_limits=self.rate_limits, row_writer=self.row_writer,
                                flush=self.flush, own=own_task)
@@ -109,7 +112,12 @@ class ConnectionRunner:
     # --- opening the session ---------------------------------------------------------
 
     async def _open_session(self, event: HandshakeRequested) -> None:
-        session_id = opening.new_session_id()
+        offer = event.init.resume if config().protocol.resume_window > 0 else None
+        token = resume.parse(offer.token) if offer is not None else None
+        # The session the client's token names when it may be continued,
+        # else a new one (with a token to continue it when the client can).
+        session_id = token.session_id if token is not None else opening.new_session_id()
+        self.next_token = resume.new_token(session_id) if offer is not None else None
         # The session's groups (and its key's, when this process knows the
         # key) are joined while the opens of the key are counted: a page
         # refused leaves them in its teardown.
@@ -128,8 +136,9 @@ class ConnectionRunner:
             watched = await joining
         if not allowed:
             return
-        session, refusal = await db_call(store.current().session_open, raw_key=event.api_key,
-                                         info=self._handshake_info(session_id, event.init))
+        info = opening.handshake_info(session_id, event.init, origin=self.origin,
+                                      channel_name=self.socket.channel_name, token=self.next_token)
+        session, refusal, continued = await self._continue_or_open(event.api_key, token, info)
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
             self.machine.refuse(refusal.code, refusal.message, refusal.reason)
@@ -149,26 +158,41 @@ class ConnectionRunner:
         if await self._handshake_abandoned():
             return
         agent = opening.build_agent(session, server_tools, self.turns, self.rate_limits)
-        await self._accept(session, agent, watched)
+        if continued:
+            await opening.restore(agent)
+        await self._accept(session, agent, watched, continued=continued)
 
-    def _handshake_info(self, session_id: str, init: p.HandshakeInit) -> store.HandshakeInfo:
-        return store.HandshakeInfo(
-            session_id=session_id,
-            origin=self.origin,
-            user_agent=init.userAgent or "",
-            viewport=init.viewport or "",
-            sdk_version=init.sdkVersion or "",
-            protocol_version=init.protocolVersion,
-            channel_name=self.socket.channel_name,
-            process=processes.current_id(),
-        )
+    async def _continue_or_open(self, raw_key: str, token: resume.ResumeToken | None,
+                                info: store.HandshakeInfo) -> tuple[Any, Any, bool]:
+        """(session, refusal, continued): the session the token names, when
+        it may be continued, else a new one, whose group replaces the one
+        joined for the session named."""
+        if token is not None:
+            outcome = await opening.continue_session(raw_key, token, info)
+            if outcome.session is not None or outcome.refusal is not None:
+                return outcome.session, outcome.refusal, True
+            self.next_token = resume.new_token(opening.new_session_id())
+            info = replace(info, session_id=self.next_token.session_id,
+                           resume_token_hash=self.next_token.secret_hash)
+            await self._regroup(token.session_id, info.session_id)
+        session, refusal = await db_call(store.current().session_open, raw_key=raw_key, info=info)
+        return session, refusal, False
 
-    async def _accept(self, session, agent: Agent, watched: bool) -> None:
+    async def _regroup(self, named: str, opened: str) -> None:
+        """The group of the session opened instead of the one named."""
+        layer, channel = self.socket.channel_layer, self.socket.channel_name
+        await notify.leave(layer, [notify.session_group(named)], channel)
+        self.groups_joined[0] = notify.session_group(opened)
+        await notify.join(layer, [self.groups_joined[0]], channel)
+
+    async def _accept(self, session, agent: Agent, watched: bool, *, continued: bool) -> None:
         self.machine.capabilities = await opening.capabilities()
         budget = AudioBudget(config().voice.limits.bytes_per_second,
                              asyncio.get_running_loop().time()) if self.machine.audio else None
         self.turns.open(agent, tenant_id=session.tenant_id, owner=session.api_key_id, audio_budget=budget)
-        self.machine.accept_handshake(session.id)
+        token = self.next_token
+        self.machine.accept_handshake(session.id, resume_token=token and token.text,
+                                      resumed=continued if token is not None else None)
         self._after(config().store.heartbeat_interval, self._heartbeat, "heartbeat")
         # One INFO line per session, at its close (with its tenant and length).
         logger.debug("session %s: opened for tenant %s", session.id, session.tenant_id)

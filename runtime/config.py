@@ -42,6 +42,7 @@ class ProtocolConfig:
     ws_path: str
     server_version: str
     handshake_timeout: float
+    resume_window: float
     max_message_bytes: int
     max_active_tools: int
     max_context_bytes: int
@@ -301,6 +302,7 @@ def build(s: Any) -> Config:
             ws_path=s.OWLLAYER_WS_PATH,
             server_version=s.OWLLAYER_SERVER_VERSION,
             handshake_timeout=s.OWLLAYER_HANDSHAKE_TIMEOUT,
+            resume_window=s.OWLLAYER_RESUME_WINDOW_SECONDS,
             max_message_bytes=s.OWLLAYER_MAX_MESSAGE_BYTES,
             max_active_tools=s.OWLLAYER_MAX_ACTIVE_TOOLS,
             max_context_bytes=s.OWLLAYER_MAX_CONTEXT_BYTES,

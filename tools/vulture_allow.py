@@ -53,7 +53,7 @@ _ = _Names()
 # Columns and choices that the database, the admin and the templates read.
 (_.updated_at, _.max_keys, _.token_hash, _.accepted_by, _.decided_at, _.user_decided_at,
  _.operator, _.operator_note, _.operator_decided_at, _.review_note, _.reviewed_by,
- _.reviewed_at)
+ _.reviewed_at, _.resumes)
 (_.ASSISTANT, _.ADMIN, _.CONSOLE)
 
 # Read by templates: the voice columns, a cut answer's note, a product's
@@ -63,7 +63,7 @@ _ = _Names()
 (_.x, _.y, _.plot_top, _.max_value, _.first_label, _.last_label)
 
 # pydantic: a model's configuration, and fields only serialized onto the wire.
-(_.model_config, _.sessionId, _.serverVersion, _.maxActiveTools)
+(_.model_config, _.sessionId, _.serverVersion, _.maxActiveTools, _.resumeToken)
 
 # Channels: the socket's disconnect, and handlers named by the message type
 # they receive ("watch.ready" -> watch_ready).
@@ -96,7 +96,7 @@ _ = _Names()
 # anchorer, the speech jobs and engines, the shared model client, the
 # server-frame parser, the Django state of a row written by statement.
 (_.verify_chain, _.wait_until_anchored, _.reset, _.load, _.jobs_of, _.transcribe_now,
- _.speech_end_seconds, _.close_client, _.db, _.frame_schema, _.FINAL_CODES, _.to_wire)
+ _.speech_end_seconds, _.close_client, _.db, _.frame_schema, _.to_wire)
 # The in-memory exporter tests read a turn's spans from (runtime.tracing).
 (_.record_in_memory,)
 # Written for the tests beside the fast session writes.

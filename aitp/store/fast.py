@@ -28,7 +28,7 @@ from django.utils import timezone
 from aitp import calls
 from aitp.calls import CallStatus
 from aitp.models import ApiKey, Session, ToolCall
-from aitp.store import admission, keys, open_statements, port, statements, usage
+from aitp.store import admission, keys, open_statements, port, resuming, statements, usage
 from aitp.store.admission import Refusal
 from aitp.store.port import (
     HandshakeInfo,
@@ -66,6 +66,8 @@ class FastStore:
         if statements.one_query_transactions():
             return self._open_in_one_query(key, raw_key, info, now)
         return self._open_locked(key, raw_key, info, now)
+
+    session_resume = staticmethod(resuming.session_resume)
 
     def remembered_key_id(self, raw_key: str) -> int | None:
         return keys.remembered_key_id(raw_key)

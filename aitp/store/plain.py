@@ -16,7 +16,7 @@ from django.utils import timezone
 from aitp import calls
 from aitp.calls import CallStatus
 from aitp.models import ApiKey, ConversationMessage, Session, ToolCall, TurnRecord
-from aitp.store import admission, keys, port, usage
+from aitp.store import admission, keys, port, resuming, usage
 from aitp.store.admission import Refusal
 from aitp.store.port import (
     HandshakeInfo,
@@ -69,6 +69,8 @@ class PlainStore:
             usage.usage_write_now(locked.tenant_id, now, sessions=1)
         session.tenant = locked.tenant
         return session, None
+
+    session_resume = staticmethod(resuming.session_resume)
 
     def remembered_key_id(self, raw_key: str) -> int | None:
         return None  # every open reads its key

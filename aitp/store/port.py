@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from aitp.models import ApiKey, Session
 
 if TYPE_CHECKING:
+    from aitp.resume import ResumeToken
     from aitp.store.admission import Refusal
 
 # The page history keeps this many entries, the newest.
@@ -41,9 +42,25 @@ class HandshakeInfo:
     channel_name: str
     # The ServerProcess holding the connection ("" when none is registered).
     process: str = ""
+    # The hash of the secret of the resume token the client is given ("": none).
+    resume_token_hash: str = ""
 
 
 Outcomes = list[BaseException | None]
+
+
+@dataclass(frozen=True)
+class ResumeOutcome:
+    """``session``: continued; ``refusal``: the key or the admission refused
+    (as an open would be); neither: not resumable, open a new session;
+    ``still_open``: the token is right but its socket has not closed yet."""
+
+    session: Session | None = None
+    refusal: Refusal | None = None
+    still_open: bool = False
+
+
+NOT_RESUMABLE = ResumeOutcome()
 
 
 class SessionStore(Protocol):
@@ -53,6 +70,11 @@ class SessionStore(Protocol):
         the tenant's row locks, this open's row counted) and open the session
         (its tenant as read under the lock); the day's ``sessions`` counted.
         Two opens racing on two processes never both take the last slot."""
+
+    def session_resume(self, *, raw_key: str, token: ResumeToken, next_hash: str, info: HandshakeInfo,
+                       window: float) -> ResumeOutcome:
+        """Continue the session ``token`` names on a new socket, its token
+        replaced by ``next_hash`` (``aitp.store.resuming``: the rule, for both stores)."""
 
     def remembered_key_id(self, raw_key: str) -> int | None:
         """The key's id when this process has read it for an open; reads no database."""
@@ -133,6 +155,7 @@ def new_session(key: ApiKey, info: HandshakeInfo, now: datetime) -> Session:
         viewport=info.viewport[:40],
         sdk_version=info.sdk_version[:40],
         protocol_version=info.protocol_version[:40],
+        resume_token_hash=info.resume_token_hash,
         started_at=now,
         last_seen_at=now,
         last_activity_at=now,

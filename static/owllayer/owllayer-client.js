@@ -25,6 +25,12 @@
  * transcript.delta, system, tool.start, tool, approval, approval.decided,
  * voice, voice.event, voice.interrupt.
  *
+ * The session goes on across reloads and dropped connections of the tab:
+ * the client keeps the server's resume token in sessionStorage and offers
+ * it at its next handshake (protocol.md, continuing a session); the
+ * "connected" event says {sessionId, resumed}. new OwlLayerClient({resume:
+ * false}) turns this off (one session per socket, as the deployed client).
+ *
  * Voice, offered only when the server's HANDSHAKE_ACK lists the "audio"
  * capability (client.voiceAvailable; protocol.md, voice):
  *   await client.startListening();   // the microphone, AUDIO_STREAM chunks
@@ -118,6 +124,7 @@ const PAYLOAD_SCHEMAS = {
     sessionId: ["required", check.string], serverVersion: ["required", check.string],
     protocolVersion: ["required", check.string], capabilities: ["required", check.stringList],
     maxActiveTools: ["optional", check.positiveInteger],
+    resumeToken: ["optional", check.nonEmptyString], resumed: ["optional", check.boolean],
   },
   TOOL_CALL: {
     callId: ["required", check.nonEmptyString], name: ["required", check.string],
@@ -193,6 +200,18 @@ export function validateFrame(text) {
   const clean = { id: frame.id, type: frame.type, timestamp: frame.timestamp, payload: checked.payload };
   if ("meta" in frame) clean.meta = frame.meta;
   return { frame: clean };
+}
+
+// sessionStorage, which a page may not be allowed to use: then nothing is kept.
+function tabStorage(action, key, value) {
+  try {
+    if (action === "get") return window.sessionStorage.getItem(key);
+    if (action === "set") window.sessionStorage.setItem(key, value);
+    else window.sessionStorage.removeItem(key);
+  } catch (err) {
+    return null;
+  }
+  return null;
 }
 
 export function closeIsPermanent(code) {
@@ -408,6 +427,9 @@ export class OwlLayerClient {
     this.apiKey = options.apiKey || "";
     this.endpoint = options.endpoint || defaultEndpoint();
     this.showApproval = options.showApproval || showApprovalDialog;
+    // Where this tab keeps its resume token (null: the session ends with its socket).
+    this.resumeKey = options.resume === false ? null : "owllayer-resume:" + this.endpoint;
+    this.resumed = false;
     this.tools = {};
     this.toolOrder = [];
     this.context = {};
@@ -602,13 +624,18 @@ export class OwlLayerClient {
 
   opened(generation) {
     this.attempts = 0;
-    this.send("HANDSHAKE_INIT", {
+    const init = {
       apiKey: this.apiKey,
       userAgent: navigator.userAgent,
       viewport: innerWidth + "x" + innerHeight,
       sdkVersion: SDK_VERSION,
       protocolVersion: PROTOCOL_VERSION,
-    });
+    };
+    if (this.resumeKey) {
+      const token = tabStorage("get", this.resumeKey);
+      init.resume = token ? { token } : {};
+    }
+    this.send("HANDSHAKE_INIT", init);
     this.handshakeTimer = setTimeout(() => this.handshakeTimedOut(generation), HANDSHAKE_TIMEOUT_MS);
   }
 
@@ -642,6 +669,8 @@ export class OwlLayerClient {
       return;
     }
     if (closeIsPermanent(code)) {
+      // The session is over for good: its token would only be refused.
+      if (this.resumeKey) tabStorage("remove", this.resumeKey);
       // protocol.md §10: no reconnect; show the reason unless the server
       // already explained itself with an error event.
       this.giveUp(reason || "The connection was refused (" + code + ").");
@@ -820,11 +849,13 @@ export class OwlLayerClient {
     this.errorShown = false;
     this.sessionId = payload.sessionId;
     this.wire.sessionId = payload.sessionId;
+    this.resumed = payload.resumed === true;
+    if (this.resumeKey && payload.resumeToken) tabStorage("set", this.resumeKey, payload.resumeToken);
     this.maxActiveTools = payload.maxActiveTools || DEFAULT_MAX_ACTIVE_TOOLS;
     this.capabilities = payload.capabilities.slice();
     this.setVoiceState(this.voiceAvailable ? "ready" : "off");
     this.setState("connected");
-    this.emit("connected", { sessionId: payload.sessionId });
+    this.emit("connected", { sessionId: payload.sessionId, resumed: this.resumed });
     this.contextDirty = true;
     this.flushContext();
   }

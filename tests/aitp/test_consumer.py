@@ -238,11 +238,12 @@ async def test_twenty_invalid_frames_in_a_row_close_the_connection(connect, api_
 
 
 @override_settings(OWLLAYER_MAX_MESSAGE_BYTES=2048)
-async def test_an_oversize_frame_gets_a_readable_error_not_a_close(connect, api_key):
+async def test_an_oversize_user_input_gets_a_readable_error_and_its_done_not_a_close(connect, api_key):
     page = await open_page(connect, api_key)
     await page.send("USER_INPUT", {"modality": "text", "content": "x" * 4096})
     error = await page.recv()
     assert error["payload"]["data"]["code"] == "too_large"
+    assert (await page.recv())["payload"] == {"chunk": "", "done": True}
     assert (await page.context())["payload"]["kind"] == "tools_effective"
     await page.close()
 

@@ -5,12 +5,13 @@ every test here runs against both, on both databases."""
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from aitp import store, tenancy
+from aitp import resume, store, tenancy
 from aitp.models import ApiKey, ConversationMessage, DailyUsage, Session, ToolCall
 from aitp.store import HandshakeInfo, port, usage
 from aitp.store.fast import FastStore
@@ -102,6 +103,70 @@ def test_a_closed_session_frees_its_slot(sessions, key):
     opened(sessions, key)
     sessions.session_close(session_id=first.id, code=1000, reason="client disconnected")
     assert sessions.session_open(raw_key=key.raw, info=handshake())[1] is None
+
+
+# --- continuing a session on a new socket ------------------------------------------
+
+
+def resumable(sessions: port.SessionStore, key: ApiKey):
+    """A session opened with a resume token, its socket closed: (row, token)."""
+    info = handshake()
+    token = resume.new_token(info.session_id)
+    session, _ = sessions.session_open(raw_key=key.raw,
+                                       info=replace(info, resume_token_hash=token.secret_hash))
+    sessions.session_close(session_id=session.id, code=1001, reason="client disconnected")
+    return session, token
+
+
+def continued(sessions: port.SessionStore, key: ApiKey, token, *, window: float = 600):
+    following = resume.new_token(token.session_id)
+    info = replace(handshake(), session_id=token.session_id, resume_token_hash=following.secret_hash)
+    return sessions.session_resume(raw_key=key.raw, token=token, next_hash=following.secret_hash,
+                                   info=info, window=window), following
+
+
+def test_a_closed_session_is_continued_once_with_its_token_and_not_counted_again_in_the_day(sessions, key):
+    session, token = resumable(sessions, key)
+
+    outcome, following = continued(sessions, key, token)
+    again, _ = continued(sessions, key, token)
+
+    assert outcome.session.id == session.id and outcome.refusal is None
+    row = Session.objects.get(pk=session.pk)
+    assert (row.ended_at, row.close_code, row.resumes, row.resume_token_hash) == (
+        None, None, 1, following.secret_hash)
+    assert again == port.NOT_RESUMABLE
+    assert day(sessions, key.tenant_id)["sessions"] == 1
+
+
+def test_a_continued_session_takes_a_slot_of_its_keys_cap_again(sessions, key):
+    session, token = resumable(sessions, key)
+    opened(sessions, key)
+    opened(sessions, key)  # the cap is 2
+
+    outcome, _ = continued(sessions, key, token)
+
+    assert outcome.refusal.code == "session_limit"
+    assert Session.objects.get(pk=session.pk).ended_at is not None
+
+
+def test_a_session_whose_socket_is_open_is_not_continued_and_says_so(sessions, key):
+    info = handshake()
+    token = resume.new_token(info.session_id)
+    sessions.session_open(raw_key=key.raw, info=replace(info, resume_token_hash=token.secret_hash))
+
+    outcome, _ = continued(sessions, key, token)
+
+    assert outcome.session is None and outcome.still_open
+
+
+def test_a_session_closed_longer_ago_than_the_window_is_not_continued(sessions, key):
+    session, token = resumable(sessions, key)
+    Session.objects.filter(pk=session.pk).update(ended_at=timezone.now() - timedelta(seconds=61))
+
+    outcome, _ = continued(sessions, key, token, window=60)
+
+    assert outcome == port.NOT_RESUMABLE
 
 
 # --- the live row and its close ---------------------------------------------------

@@ -297,9 +297,9 @@ async def test_the_page_reconnects_by_itself_when_the_server_comes_back(store, p
     # The client retries after 2 s, 4 s, ...: the first retry after the
     # restart gets through.
     await expect(status(page)).to_have_text("connected", timeout=30_000)
-    await expect(page.locator(".owl-msg-note").last).to_have_text("Reconnected.")
+    await expect(page.locator(".owl-msg-note").last).to_have_text("Reconnected: the conversation goes on.")
     await shot("reconnected")
-    assert await page.evaluate("window.__owl.sessionId") != first_session
+    assert await page.evaluate("window.__owl.sessionId") == first_session
     answer = await say(page, '/tool open_product {"productId": "charging-dock"}')
     assert "open_product succeeded" in answer
 
@@ -451,7 +451,7 @@ async def test_the_agents_markdown_is_shown_formatted_and_never_as_html(llm_stor
     await shot("markdown-answer")
 
 
-async def test_a_reload_keeps_the_conversation_on_the_page(store, page, shot):
+async def test_a_reload_keeps_the_conversation_on_the_page_and_the_session_goes_on(store, page, shot):
     await open_store(page, store)
     await say(page, '/tool open_product {"productId": "charging-dock"}')
     before = await entry_texts(page)
@@ -463,13 +463,30 @@ async def test_a_reload_keeps_the_conversation_on_the_page(store, page, shot):
     await expect(chat_entries(page)).to_have_count(len(before) + 1)
     assert (await entry_texts(page))[:len(before)] == before
     await expect(chat_entries(page).last).to_have_text(
-        "The page was reloaded: the conversation above is kept here, but the assistant "
-        "starts a new one and does not remember it.")
+        "The page was reloaded: the assistant goes on with the conversation above.")
     await shot("reloaded")
-    # The server's session is a new one.
-    assert await page.evaluate("window.__owl.sessionId") != first_session
+    assert await page.evaluate("window.__owl.sessionId") == first_session
     answer = await say(page, "/tool open_cart")
     assert answer.startswith("open_cart succeeded.")
+
+
+async def test_after_a_reload_the_model_is_asked_with_what_was_said_before(llm_store, model, page, shot):
+    model.enqueue(text_response("Nice to meet you, Ada."), text_response("You are Ada."))
+    await open_store(page, llm_store)
+    assert await say(page, "My name is Ada.") == "Nice to meet you, Ada."
+
+    await page.reload()
+    await expect(chat_entries(page).last).to_have_text(
+        "The page was reloaded: the assistant goes on with the conversation above.")
+    answer = await say(page, "What is my name?")
+
+    assert answer == "You are Ada."
+    await shot("remembered")
+    said = [block["text"] for message in model.requests[-1]["messages"] for block in message["content"]
+            if block["type"] == "text" and not block["text"].startswith("[page]")]
+    assert said == ["My name is Ada.", "Nice to meet you, Ada.", "What is my name?"]
+    assert (await entry_texts(page)).count("Nice to meet you, Ada.") == 1
+    await nothing_dropped(page)
 
 
 async def test_when_an_operator_ends_the_session_the_goodbye_is_a_notice_and_typing_stops(

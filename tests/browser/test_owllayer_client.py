@@ -64,7 +64,10 @@ async def test_sends_the_handshake_at_open_and_one_full_context_snapshot_after_t
     assert init["type"] == "HANDSHAKE_INIT"
     assert re.fullmatch(r"msg_[0-9a-f-]{36}", init["id"])
     assert isinstance(init["timestamp"], int)
-    assert set(init["payload"]) == {"apiKey", "userAgent", "viewport", "sdkVersion", "protocolVersion"}
+    assert set(init["payload"]) == {"apiKey", "userAgent", "viewport", "sdkVersion", "protocolVersion",
+                                    "resume"}
+    # A first socket offers to continue its session later, with no token yet.
+    assert init["payload"]["resume"] == {}
     assert init["payload"]["apiKey"] == "pk_live_fake"
     assert init["payload"]["sdkVersion"] == "0.4.0"
     assert init["payload"]["protocolVersion"] == "1.0.0"
@@ -373,6 +376,49 @@ async def test_other_closes_reconnect_after_two_seconds(fake_server, page, code)
     await eventually(lambda: page.evaluate("window.__owl.state === 'connected'"), what="the reconnect")
     assert len(fake.connections) == 2
     assert await page.evaluate("window.retries") == [2000]
+
+
+async def test_the_next_socket_of_the_tab_offers_the_token_its_last_ack_gave(fake_server, page):
+    async def continue_each(connection: FakeConnection) -> None:
+        init = await connection.recv_type("HANDSHAKE_INIT")
+        number = len(fake.connections)
+        await connection.send(ack(resumeToken=f"ses_fake.token{number}", resumed=number > 1))
+        if number == 1:
+            await connection.ws.close(1001, "going away")
+        connection.offered = init["payload"]["resume"]
+
+    fake = await fake_server(continue_each)
+    await open_client_page(page, fake, "window.connects = []; client.on('connected', (e) => window.connects.push(e));")
+    await eventually(lambda: len(fake.connections) == 2 and hasattr(fake.connections[1], "offered"),
+                     what="the second socket")
+    await page.reload()  # the same tab: its sessionStorage is kept
+    await eventually(lambda: len(fake.connections) == 3 and hasattr(fake.connections[2], "offered"),
+                     what="the socket after the reload")
+
+    assert [c.offered for c in fake.connections] == [{}, {"token": "ses_fake.token1"},
+                                                     {"token": "ses_fake.token2"}]
+    assert await page.evaluate("window.connects") == [{"sessionId": "ses_fake", "resumed": True}]
+
+
+async def test_a_final_close_forgets_the_token(fake_server, page):
+    async def refuse_later(connection: FakeConnection) -> None:
+        await connection.recv_type("HANDSHAKE_INIT")
+        await connection.send(ack(resumeToken="ses_fake.token", resumed=False))
+        await connection.ws.close(1008, "ended by an operator")
+
+    fake = await fake_server(refuse_later)
+    await open_client_page(page, fake)
+    await eventually(lambda: page.evaluate("window.__owl.closes.length === 1"), what="the close")
+
+    assert await page.evaluate("Object.keys(sessionStorage).filter((k) => k.startsWith('owllayer-resume'))") == []
+
+
+async def test_a_client_told_not_to_resume_offers_nothing(fake_server, page):
+    fake = await fake_server(acknowledge)
+    await open_client_page(page, fake, "client.resumeKey = null;")
+    await eventually(lambda: fake.connections and fake.connections[0].received, what="the handshake")
+
+    assert "resume" not in fake.connections[0].received[0]["payload"]
 
 
 async def test_the_server_can_reload_and_redirect_the_page_but_not_to_a_script(fake_server, page):

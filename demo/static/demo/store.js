@@ -552,8 +552,9 @@ function connectAssistant() {
       showMessage("note", "Lost the connection to the assistant. Reconnecting…");
     }
   });
-  client.on("connected", () => {
-    if (lostConnection) showMessage("note", "Reconnected.");
+  client.on("connected", (event) => {
+    noteReload(event);
+    if (lostConnection) showMessage("note", event.resumed ? "Reconnected: the conversation goes on." : "Reconnected.");
     lostConnection = false;
   });
   client.on("activity", showActivity);
@@ -604,9 +605,16 @@ function connectAssistant() {
   client.connect();
 }
 
-if (chat.restore()) {
-  showMessage("note", "The page was reloaded: the conversation above is kept here, but the " +
-    "assistant starts a new one and does not remember it.", { keep: false });
+// After a reload, the first connection says whether the assistant goes on
+// with the conversation shown (the server continued the session) or not.
+let reloaded = chat.restore();
+function noteReload(event) {
+  if (!reloaded) return;
+  reloaded = false;
+  showMessage("note", event.resumed
+    ? "The page was reloaded: the assistant goes on with the conversation above."
+    : "The page was reloaded: the conversation above is kept here, but the " +
+      "assistant starts a new one and does not remember it.", { keep: false });
 }
 if (config.apiKey) {
   connectAssistant();

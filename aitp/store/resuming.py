@@ -1,0 +1,66 @@
+"""Continuing a session on a new socket (docs/protocol.md §1a): the rule,
+once, for both stores. A resume is rare beside an open, so both run it
+through the ORM.
+
+A session may be continued by a socket that offers its current token, with
+the same key, from the same origin, within the resume window of its close,
+when that close was not final (a close the deployed client does not retry:
+a refusal, an operator's end, a revoked key, the quota). The claim is one
+conditional update that also replaces the token: of two sockets offering
+one token, at once or one after the other, one continues the session. The
+key's session cap and the tenant's ceiling count the session again, as an
+open does (the day's count of sessions does not: it is the same session).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from aitp.close_codes import FINAL_CODES
+from aitp.models import Session
+from aitp.resume import ResumeToken
+from aitp.store import admission, keys
+from aitp.store.port import HandshakeInfo, ResumeOutcome
+
+
+def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: HandshakeInfo,
+                   window: float) -> ResumeOutcome:
+    now = timezone.now()
+    key = keys.api_key_lookup(raw_key)
+    refusal = admission.api_key_refusal(key, origin=info.origin, now=now)
+    if refusal is not None:
+        return ResumeOutcome(refusal=refusal)
+    named = Session.objects.filter(id=token.session_id, api_key_id=key.pk, origin=info.origin[:500],
+                                   resume_token_hash=token.secret_hash)
+    with transaction.atomic():
+        claimed = named.filter(ended_at__gte=now - timedelta(seconds=window)).exclude(
+            close_code__in=FINAL_CODES).update(**_reopened(info, now, next_hash))
+        if not claimed:
+            return ResumeOutcome(still_open=named.filter(ended_at__isnull=True).exists())
+        locked = keys.api_key_lookup(raw_key, for_update=True)
+        live = Session.objects.filter(**admission.live_sessions_filter(now))
+        refusal = admission.refusal(
+            locked, origin=info.origin, now=now,
+            key_live=lambda: live.filter(api_key=locked).count(),
+            tenant_live=lambda: live.filter(tenant_id=locked.tenant_id).count())
+        if refusal is not None:
+            transaction.set_rollback(True)
+            return ResumeOutcome(refusal=refusal)
+        session = Session.objects.get(id=token.session_id)
+    session.tenant = locked.tenant
+    return ResumeOutcome(session=session)
+
+
+def _reopened(info: HandshakeInfo, now, next_hash: str) -> dict:
+    """The fields of a row a new socket continues."""
+    return {
+        "ended_at": None, "close_code": None, "close_reason": "", "state": Session.State.IDLE,
+        "channel_name": info.channel_name, "process": info.process,
+        "user_agent": info.user_agent[:500], "viewport": info.viewport[:40],
+        "sdk_version": info.sdk_version[:40], "protocol_version": info.protocol_version[:40],
+        "last_seen_at": now, "last_activity_at": now, "resume_token_hash": next_hash,
+        "resumes": F("resumes") + 1,
+    }

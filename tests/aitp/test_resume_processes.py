@@ -1,0 +1,95 @@
+"""A session continued on another daphne process: after a reload that lands
+elsewhere, after the drain of a stopping process (1001), after a kill -9.
+The conversation is the database's, so any process can go on with it."""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from aitp import tenancy
+from aitp.models import ConversationMessage, Session
+from aitp_client import AitpClient
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = "http://page.example"
+SOON = 30.0
+
+
+@pytest.fixture
+def raw_key(db) -> str:
+    tenant = tenancy.tenant_create(slug="resume", name="Resume")
+    _, raw = tenancy.key_create(tenant=tenant, name="web", allowed_origins=[ORIGIN], max_sessions=3)
+    return raw
+
+
+def page_for(server, raw_key: str, resume: dict) -> AitpClient:
+    return AitpClient(server.ws_url(), api_key=raw_key, origin=ORIGIN, resume=resume)
+
+
+async def talked(server, raw_key: str) -> tuple[AitpClient, dict]:
+    """A page on ``server`` that said one thing and was answered: (page, ack)."""
+    page = page_for(server, raw_key, {})
+    ack = await page.connect(timeout=SOON)
+    await page.context_update(url="/", title="Home")
+    await page.say("hello", timeout=SOON)
+    return page, ack
+
+
+async def continued_on(server, raw_key: str, ack: dict) -> AitpClient:
+    page = page_for(server, raw_key, {"token": ack["resumeToken"]})
+    again = await page.connect(timeout=SOON)
+    assert (again["sessionId"], again["resumed"]) == (ack["sessionId"], True)
+    await page.context_update(url="/", title="Home")
+    await page.say("hello again", timeout=SOON)
+    return page
+
+
+async def numbered(session_id: str) -> list[tuple[int, int]]:
+    return [(m.seq, m.turn) async for m in
+            ConversationMessage.objects.filter(session_id=session_id).order_by("seq")]
+
+
+async def test_a_session_is_continued_on_another_process(daphne_factory, raw_key):
+    first, second = daphne_factory(), daphne_factory()
+    page, ack = await talked(first, raw_key)
+    await page.close(1001)
+
+    again = await continued_on(second, raw_key, ack)
+
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    row = await Session.objects.aget(id=ack["sessionId"])
+    assert row.resumes == 1 and row.ended_at is None and f":{second.process.pid}:" in row.process
+    await again.close()
+
+
+async def test_a_session_the_drain_of_a_stopping_process_closed_goes_on_on_the_one_that_stays(
+        daphne_factory, raw_key):
+    stopping, staying = daphne_factory(), daphne_factory()
+    page, ack = await talked(stopping, raw_key)
+
+    await asyncio.to_thread(stopping.stop)
+    code, _ = await page.wait_closed(timeout=SOON)
+    again = await continued_on(staying, raw_key, ack)
+
+    assert code == 1001
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    await again.close()
+
+
+async def test_a_session_of_a_killed_process_goes_on_on_another_at_once(daphne_factory, raw_key):
+    survivor, doomed = daphne_factory(), daphne_factory()
+    page, ack = await talked(doomed, raw_key)
+
+    doomed.process.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(doomed.process.wait, SOON)
+    code, _ = await page.wait_closed(timeout=SOON)
+    # No sweep has run: the row still looks open until the resume finds its process gone.
+    assert (await Session.objects.aget(id=ack["sessionId"])).ended_at is None
+    again = await continued_on(survivor, raw_key, ack)
+
+    assert code == 1006
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    await again.close()
