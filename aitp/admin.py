@@ -19,6 +19,7 @@ import json
 from django.contrib import admin
 from django.db.models import TextField
 from django.db.models.functions import Cast
+from django.template.loader import render_to_string
 from django.utils.html import format_html
 
 from aitp.models import (
@@ -194,6 +195,10 @@ class ToolCallInline(admin.TabularInline):
         return False
 
 
+# A session's sockets are shown as one list (Session.sockets); its resume token's hash not at all.
+SESSION_SOCKET_FIELDS = ("resume_token_hash", "earlier_sockets", "socket_opened_at")
+
+
 @admin.register(Session)
 class SessionAdmin(RecordAdmin):
     # The key, the origin, the end and the close code are on the session's page.
@@ -205,11 +210,11 @@ class SessionAdmin(RecordAdmin):
     date_hierarchy = "started_at"
     # The page's JSON is shown depth-bounded: Django's own display of a
     # JSONField breaks on a context nested a few hundred levels deep.
-    exclude = ["context", "tools", "page_history", "resume_token_hash"]
+    exclude = ["context", "tools", "page_history", *SESSION_SOCKET_FIELDS]
     readonly_fields = [
         *(f.name for f in Session._meta.fields
-          if f.name not in ("context", "tools", "page_history", "resume_token_hash")),
-        "context_shown", "tools_shown", "page_history_shown",
+          if f.name not in ("context", "tools", "page_history", *SESSION_SOCKET_FIELDS)),
+        "context_shown", "tools_shown", "page_history_shown", "sockets_shown",
     ]
     inlines = [ToolCallInline]
 
@@ -244,6 +249,10 @@ class SessionAdmin(RecordAdmin):
     @admin.display(description="page history")
     def page_history_shown(self, obj: Session) -> str:
         return json_text_shown(obj.page_history_text)
+
+    @admin.display(description="sockets")
+    def sockets_shown(self, obj: Session) -> str:
+        return render_to_string("operators/_sockets.html", {"session": obj})
 
 
 @admin.register(ToolCall)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from aitp.calls import FINAL as FINAL_CALL_STATUSES
 from aitp.calls import CallStatus
@@ -110,8 +111,12 @@ class Session(AudioSeconds, models.Model):
     # The SHA-256 of the secret of the session's resume token (aitp.resume),
     # replaced at every socket: "" when its client cannot resume.
     resume_token_hash = models.CharField(max_length=64, blank=True, default="")
-    # How many times a new socket continued the session after its socket dropped.
+    # How many times a new socket continued the session after its socket dropped;
+    # the sockets before the current one (each {opened_at, closed_at, code,
+    # reason}, oldest first) and when the current one opened (None: at the start).
     resumes = models.PositiveIntegerField(default=0)
+    earlier_sockets = models.JSONField(default=list, blank=True)
+    socket_opened_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at"]
@@ -128,6 +133,15 @@ class Session(AudioSeconds, models.Model):
     @property
     def is_live(self) -> bool:
         return self.ended_at is None
+
+    @property
+    def sockets(self) -> list[dict]:
+        """Every socket of the session, oldest first: {opened_at, closed_at,
+        code, reason}; the current one's close is the session's, if ended."""
+        earlier = [{**socket, "opened_at": parse_datetime(socket["opened_at"]),
+                    "closed_at": parse_datetime(socket["closed_at"])} for socket in self.earlier_sockets]
+        return [*earlier, {"opened_at": self.socket_opened_at or self.started_at,
+                           "closed_at": self.ended_at, "code": self.close_code, "reason": self.close_reason}]
 
     @property
     def total_tokens(self) -> int:

@@ -35,9 +35,11 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
         return ResumeOutcome(refusal=refusal)
     named = Session.objects.filter(id=token.session_id, api_key_id=key.pk, origin=info.origin[:500],
                                    resume_token_hash=token.secret_hash)
+    closed = named.filter(ended_at__gte=now - timedelta(seconds=window)).exclude(close_code__in=FINAL_CODES)
     with transaction.atomic():
-        claimed = named.filter(ended_at__gte=now - timedelta(seconds=window)).exclude(
-            close_code__in=FINAL_CODES).update(**_reopened(info, now, next_hash))
+        row = closed.first()
+        # The token in the update's condition: of two claims, one changes the row.
+        claimed = row is not None and closed.update(**_reopened(row, info, now, next_hash))
         if not claimed:
             return ResumeOutcome(still_open=named.filter(ended_at__isnull=True).exists())
         locked = keys.api_key_lookup(raw_key, for_update=True)
@@ -54,9 +56,12 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
     return ResumeOutcome(session=session)
 
 
-def _reopened(info: HandshakeInfo, now, next_hash: str) -> dict:
-    """The fields of a row a new socket continues."""
+def _reopened(row: Session, info: HandshakeInfo, now, next_hash: str) -> dict:
+    """The fields of a row a new socket continues: its last socket joins the earlier ones."""
+    last = {"opened_at": (row.socket_opened_at or row.started_at).isoformat(),
+            "closed_at": row.ended_at.isoformat(), "code": row.close_code, "reason": row.close_reason}
     return {
+        "earlier_sockets": [*row.earlier_sockets, last], "socket_opened_at": now,
         "ended_at": None, "close_code": None, "close_reason": "", "state": Session.State.IDLE,
         "channel_name": info.channel_name, "process": info.process,
         "user_agent": info.user_agent[:500], "viewport": info.viewport[:40],

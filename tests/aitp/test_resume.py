@@ -206,3 +206,21 @@ async def test_a_second_tab_with_a_copy_of_the_token_gets_its_own_session(connec
     assert other["resumed"] is False and other["sessionId"] != ack["sessionId"]
     await first.close()
     await copy.close()
+
+
+async def test_the_session_keeps_each_of_its_sockets_open_and_close(connect, api_key):
+    first, ack = await opened(connect, api_key.raw, resume={})
+    await dropped(first)
+    second, again = await opened(connect, api_key.raw, resume={"token": ack["resumeToken"]})
+    await second.ws.disconnect(code=1006, timeout=10)
+    third, _ = await opened(connect, api_key.raw, resume={"token": again["resumeToken"]})
+
+    row = await Session.objects.aget(id=ack["sessionId"])
+    sockets = row.sockets
+
+    assert [(s["code"], s["reason"]) for s in sockets] == [
+        (1001, "client disconnected"), (1006, "client disconnected"), (None, "")]
+    assert sockets[0]["opened_at"] == row.started_at and sockets[-1]["closed_at"] is None
+    assert all(s["opened_at"] <= s["closed_at"] for s in sockets[:-1])
+    assert sockets[1]["opened_at"] >= sockets[0]["closed_at"]
+    await third.close()

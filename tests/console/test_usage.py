@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from aitp import services, store
-from aitp.models import ConversationMessage, DailyUsage, OperatorAction, ToolCall
+from aitp.models import ConversationMessage, DailyUsage, OperatorAction, Session, ToolCall
 from console.usage import PLOT_HEIGHT, bar_chart, daily_usage, day_title
 from tests.console.conftest import make_session
 
@@ -163,6 +163,22 @@ def test_the_session_record_shows_a_failed_turns_error_code_after_its_question(o
     failed = re.search(r'<div class="turn-error">(.*?)</div>', html, re.S).group(1)
     assert html.index("where is my order?") < html.index('<div class="turn-error">')
     assert 'status-error">auth_failed<' in failed and "not set up correctly" in failed
+
+
+def test_the_session_record_of_a_session_continued_after_a_reload_lists_its_sockets(owner_client, acme_key):
+    session = make_session(acme_key)
+    start = session.started_at
+    Session.objects.filter(pk=session.pk).update(
+        resumes=1, socket_opened_at=start + timedelta(minutes=2), ended_at=start + timedelta(minutes=3),
+        close_code=1000, close_reason="client disconnected", earlier_sockets=[
+            {"opened_at": start.isoformat(), "closed_at": (start + timedelta(minutes=1)).isoformat(),
+             "code": 1006, "reason": "client disconnected"}])
+
+    html = owner_client.get(reverse("console:session", args=["acme", session.pk])).content.decode()
+
+    sockets = re.findall(r"<li>(.*?)</li>", html.split('class="sockets"')[1].split("</ol>")[0], re.S)
+    assert "continued 1 time after a reload" in html
+    assert ["code 1006" in sockets[0], "code 1000" in sockets[1]] == [True, True]
 
 
 def test_the_session_page_of_an_unknown_id_is_404(owner_client, acme):

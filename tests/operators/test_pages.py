@@ -1,6 +1,7 @@
 """The live pages in the admin: who sees which sessions, and what a session page shows."""
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -193,6 +194,28 @@ def test_the_panel_is_the_record_alone(client, olivia, acme_session):
     content = response.content.decode()
     assert 'id="session-facts"' in content and 'data-live="true"' in content
     assert "<html" not in content
+
+
+def test_a_session_continued_on_new_sockets_lists_each_socket_on_its_panel(client, olivia, acme_session):
+    start = acme_session.started_at
+    Session.objects.filter(pk=acme_session.pk).update(
+        resumes=1, socket_opened_at=start + timedelta(minutes=2), earlier_sockets=[
+            {"opened_at": start.isoformat(), "closed_at": (start + timedelta(minutes=1)).isoformat(),
+             "code": 1001, "reason": "client disconnected"}])
+    client.force_login(olivia)
+
+    content = client.get(reverse("operators:live_session_panel", args=[acme_session.pk])).content.decode()
+
+    assert "continued 1 time after a reload or a dropped connection" in content
+    sockets = re.findall(r"<li>(.*?)</li>", content.split('class="sockets"')[1], re.S)
+    assert len(sockets) == 2
+    assert "(code 1001: client disconnected)" in sockets[0] and sockets[1].endswith("open")
+
+
+def test_a_session_never_continued_shows_no_sockets(client, olivia, acme_session):
+    client.force_login(olivia)
+    content = client.get(reverse("operators:live_session_panel", args=[acme_session.pk])).content.decode()
+    assert 'class="sockets"' not in content
 
 
 def test_operator_actions_are_listed_with_their_author(client, olivia, root, acme_session):
