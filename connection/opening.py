@@ -6,7 +6,7 @@ session.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import speech
 from agent.conversation import Conversation
@@ -19,6 +19,7 @@ from aitp.limits import ConnectionLimits
 from aitp.models import ConversationMessage, Session, TurnRecord
 from aitp.quota import TokenQuota
 from aitp.session import Limits
+from aitp.store.admission import Refusal
 from aitp.store.port import NOT_RESUMABLE, ResumeOutcome
 from llm import get_backend
 from runtime import ids
@@ -102,6 +103,22 @@ async def continue_session(raw_key: str, token: resume.ResumeToken,
         if loop.time() >= give_up:
             return NOT_RESUMABLE
         await asyncio.sleep(RESUME_ASK_EVERY)
+
+
+async def continue_or_open(raw_key: str, token: resume.ResumeToken | None, info: store.HandshakeInfo
+                           ) -> tuple[Session | None, Refusal | None, resume.ResumeToken | None]:
+    """(session, refusal, the client's next token when the session its
+    token names is continued); otherwise a new session, as ``info`` says."""
+    if token is not None:
+        following = resume.new_token(token.session_id)
+        outcome = await continue_session(raw_key, token, replace(
+            info, session_id=token.session_id, resume_token_hash=following.secret_hash))
+        if outcome.refusal is not None:
+            return None, outcome.refusal, None
+        if outcome.session is not None:
+            return outcome.session, None, following
+    session, refusal = await db_call(store.current().session_open, raw_key=raw_key, info=info)
+    return session, refusal, None
 
 
 def _closed_if_its_process_is_gone(session_id: str) -> bool:

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import Any, Protocol
 
 from django.utils import timezone
@@ -113,10 +112,9 @@ class ConnectionRunner:
 
     async def _open_session(self, event: HandshakeRequested) -> None:
         offer = event.init.resume if config().protocol.resume_window > 0 else None
-        token = resume.parse(offer.token) if offer is not None else None
-        # The session the client's token names when it may be continued,
-        # else a new one (with a token to continue it when the client can).
-        session_id = token.session_id if token is not None else opening.new_session_id()
+        # A new session's id: a session the client's token names takes its
+        # place once the token is found to name it.
+        session_id = opening.new_session_id()
         self.next_token = resume.new_token(session_id) if offer is not None else None
         # The session's groups (and its key's, when this process knows the
         # key) are joined while the opens of the key are counted: a page
@@ -138,13 +136,17 @@ class ConnectionRunner:
             return
         info = opening.handshake_info(session_id, event.init, origin=self.origin,
                                       channel_name=self.socket.channel_name, token=self.next_token)
-        session, refusal, continued = await self._continue_or_open(event.api_key, token, info)
+        session, refusal, following = await opening.continue_or_open(
+            event.api_key, resume.parse(offer.token) if offer is not None else None, info)
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
             self.machine.refuse(refusal.code, refusal.message, refusal.reason)
             return
         # Held from now on, so that whatever happens next the teardown ends it.
         self.session_row = session
+        if following is not None:
+            self.next_token = following
+            watched = await self._regroup(session_id, session.id)
         # Every line this connection's work logs from now on names the session.
         logs.bind_session(session.id, session.tenant_id)
         if await self._handshake_abandoned():
@@ -158,32 +160,18 @@ class ConnectionRunner:
         if await self._handshake_abandoned():
             return
         agent = opening.build_agent(session, server_tools, self.turns, self.rate_limits)
-        if continued:
+        if following is not None:
             await opening.restore(agent)
-        await self._accept(session, agent, watched, continued=continued)
+        await self._accept(session, agent, watched, continued=following is not None)
 
-    async def _continue_or_open(self, raw_key: str, token: resume.ResumeToken | None,
-                                info: store.HandshakeInfo) -> tuple[Any, Any, bool]:
-        """(session, refusal, continued): the session the token names, when
-        it may be continued, else a new one, whose group replaces the one
-        joined for the session named."""
-        if token is not None:
-            outcome = await opening.continue_session(raw_key, token, info)
-            if outcome.session is not None or outcome.refusal is not None:
-                return outcome.session, outcome.refusal, True
-            self.next_token = resume.new_token(opening.new_session_id())
-            info = replace(info, session_id=self.next_token.session_id,
-                           resume_token_hash=self.next_token.secret_hash)
-            await self._regroup(token.session_id, info.session_id)
-        session, refusal = await db_call(store.current().session_open, raw_key=raw_key, info=info)
-        return session, refusal, False
-
-    async def _regroup(self, named: str, opened: str) -> None:
-        """The group of the session opened instead of the one named."""
+    async def _regroup(self, joined: str, continued: str) -> bool | None:
+        """The continued session's group in place of the one joined for a new
+        session (only a session found to be the token's is joined); whether it is watched."""
         layer, channel = self.socket.channel_layer, self.socket.channel_name
-        await notify.leave(layer, [notify.session_group(named)], channel)
-        self.groups_joined[0] = notify.session_group(opened)
-        await notify.join(layer, [self.groups_joined[0]], channel)
+        self.groups_joined[0] = notify.session_group(continued)
+        await notify.leave(layer, [notify.session_group(joined)], channel)
+        return await notify.join(layer, [self.groups_joined[0]], channel,
+                                 ask=live.session_watch_group(continued))
 
     async def _accept(self, session, agent: Agent, watched: bool, *, continued: bool) -> None:
         self.machine.capabilities = await opening.capabilities()
