@@ -79,6 +79,15 @@ def refusal(key: ApiKey | None, *, origin: str, now: datetime, key_live: Callabl
     return None
 
 
+def refusal_counting_rows(key: ApiKey | None, *, origin: str, now: datetime) -> Refusal | None:
+    """``refusal`` with the live sessions counted by the ORM (the plain
+    store's open, and a resume in both stores)."""
+    live = Session.objects.filter(**live_sessions_filter(now))
+    return refusal(key, origin=origin, now=now,
+                   key_live=lambda: live.filter(api_key=key).count(),
+                   tenant_live=lambda: live.filter(tenant_id=key.tenant_id).count())
+
+
 def stale_before(now: datetime) -> datetime:
     """A session row not seen since this time is stale: its process stopped refreshing it."""
     return now - timedelta(seconds=3 * config().store.heartbeat_interval)

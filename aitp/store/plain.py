@@ -56,11 +56,7 @@ class PlainStore:
             session = new_session(key, info, now)
             session.save(force_insert=True)
             locked = keys.api_key_lookup(raw_key, for_update=True, read=_key_read)
-            live = Session.objects.filter(**admission.live_sessions_filter(now))
-            refusal = admission.refusal(
-                locked, origin=info.origin, now=now,
-                key_live=lambda: live.filter(api_key=locked).count(),
-                tenant_live=lambda: live.filter(tenant_id=locked.tenant_id).count())
+            refusal = admission.refusal_counting_rows(locked, origin=info.origin, now=now)
             if refusal is not None:
                 transaction.set_rollback(True)
                 return None, refusal

@@ -43,11 +43,7 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
         if not claimed:
             return ResumeOutcome(still_open=named.filter(ended_at__isnull=True).exists())
         locked = keys.api_key_lookup(raw_key, for_update=True)
-        live = Session.objects.filter(**admission.live_sessions_filter(now))
-        refusal = admission.refusal(
-            locked, origin=info.origin, now=now,
-            key_live=lambda: live.filter(api_key=locked).count(),
-            tenant_live=lambda: live.filter(tenant_id=locked.tenant_id).count())
+        refusal = admission.refusal_counting_rows(locked, origin=info.origin, now=now)
         if refusal is not None:
             transaction.set_rollback(True)
             return ResumeOutcome(refusal=refusal)
