@@ -224,3 +224,26 @@ async def test_the_session_keeps_each_of_its_sockets_open_and_close(connect, api
     assert all(s["opened_at"] <= s["closed_at"] for s in sockets[:-1])
     assert sockets[1]["opened_at"] >= sockets[0]["closed_at"]
     await third.close()
+
+
+async def test_a_socket_offering_a_live_sessions_token_never_gets_that_sessions_commands(connect, api_key):
+    from aitp import notify
+
+    first, ack = await opened(connect, api_key.raw, resume={})
+    copy = await connect()
+    await copy.send("HANDSHAKE_INIT", {"apiKey": api_key.raw, "protocolVersion": "1.0.0",
+                                       "resume": {"token": ack["resumeToken"]}})
+    await asyncio.sleep(0.5)  # the copy waits for the first socket to close (up to 2 s)
+
+    await notify.asend(notify.session_group(ack["sessionId"]), "session.command",
+                       command="end", message="Goodbye, first tab.")
+    ended = await first.recv_until("SYSTEM_EVENT", kind="disconnect")
+    copy_ack = await copy.recv(10)
+
+    assert ended["payload"]["message"] == "Goodbye, first tab."
+    assert copy_ack["type"] == "HANDSHAKE_ACK" and copy_ack["payload"]["sessionId"] != ack["sessionId"]
+    await copy.context()
+    await copy.send("USER_INPUT", {"modality": "text", "content": "still here?"})
+    answered = [await copy.recv(10) for _ in range(2)]
+    assert all(f["payload"].get("kind") != "disconnect" for f in answered)
+    await copy.close()
