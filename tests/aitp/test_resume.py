@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from aitp import tenancy
 from aitp.models import ConversationMessage, Session
-from tests.aitp.conftest import ORIGIN
+from tests.aitp.conftest import ADD_TO_CART, ORIGIN
 from tests.aitp.test_agent import assert_well_formed, fake, llm, turn  # noqa: F401 (fixtures)
-from tests.support.fake_anthropic import text_response
+from tests.support.fake_anthropic import text_response, tool_use_response
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -83,6 +83,28 @@ async def test_a_reloaded_page_continues_its_session_and_the_model_sees_what_was
     assert stored == [(1, "user", 1), (2, "assistant", 1), (3, "user", 2), (4, "assistant", 2)]
     row = await Session.objects.aget(id=ack["sessionId"])
     assert row.resumes == 1 and row.ended_at is None
+    await second.close()
+
+
+async def test_a_call_cut_by_the_drop_has_one_result_when_the_conversation_goes_on(llm, connect, api_key):
+    llm.enqueue(tool_use_response([("toolu_cut", "add_to_cart", {"quantity": 1})]),
+                text_response("I could not tell whether it was added."))
+    first = await connect()
+    ack = (await first.handshake(api_key.raw, resume={}))["payload"]
+    await first.context(url="/products/headphones", title="Pro Headphones", tools=[ADD_TO_CART])
+    await first.send("USER_INPUT", {"modality": "text", "content": "Add one, please."})
+    await first.recv_until("TOOL_CALL")
+    await dropped(first)  # the call was never answered
+
+    second, _ = await opened(connect, api_key.raw, resume={"token": ack["resumeToken"]})
+    await turn(second, "Did it work?")
+
+    request = llm.requests[-1]
+    assert_well_formed(request)
+    results = [block for message in request["messages"] for block in message["content"]
+               if block["type"] == "tool_result"]
+    assert [r["tool_use_id"] for r in results] == ["toolu_cut"]
+    assert results[0].get("is_error") is True
     await second.close()
 
 
