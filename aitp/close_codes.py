@@ -18,6 +18,10 @@ CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_ABNORMAL = 1006
 # The operators' watch socket (not AITP): a refused or lost staff login.
 CLOSE_FORBIDDEN = 4403
+# The session went on on a newer socket that offered its resume token (a
+# reload whose old socket the server still held, another tab): only clients
+# that resume are sent it, and they do not come back (protocol.md §3a).
+CLOSE_CONTINUED_ELSEWHERE = 4409
 
 # What the deployed client does not retry.
 FINAL_CODES = frozenset({1003, CLOSE_POLICY, CLOSE_INTERNAL_ERROR})

@@ -6,14 +6,19 @@ decided in the admin or the console) reaches the process holding the session
 as a channel-layer ``session.command``; the connection's runner hands it here. ``end``
 tells the page and closes with 1008, ``reload`` and ``redirect`` become
 SYSTEM_EVENTs, ``approval_decided`` makes a waiting turn re-read the row,
-``watchers`` turns the watcher feed's frames on or off.
+``watchers`` turns the watcher feed's frames on or off. ``superseded``
+comes from a newer socket that offered the session's resume token: this one
+says goodbye and closes with 4409, and the newer one continues the session.
 """
 from __future__ import annotations
 
 from aitp import live
 from aitp import protocol as p
-from aitp.close_codes import CLOSE_POLICY
-from aitp.session import SessionMachine
+from aitp.close_codes import CLOSE_CONTINUED_ELSEWHERE, CLOSE_POLICY
+from aitp.session import SessionMachine, State
+
+SUPERSEDED = "superseded"
+CONTINUED_ELSEWHERE = "This conversation goes on in another tab or window."
 
 
 class OperatorCommands:
@@ -36,6 +41,9 @@ class OperatorCommands:
             self.machine.send(p.system_event(
                 "redirect", message=event.get("message") or None, data={"url": str(event["url"])}
             ))
+        elif command == SUPERSEDED and self.machine.state is State.OPEN:
+            self.machine.send(p.system_event("disconnect", message=CONTINUED_ELSEWHERE))
+            self.machine.close_now(CLOSE_CONTINUED_ELSEWHERE, "continued on another socket")
         elif command == "approval_decided" and agent is not None:
             await agent.on_approval_decided(int(event["approval_id"]))
         elif command == live.WATCHERS_COMMAND and feed is not None:

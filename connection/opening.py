@@ -12,11 +12,12 @@ import speech
 from agent.conversation import Conversation
 from agent.loop import Agent, AgentConfig, TurnIO
 from agent.store import AgentStore
-from aitp import liveness, ports, processes, resume, services, store
+from aitp import liveness, notify, ports, processes, resume, services, store
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.limits import ConnectionLimits
 from aitp.models import ConversationMessage, Session, TurnRecord
+from aitp.operator_commands import SUPERSEDED
 from aitp.quota import TokenQuota
 from aitp.session import Limits
 from aitp.store.admission import Refusal
@@ -77,10 +78,11 @@ def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, chann
     )
 
 
-# A reloaded page's new socket may arrive before the server has seen its old
-# one close: the token's session is asked for again this long before a new
-# one is opened instead (a second tab with a copy of the token gets its own).
-RESUME_WAIT_SECONDS = 2.0
+# A socket offering the token of a session whose socket is still open (a
+# reload or a dropped network the server has not seen close yet, another
+# tab) asks that socket to close (``superseded``) and asks for the session
+# again until it is free, at most this long; then a new session opens.
+RESUME_WAIT_SECONDS = 5.0
 RESUME_ASK_EVERY = 0.1
 
 
@@ -90,6 +92,7 @@ async def continue_session(raw_key: str, token: resume.ResumeToken,
     ``info.resume_token_hash``), or why not."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + RESUME_WAIT_SECONDS
+    superseding = False
     while True:
         outcome = await db_call(store.current().session_resume, raw_key=raw_key, token=token,
                                 next_hash=info.resume_token_hash, info=info,
@@ -100,6 +103,10 @@ async def continue_session(raw_key: str, token: resume.ResumeToken,
         # at once, and then continued.
         if await db_call(_closed_if_its_process_is_gone, token.session_id):
             continue
+        if not superseding:
+            superseding = True
+            await notify.asend(notify.session_group(token.session_id), "session.command",
+                               command=SUPERSEDED)
         if loop.time() >= give_up:
             return NOT_RESUMABLE
         await asyncio.sleep(RESUME_ASK_EVERY)

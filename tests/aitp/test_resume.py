@@ -11,8 +11,9 @@ from asgiref.sync import sync_to_async
 from django.test import override_settings
 from django.utils import timezone
 
-from aitp import tenancy
+from aitp import notify, tenancy
 from aitp.models import ConversationMessage, Session
+from connection import opening
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN
 from tests.aitp.test_agent import assert_well_formed, fake, llm, turn  # noqa: F401 (fixtures)
 from tests.support.fake_anthropic import text_response, tool_use_response
@@ -220,12 +221,40 @@ async def test_a_token_of_a_revoked_key_is_refused_as_the_key_is(connect, api_ke
     assert (await Session.objects.aget(id=ack["sessionId"])).ended_at is not None
 
 
-async def test_a_second_tab_with_a_copy_of_the_token_gets_its_own_session(connect, api_key):
+async def test_a_newer_socket_with_the_token_takes_the_session_over_and_the_older_is_told(
+        connect, api_key):
+    # A reload or a dropped network the server has not seen close yet, or a
+    # second tab with a copy of the first one's storage.
     first, ack = await opened(connect, api_key.raw, resume={})
+
+    newer, again = await opened(connect, api_key.raw, resume={"token": ack["resumeToken"]})
+    goodbye = await first.recv_until("SYSTEM_EVENT", kind="disconnect")
+    closed = await first.recv()
+
+    assert (again["sessionId"], again["resumed"]) == (ack["sessionId"], True)
+    assert goodbye["payload"]["message"] == "This conversation goes on in another tab or window."
+    assert closed == {"type": "__close__", "code": 4409, "reason": "continued on another socket"}
+    row = await Session.objects.aget(id=ack["sessionId"])
+    assert row.ended_at is None and [s["code"] for s in row.sockets] == [4409, None]
+    await newer.close()
+
+
+async def test_a_session_whose_socket_will_not_close_is_not_taken_and_a_new_one_opens(
+        connect, api_key, monkeypatch):
+    monkeypatch.setattr(opening, "RESUME_WAIT_SECONDS", 0.5)
+    first, ack = await opened(connect, api_key.raw, resume={})
+    # The older socket's process never answers: the session stays open.
+    await Session.objects.filter(id=ack["sessionId"]).aupdate(process="")
+
+    async def unheard(*args, **kwargs):
+        return None
+
+    monkeypatch.setattr(notify, "asend", unheard)
 
     copy, other = await opened(connect, api_key.raw, resume={"token": ack["resumeToken"]})
 
     assert other["resumed"] is False and other["sessionId"] != ack["sessionId"]
+    assert (await Session.objects.aget(id=ack["sessionId"])).ended_at is None
     await first.close()
     await copy.close()
 
@@ -248,24 +277,30 @@ async def test_the_session_keeps_each_of_its_sockets_open_and_close(connect, api
     await third.close()
 
 
-async def test_a_socket_offering_a_live_sessions_token_never_gets_that_sessions_commands(connect, api_key):
-    from aitp import notify
-
+async def test_a_socket_offering_a_token_gets_none_of_that_sessions_commands_before_it_has_it(
+        connect, api_key, monkeypatch):
     first, ack = await opened(connect, api_key.raw, resume={})
+    gate, asked = asyncio.Event(), asyncio.Event()
+    real = opening.continue_session
+
+    async def held(*args, **kwargs):
+        asked.set()
+        await gate.wait()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(opening, "continue_session", held)
     copy = await connect()
     await copy.send("HANDSHAKE_INIT", {"apiKey": api_key.raw, "protocolVersion": "1.0.0",
                                        "resume": {"token": ack["resumeToken"]}})
-    await asyncio.sleep(0.5)  # the copy waits for the first socket to close (up to 2 s)
+    await asyncio.wait_for(asked.wait(), 10)
 
     await notify.asend(notify.session_group(ack["sessionId"]), "session.command",
                        command="end", message="Goodbye, first tab.")
     ended = await first.recv_until("SYSTEM_EVENT", kind="disconnect")
+    gate.set()
     copy_ack = await copy.recv(10)
 
     assert ended["payload"]["message"] == "Goodbye, first tab."
+    # The session ended for good (1008): the copy got a session of its own, and no goodbye.
     assert copy_ack["type"] == "HANDSHAKE_ACK" and copy_ack["payload"]["sessionId"] != ack["sessionId"]
-    await copy.context()
-    await copy.send("USER_INPUT", {"modality": "text", "content": "still here?"})
-    answered = [await copy.recv(10) for _ in range(2)]
-    assert all(f["payload"].get("kind") != "disconnect" for f in answered)
     await copy.close()
