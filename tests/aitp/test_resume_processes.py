@@ -93,3 +93,21 @@ async def test_a_session_of_a_killed_process_goes_on_on_another_at_once(daphne_f
     assert code == 1006
     assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
     await again.close()
+
+
+@pytest.mark.redis
+async def test_a_newer_socket_on_another_process_takes_over_a_session_whose_socket_is_open(
+        daphne_factory, raw_key):
+    # The phone's network dropped; the process holding the old socket has
+    # not seen it close. The new socket lands on another process.
+    holding, other = daphne_factory(), daphne_factory()
+    page, ack = await talked(holding, raw_key)
+
+    again = await continued_on(other, raw_key, ack)
+    code, reason = await page.wait_closed(timeout=SOON)
+
+    assert (code, reason) == (4409, "continued on another socket")
+    goodbye = [f for f in page.received if f["type"] == "SYSTEM_EVENT" and f["payload"]["kind"] == "disconnect"]
+    assert goodbye[0]["payload"]["message"] == "This conversation goes on in another tab or window."
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    await again.close()
