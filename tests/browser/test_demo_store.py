@@ -4,6 +4,7 @@ anthropic agent talks through the real SDK to the fake Messages API, which
 plays the model. Each step's screenshot lands in test-artifacts/."""
 from __future__ import annotations
 
+import json
 import re
 from urllib.parse import quote
 
@@ -468,6 +469,31 @@ async def test_a_reload_keeps_the_conversation_on_the_page_and_the_session_goes_
     assert await page.evaluate("window.__owl.sessionId") == first_session
     answer = await say(page, "/tool open_cart")
     assert answer.startswith("open_cart succeeded.")
+
+
+async def test_a_tab_opened_with_a_copy_of_the_first_takes_the_conversation_and_the_first_says_so(
+        store, page, shot):
+    await open_store(page, store)
+    await say(page, '/tool open_product {"productId": "charging-dock"}')
+    session_id = await page.evaluate("window.__owl.sessionId")
+    # A duplicated tab starts with a copy of the first one's sessionStorage.
+    storage = await page.evaluate("JSON.stringify(Object.assign({}, sessionStorage))")
+    second = await page.context.new_page()
+    await second.add_init_script(
+        f"Object.entries(JSON.parse({json.dumps(storage)})).forEach(([k, v]) => sessionStorage.setItem(k, v));")
+
+    await second.goto(page.url)
+
+    await expect(status(second)).to_have_text("connected")
+    assert await second.evaluate("window.__owl.sessionId") == session_id
+    await expect(page.locator(".owl-msg-note").last).to_have_text(
+        "This conversation goes on in another tab or window.")
+    await expect(status(page)).to_have_text("closed")
+    await expect(page.locator("#owl-input")).to_be_disabled()
+    await shot("first-tab-let-go")
+    answer = await say(second, "/tool open_cart")
+    assert answer.startswith("open_cart succeeded.")
+    await second.close()
 
 
 async def test_after_a_reload_the_model_is_asked_with_what_was_said_before(llm_store, model, page, shot):
