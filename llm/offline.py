@@ -1,7 +1,8 @@
 """A backend that needs no network: for demos and for trying a page's tools without tokens.
 
 It answers from the conversation alone:
-- "/tool <name> {json}" as the last user text calls that tool once;
+- "/tool <name> {json}" as the last user text calls that tool once (also
+  after tool results in the same message: a turn cut before its answer);
 - tool results in the last user message are told in words, one paragraph per
   result (a JSON result becomes a list of its fields, never raw JSON);
 - anything else gets a short explanation listing the tools on offer, each with
@@ -61,16 +62,17 @@ def answer(request: LlmRequest) -> tuple[list[dict], str]:
     blocks = _blocks(last) if last.get("role") == "user" else []
 
     results = [block for block in blocks if block.get("type") == "tool_result"]
-    if results:
-        names = _tool_names(request.messages[:-1])
-        return [_text(summarise_results(results, names))], "end_turn"
-
     # The user's own words; the agent adds "[page]" blocks describing the page.
     text = "".join(
         block.get("text", "")
         for block in blocks
         if block.get("type") == "text" and not block.get("text", "").startswith("[page]")
     ).strip()
+    # Results told, unless the user's words after them (a turn cut before its
+    # answer, then a new message) ask for a tool.
+    if results and not text.startswith("/tool"):
+        names = _tool_names(request.messages[:-1])
+        return [_text(summarise_results(results, names))], "end_turn"
     if text.startswith("/tool"):
         if (request.tool_choice or {}).get("type") == "none":
             return [_text(NO_TOOLS_NOW_TEXT)], "end_turn"

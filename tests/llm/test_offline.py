@@ -178,6 +178,22 @@ async def test_summarises_tool_results_by_the_name_of_the_call():
     assert "".join(deltas) == complete.content[0]["text"]
 
 
+async def test_a_command_after_the_results_of_a_cut_turn_calls_the_tool():
+    messages = [
+        user(text("/tool add_to_cart {}")),
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_off_1", "name": "add_to_cart", "input": {}}]},
+        user({"type": "tool_result", "tool_use_id": "toolu_off_1", "is_error": True,
+              "content": "not answered"},
+             text('/tool add_to_cart {"quantity": 2}')),
+    ]
+
+    _, complete = await run(request(messages))
+
+    assert [block["type"] for block in complete.content] == ["tool_use"]
+    assert complete.content[0]["input"] == {"quantity": 2}
+
+
 async def test_summarises_tool_results_as_text_even_when_tool_choice_is_none():
     messages = [
         {"role": "assistant", "content": [
