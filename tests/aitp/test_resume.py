@@ -304,3 +304,19 @@ async def test_a_socket_offering_a_token_gets_none_of_that_sessions_commands_bef
     # The session ended for good (1008): the copy got a session of its own, and no goodbye.
     assert copy_ack["type"] == "HANDSHAKE_ACK" and copy_ack["payload"]["sessionId"] != ack["sessionId"]
     await copy.close()
+
+
+async def test_a_result_for_a_call_of_the_old_socket_is_unknown_on_the_new_one(connect, api_key):
+    first = await connect()
+    ack = (await first.handshake(api_key.raw, resume={}))["payload"]
+    await first.context(tools=[ADD_TO_CART])
+    await first.send("USER_INPUT", {"modality": "text", "content": '/tool add_to_cart {"quantity": 1}'})
+    call = (await first.recv_until("TOOL_CALL"))["payload"]["callId"]
+    await dropped(first)
+
+    second, _ = await opened(connect, api_key.raw, resume={"token": ack["resumeToken"]})
+    await second.send("TOOL_RESULT", {"callId": call, "status": "success", "result": {"added": True}})
+    error = await second.recv_until("SYSTEM_EVENT", kind="error")
+
+    assert error["payload"]["data"]["code"] == "unknown_call"
+    await second.close()
