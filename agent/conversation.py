@@ -45,8 +45,8 @@ class Conversation:
         running voice turn's voice (the stored copy says what was heard or said)."""
         # Consecutive user messages (a turn that failed after its tool results)
         # are merged so the conversation keeps alternating.
-        if role == "user" and self.history and self.history[-1]["role"] == "user":
-            self.history[-1] = {"role": "user", "content": [*self.history[-1]["content"], *content]}
+        if role == "user":
+            _extend(self.history, role, content)
         else:
             self.history.append({"role": role, "content": content})
         self._seq += 1

@@ -99,7 +99,7 @@ class Payload(BaseModel):
 
 
 class ResumeOffer(Payload):
-    # protocol.md §1a: absent on a client's first socket; the token its last
+    # protocol.md §3a: absent on a client's first socket; the token its last
     # HANDSHAKE_ACK gave it on the next.
     token: str | None = Field(default=None, max_length=200)
 

@@ -1,5 +1,5 @@
 """Resume tokens: what lets a new socket continue a session whose socket
-dropped (docs/protocol.md §1a).
+dropped (docs/protocol.md §3a).
 
 A token is ``<session id>.<secret>``: the session it names and 32 random
 bytes. The session row keeps only the secret's SHA-256, replaced at every

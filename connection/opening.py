@@ -99,12 +99,12 @@ async def continue_session(raw_key: str, token: resume.ResumeToken,
                                 window=config().protocol.resume_window)
         if not outcome.still_open:
             return outcome
-        # A session whose process was killed is closed as the sweep would,
-        # at once, and then continued.
-        if await db_call(_closed_if_its_process_is_gone, token.session_id):
-            continue
         if not superseding:
             superseding = True
+            # A session whose process was killed is closed as the sweep would,
+            # at once, and then continued; a live one is asked to let go.
+            if await db_call(_closed_if_its_process_is_gone, token.session_id):
+                continue
             await notify.asend(notify.session_group(token.session_id), "session.command",
                                command=SUPERSEDED)
         if loop.time() >= give_up:

@@ -438,7 +438,7 @@ OWLLAYER_MAX_ACTIVE_TOOLS = env_int("OWLLAYER_MAX_ACTIVE_TOOLS", 30, minimum=1)
 OWLLAYER_HANDSHAKE_TIMEOUT = env_float("OWLLAYER_HANDSHAKE_TIMEOUT", 10.0, minimum=0.1)
 # A session whose socket dropped (a reload, a lost network, a stopping
 # process) can be continued this many seconds by a client that offers its
-# resume token (docs/protocol.md §1a); 0: never.
+# resume token (docs/protocol.md §3a); 0: never.
 OWLLAYER_RESUME_WINDOW_SECONDS = env_float("OWLLAYER_RESUME_WINDOW_SECONDS", 600.0)
 OWLLAYER_MAX_MESSAGE_BYTES = env_int("OWLLAYER_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
 # daphne's own frame limit (a 1009 close above it); see owllayer_site/serve.py.

@@ -1,4 +1,4 @@
-"""Continuing a session on a new socket (docs/protocol.md §1a): the rule,
+"""Continuing a session on a new socket (docs/protocol.md §3a): the rule,
 once, for both stores. A resume is rare beside an open, so both run it
 through the ORM.
 

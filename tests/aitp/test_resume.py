@@ -1,4 +1,4 @@
-"""A session continued on a new socket (docs/protocol.md §1a): a reloaded
+"""A session continued on a new socket (docs/protocol.md §3a): a reloaded
 page or a dropped network offers its resume token, and the conversation goes
 on where it was -- never another visitor's, never twice from one token."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from aitp import notify, tenancy
-from aitp.models import ConversationMessage, Session
+from aitp.models import ApiKey, ConversationMessage, Session
 from connection import opening
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN
 from tests.aitp.test_agent import assert_well_formed, fake, llm, turn  # noqa: F401 (fixtures)
@@ -195,7 +195,8 @@ async def test_a_token_offered_from_another_origin_gets_a_new_session(connect, t
 
 
 @pytest.mark.parametrize("code, reason", [(1008, "ended by an operator"), (1008, "api key revoked"),
-                                          (1008, "usage limit exceeded"), (1011, "internal error")])
+                                          (1008, "usage limit exceeded"), (1011, "internal error"),
+                                          (1003, "unsupported data")])
 async def test_a_session_whose_close_was_final_is_not_continued(connect, api_key, code, reason):
     first, ack = await opened(connect, api_key.raw, resume={})
     await dropped(first)
@@ -218,6 +219,25 @@ async def test_a_token_of_a_revoked_key_is_refused_as_the_key_is(connect, api_ke
 
     assert refused["payload"]["data"]["code"] == "api_key_revoked"
     assert closed == {"type": "__close__", "code": 1008, "reason": "api key revoked"}
+    assert (await Session.objects.aget(id=ack["sessionId"])).ended_at is not None
+
+
+@pytest.mark.parametrize("change, code, reason", [
+    ({"status": ApiKey.Status.DISABLED}, "api_key_disabled", "api key disabled"),
+    ({"expires_at": timezone.now() - timedelta(minutes=1)}, "api_key_expired", "api key expired"),
+])
+async def test_a_token_of_a_disabled_or_expired_key_is_refused_as_the_key_is(
+        connect, api_key, change, code, reason):
+    first, ack = await opened(connect, api_key.raw, resume={})
+    await dropped(first)
+    await ApiKey.objects.filter(pk=api_key.pk).aupdate(**change)
+
+    page = await connect()
+    refused = await page.handshake(api_key.raw, resume={"token": ack["resumeToken"]})
+    closed = await page.recv()
+
+    assert refused["payload"]["data"]["code"] == code
+    assert closed == {"type": "__close__", "code": 1008, "reason": reason}
     assert (await Session.objects.aget(id=ack["sessionId"])).ended_at is not None
 
 
