@@ -102,6 +102,9 @@ class ResumeOffer(Payload):
     # protocol.md §3a: absent on a client's first socket; the token its last
     # HANDSHAKE_ACK gave it on the next.
     token: str | None = Field(default=None, max_length=200)
+    # The ``meta.seq`` of the last frame the client handled on its previous
+    # socket: a session still held by this process sends it what followed.
+    lastSeq: int | None = Field(default=None, ge=0, le=2**53 - 1)
 
 
 class HandshakeInit(Payload):

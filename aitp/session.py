@@ -24,11 +24,12 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_POLICY, MAX_CLOSE_REASON_BYTES
+from aitp.outbox import Outbox
 from aitp.tools import ToolError, ToolSpec, ToolSurface, parse_client_tools
 from aitp.turn import PageMistake, TurnEvent, TurnMachine
 from aitp.voice import inbound
@@ -180,6 +181,7 @@ class SessionMachine:
     context: dict[str, Any] = field(default_factory=dict)
     client_tools: tuple[ToolSpec, ...] = ()
     server_tools: tuple[ToolSpec, ...] = ()
+    outbox: Outbox | None = None  # a client that can resume: its numbered frames
     _outgoing: list[str] = field(default_factory=list)
     _surface: ToolSurface | None = field(default=None, repr=False, compare=False)
 
@@ -349,19 +351,21 @@ class SessionMachine:
     # --- decisions from the consumer ------------------------------------------
 
     def accept_handshake(self, session_id: str, *, resume_token: str | None = None,
-                         resumed: bool | None = None) -> None:
-        """``resume_token``: the token for the client's next socket, given
-        (with ``resumed``) to a client that offered to resume."""
+                         resumed: bool | None = None, numbered_from: int = 0) -> None:
+        """``resume_token`` (and ``resumed``): only to a client that offered
+        to resume, whose frames are numbered after ``numbered_from``."""
         assert self.state is State.AWAITING_HANDSHAKE and self.handshake_pending
         self.session_id = session_id
         self.state = State.OPEN
         self.handshake_pending = False
-        self.send(
-            p.handshake_ack(
-                session_id, self.server_version, list(self.capabilities), self.limits.max_active_tools,
-                resume_token=resume_token, resumed=resumed,
-            )
+        ack = p.handshake_ack(
+            session_id, self.server_version, list(self.capabilities), self.limits.max_active_tools,
+            resume_token=resume_token, resumed=resumed,
         )
+        if resume_token is not None:
+            self.outbox = Outbox(seq=numbered_from)
+            ack = replace(ack, meta={"seq": numbered_from})  # where the numbers start
+        self._outgoing.append(p.serialize(ack))
 
     def refuse(self, code: str, message: str, reason: str, *, close_code: int = CLOSE_POLICY) -> None:
         """A permanent refusal: an error the client can show, then a close it
@@ -422,7 +426,11 @@ class SessionMachine:
         return out
 
     def _queue(self, message: p.Message, text: str | None = None) -> None:
-        self._outgoing.append(p.serialize(message) if text is None else text)
+        outbox = self.outbox
+        if outbox is None:
+            self._outgoing.append(p.serialize(message) if text is None else text)
+            return
+        self._outgoing.append(outbox.numbered(message))
 
     def _refuse_input(self, code: str, message: str, *, message_id: str | None = None) -> None:
         """A USER_INPUT that starts no turn: its error, then the empty done

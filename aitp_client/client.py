@@ -84,7 +84,8 @@ class AitpClient:
         resume: dict | None = None,
     ) -> None:
         """``resume``: sent as HANDSHAKE_INIT's ``resume`` (``{}`` to be given
-        a resume token, ``{"token": ...}`` to continue a session); None: not sent."""
+        a resume token, ``{"token": ..., "lastSeq": ...}`` to continue a
+        session: ``next_resume()`` of its last client); None: not sent."""
         self.url = url
         self.api_key = api_key
         self.origin = origin
@@ -110,6 +111,24 @@ class AitpClient:
     @property
     def ws(self) -> ClientConnection | None:
         return self.socket.ws
+
+    @property
+    def last_seq(self) -> int | None:
+        """The ``meta.seq`` of the last numbered frame received (a client
+        that offered ``resume`` gets numbered frames), None before any."""
+        for frame in reversed(self.history):
+            seq = (frame.get("meta") or {}).get("seq")
+            if isinstance(seq, int):
+                return seq
+        return None
+
+    def next_resume(self) -> dict:
+        """The ``resume`` to offer on the next socket: the token this one's
+        HANDSHAKE_ACK gave and the last frame received."""
+        offer: dict[str, Any] = {"token": (self.ack or {}).get("resumeToken")}
+        if self.last_seq is not None:
+            offer["lastSeq"] = self.last_seq
+        return offer
 
     @property
     def history(self) -> list[dict]:

@@ -90,7 +90,7 @@ _ = _Names()
 (_.ValueClass,)
 
 # The Python client's API for its users (aitp_client).
-(_.wait_closed, _.recv_until, _.say)
+(_.wait_closed, _.recv_until, _.say, _.next_resume)
 
 # What the tests observe or reset through: the audit chain's check, the
 # anchorer, the speech jobs and engines, the shared model client, the

@@ -56,6 +56,8 @@ class Page:
 
     def __init__(self, communicator):
         self.ws = communicator
+        # The ``meta.seq`` of the last numbered frame received (a page that offered ``resume``).
+        self.last_seq: int | None = None
 
     async def send(self, type_: str, payload: dict, **envelope) -> dict:
         """Send a frame; returns it, as the page sent it."""
@@ -71,7 +73,11 @@ class Page:
         from tests.wire import assert_client_accepts
 
         assert_client_accepts(text)
-        return json.loads(text)
+        frame = json.loads(text)
+        seq = (frame.get("meta") or {}).get("seq")
+        if seq is not None:
+            self.last_seq = seq
+        return frame
 
     async def recv_until(self, type_: str, timeout: float = 5, **payload_match) -> dict:
         while True:
