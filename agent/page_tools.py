@@ -15,6 +15,7 @@ from agent.parts import TurnParts, unknown_call
 from aitp import protocol as p
 from aitp.calls import CallEvent, CallStatus
 from aitp.ledger import (
+    DISCONNECTED,
     ERROR,
     EXPIRED,
     SUCCESS,
@@ -26,6 +27,10 @@ from aitp.ledger import (
 )
 from aitp.turn import TurnEvent
 from runtime import tracing
+
+# What the model is told of a call lost with its page's socket (see ``calls_lost``).
+LOST_MESSAGE = ("The page's connection dropped after the call reached it, and no answer came: "
+                "it may or may not have run.")
 
 
 class PageTools:
@@ -93,3 +98,20 @@ class PageTools:
         else:
             call.resolve(Outcome(ERROR, error=payload.error or "The tool failed in the page."))
         return None
+
+    async def calls_lost(self, call_ids: list[str]) -> None:
+        """Calls whose frame (TOOL_CALL, or a server tool's APPROVAL_REQUEST)
+        the page handled on a socket that dropped, never answered: a page
+        tool may have run, so none is sent again; each ends 'disconnected',
+        with its approval, and the model is told (docs/protocol.md §3a)."""
+        for call_id in call_ids:
+            call = self.parts.ledger.get(call_id)
+            if call is None or call.future.done() or call.decision.done():
+                continue
+            outcome = Outcome(DISCONNECTED, error=LOST_MESSAGE)
+            if call.approval_id is not None:
+                await self.parts.store.approval_close(call, DISCONNECTED, outcome)
+            if call.origin == "server":
+                call.decide(DISCONNECTED)
+            else:
+                call.resolve(outcome)

@@ -16,6 +16,9 @@ CLOSE_TRY_AGAIN_LATER = 1013
 # Never sent (RFC 6455 §7.4): what a session's row records when the process
 # holding it is gone, as the page saw the connection drop.
 CLOSE_ABNORMAL = 1006
+# The page's own close when it means to leave: a session it could resume is
+# not held for its next socket (docs/protocol.md §3a).
+CLOSE_NORMAL = 1000
 # The operators' watch socket (not AITP): a refused or lost staff login.
 CLOSE_FORBIDDEN = 4403
 # The session went on on a newer socket that offered its resume token (a

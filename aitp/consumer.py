@@ -136,6 +136,12 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
                 _internal_error(self.machine)
         await self.runner.flush()
 
+    def take_over(self, runner: Runner) -> None:
+        """The session this socket continues was held by another runner of
+        this process (``connection.holding``): that runner is this
+        connection's from now on."""
+        self.runner, self.machine = runner, runner.machine
+
     # --- notifications from the channel layer -----------------------------------
 
     async def key_changed(self, event: dict) -> None:

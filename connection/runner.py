@@ -35,7 +35,7 @@ from aitp.session import (
     State,
 )
 from aitp.watch_feed import WatcherFeed
-from connection import opening
+from connection import holding, opening
 from connection.turns import TurnOwner
 from runtime import logs, metrics
 from runtime.config import config
@@ -60,6 +60,8 @@ class Socket(Protocol):
     async def send(self, text_data: str) -> None: ...
 
     async def close(self, code: int, reason: str) -> None: ...
+
+    def take_over(self, runner: ConnectionRunner) -> None: ...
 
 
 class ConnectionRunner:
@@ -105,7 +107,7 @@ class ConnectionRunner:
     def show_watchers(self, events: list[Event], frame: str | bytes) -> None:
         """A frame the page sent, and the events the session machine made of it."""
         if self.feed is not None:
-            with self._watch_step():
+            with _watch_step(self.machine):
                 self.feed.inbound(events, frame)
 
     # --- opening the session ---------------------------------------------------------
@@ -136,8 +138,10 @@ class ConnectionRunner:
             return
         info = opening.handshake_info(session_id, event.init, origin=self.origin,
                                       channel_name=self.socket.channel_name, token=self.next_token)
-        session, refusal, following = await opening.continue_or_open(
-            event.api_key, resume.parse(offer.token) if offer is not None else None, info)
+        token = resume.parse(offer.token) if offer is not None else None
+        if token is not None and await holding.continue_held(self, event.api_key, token, offer.lastSeq, info):
+            return
+        session, refusal, following = await opening.continue_or_open(event.api_key, token, info)
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
             self.machine.refuse(refusal.code, refusal.message, refusal.reason)
@@ -146,7 +150,7 @@ class ConnectionRunner:
         self.session_row = session
         if following is not None:
             self.next_token = following
-            watched = await self._regroup(session_id, session.id)
+            watched = await self.regroup(session_id, session.id)
         # Every line this connection's work logs from now on names the session.
         logs.bind_session(session.id, session.tenant_id)
         if await self._handshake_abandoned():
@@ -164,7 +168,7 @@ class ConnectionRunner:
             await opening.restore(agent)
         await self._accept(session, agent, watched, continued=following is not None)
 
-    async def _regroup(self, joined: str, continued: str) -> bool | None:
+    async def regroup(self, joined: str, continued: str) -> bool | None:
         """The continued session's group in place of the one joined for a new
         session (only a session found to be the token's is joined); whether it is watched."""
         layer, channel = self.socket.channel_layer, self.socket.channel_name
@@ -208,7 +212,7 @@ class ConnectionRunner:
                 return
             await self.socket.send(text_data=frame)
             if self.feed is not None:
-                with self._watch_step():
+                with _watch_step(self.machine):
                     self.feed.outbound(frame)
         if self.machine.close is not None and not self.closed:
             self.closed = True
@@ -265,6 +269,9 @@ class ConnectionRunner:
     # --- teardown ------------------------------------------------------------------------------
 
     async def disconnect(self, code: int) -> None:
+        if holding.may_hold(self, code):
+            await holding.hold(self, code)
+            return
         if not self.closed:
             self.closed = True
             self.machine.close_now(code, "client disconnected")
@@ -276,6 +283,14 @@ class ConnectionRunner:
         # never left to the cycle collector, whose passes over thousands of
         # closed connections would stall every other page.
         self.socket = None
+
+    def give_up_socket(self) -> tuple[Socket, list[str]]:
+        """The socket and its groups, for the session this process held that
+        it continues (``connection.holding``); this runner is then done."""
+        for timer in self.timers:
+            timer.cancel()
+        socket, groups, self.socket, self.groups_joined, self.timers = self.socket, self.groups_joined, None, [], []
+        return socket, groups
 
     async def shutdown(self, message: str) -> None:
         """The server is stopping: tell the page, close with 1001 (the client
@@ -300,17 +315,17 @@ class ConnectionRunner:
             # process (whose task knows no session): its lines name the session.
             logs.bind_session(self.session_row.id, self.session_row.tenant_id)
         # Each step runs whatever the one before raised: the row must end.
-        with self._step("turn"):
+        with _step(self.machine, "turn"):
             await self.turns.left()
         timers, self.timers = self.timers, []
         for timer in timers:
             timer.cancel()
         for timer in timers:
             if isinstance(timer, asyncio.Task):
-                with self._step("timer"), contextlib.suppress(asyncio.CancelledError):
+                with _step(self.machine, "timer"), contextlib.suppress(asyncio.CancelledError):
                     await timer
         # The refusals counted and not logged yet are, once.
-        with self._step("flood log"):
+        with _step(self.machine, "flood log"):
             self.rate_limits.close()
         # The last snapshot and state the row is owed go with its close.
         owed = await self.row_writer.finish()
@@ -324,7 +339,7 @@ class ConnectionRunner:
     async def _end_row_and_groups(self, code: int, reason: str, owed: dict | None = None) -> None:
         groups, self.groups_joined = self.groups_joined, []
         if groups:
-            with self._step("group"):
+            with _step(self.machine, "group"):
                 await notify.leave(self.socket.channel_layer, groups, self.socket.channel_name)
         if self.session_row is not None:
             await SESSION_CLOSES.write(session_id=self.session_row.id, code=code, reason=reason,
@@ -338,22 +353,25 @@ class ConnectionRunner:
             logger.info("session %s: closed (%s) for tenant %s after %.1f s", row.id, code,
                         row.tenant_id, (timezone.now() - row.started_at).total_seconds())
 
-    @contextlib.contextmanager
-    def _watch_step(self):
-        """Showing a frame to the watchers: when it fails, it is logged and
-        the page's session goes on as if nobody watched."""
-        try:
-            yield
-        except Exception:
-            logger.exception("session %s: the watchers could not be shown a frame", self.machine.session_id)
 
-    @contextlib.contextmanager
-    def _step(self, what: str):
-        """One step of a teardown: logged when it fails, never stopping the rest."""
-        try:
-            yield
-        except Exception:
-            logger.exception("session %s: teardown step %r failed", self.machine.session_id, what)
+
+@contextlib.contextmanager
+def _watch_step(machine: SessionMachine):
+    """Showing a frame to the watchers: when it fails, it is logged and
+    the page's session goes on as if nobody watched."""
+    try:
+        yield
+    except Exception:
+        logger.exception("session %s: the watchers could not be shown a frame", machine.session_id)
+
+
+@contextlib.contextmanager
+def _step(machine: SessionMachine, what: str):
+    """One step of a teardown: logged when it fails, never stopping the rest."""
+    try:
+        yield
+    except Exception:
+        logger.exception("session %s: teardown step %r failed", machine.session_id, what)
 
 
 def own_task(task: asyncio.Task, what: str) -> asyncio.Task:

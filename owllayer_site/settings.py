@@ -440,6 +440,11 @@ OWLLAYER_HANDSHAKE_TIMEOUT = env_float("OWLLAYER_HANDSHAKE_TIMEOUT", 10.0, minim
 # process) can be continued this many seconds by a client that offers its
 # resume token (docs/protocol.md §3a); 0: never.
 OWLLAYER_RESUME_WINDOW_SECONDS = env_float("OWLLAYER_RESUME_WINDOW_SECONDS", 600.0)
+# When such a socket drops (any close but the page's own 1000), the process
+# holding the session keeps it, its turn running and its frames numbered, for
+# the client's next socket on this process: while the turn runs (at most the
+# resume window) and this many seconds more; 0: the session closes with its socket.
+OWLLAYER_RESUME_HOLD_SECONDS = env_float("OWLLAYER_RESUME_HOLD_SECONDS", 30.0)
 OWLLAYER_MAX_MESSAGE_BYTES = env_int("OWLLAYER_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
 # daphne's own frame limit (a 1009 close above it); see owllayer_site/serve.py.
 OWLLAYER_WS_FRAME_CEILING_BYTES = env_int(

@@ -43,6 +43,7 @@ class ProtocolConfig:
     server_version: str
     handshake_timeout: float
     resume_window: float
+    resume_hold: float
     max_message_bytes: int
     max_active_tools: int
     max_context_bytes: int
@@ -303,6 +304,7 @@ def build(s: Any) -> Config:
             server_version=s.OWLLAYER_SERVER_VERSION,
             handshake_timeout=s.OWLLAYER_HANDSHAKE_TIMEOUT,
             resume_window=s.OWLLAYER_RESUME_WINDOW_SECONDS,
+            resume_hold=s.OWLLAYER_RESUME_HOLD_SECONDS,
             max_message_bytes=s.OWLLAYER_MAX_MESSAGE_BYTES,
             max_active_tools=s.OWLLAYER_MAX_ACTIVE_TOOLS,
             max_context_bytes=s.OWLLAYER_MAX_CONTEXT_BYTES,

@@ -72,9 +72,11 @@ class SessionStore(Protocol):
         Two opens racing on two processes never both take the last slot."""
 
     def session_resume(self, *, raw_key: str, token: ResumeToken, next_hash: str, info: HandshakeInfo,
-                       window: float) -> ResumeOutcome:
+                       window: float, held: dict | None = None) -> ResumeOutcome:
         """Continue the session ``token`` names on a new socket, its token
-        replaced by ``next_hash`` (``aitp.store.resuming``: the rule, for both stores)."""
+        replaced by ``next_hash`` (``aitp.store.resuming``: the rule, for both
+        stores); ``held``: the session is still open, held by this process
+        since its last socket (that socket's open and close) dropped."""
 
     def remembered_key_id(self, raw_key: str) -> int | None:
         """The key's id when this process has read it for an open; reads no database."""

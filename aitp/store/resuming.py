@@ -10,6 +10,10 @@ conditional update that also replaces the token: of two sockets offering
 one token, at once or one after the other, one continues the session. The
 key's session cap and the tenant's ceiling count the session again, as an
 open does (the day's count of sessions does not: it is the same session).
+
+A session whose socket dropped while this process goes on holding it (its
+turn still running: ``connection.holding``) is still open: the claim of such
+a session asks for an open row of this process instead of a closed one.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from aitp.store.port import HandshakeInfo, ResumeOutcome
 
 
 def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: HandshakeInfo,
-                   window: float) -> ResumeOutcome:
+                   window: float, held: dict | None = None) -> ResumeOutcome:
     now = timezone.now()
     key = keys.api_key_lookup(raw_key)
     refusal = admission.api_key_refusal(key, origin=info.origin, now=now)
@@ -35,11 +39,15 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
         return ResumeOutcome(refusal=refusal)
     named = Session.objects.filter(id=token.session_id, api_key_id=key.pk, origin=info.origin[:500],
                                    resume_token_hash=token.secret_hash)
-    closed = named.filter(ended_at__gte=now - timedelta(seconds=window)).exclude(close_code__in=FINAL_CODES)
+    if held is not None:
+        claimable = named.filter(ended_at__isnull=True, process=info.process)
+    else:
+        claimable = named.filter(ended_at__gte=now - timedelta(seconds=window)).exclude(
+            close_code__in=FINAL_CODES)
     with transaction.atomic():
-        row = closed.first()
+        row = claimable.first()
         # The token in the update's condition: of two claims, one changes the row.
-        claimed = row is not None and closed.update(**_reopened(row, info, now, next_hash))
+        claimed = row is not None and claimable.update(**_reopened(row, info, now, next_hash, held))
         if not claimed:
             return ResumeOutcome(still_open=named.filter(ended_at__isnull=True).exists())
         locked = keys.api_key_lookup(raw_key, for_update=True)
@@ -52,13 +60,19 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
     return ResumeOutcome(session=session)
 
 
-def _reopened(row: Session, info: HandshakeInfo, now, next_hash: str) -> dict:
-    """The fields of a row a new socket continues: its last socket joins the earlier ones."""
-    last = {"opened_at": (row.socket_opened_at or row.started_at).isoformat(),
-            "closed_at": row.ended_at.isoformat(), "code": row.close_code, "reason": row.close_reason}
+def _reopened(row: Session, info: HandshakeInfo, now, next_hash: str, held: dict | None) -> dict:
+    """The fields of a row a new socket continues: its last socket joins the
+    earlier ones (a held session's turn goes on: its state stays)."""
+    opened = (row.socket_opened_at or row.started_at).isoformat()
+    if held is not None:
+        last = {"opened_at": opened, **held}
+    else:
+        last = {"opened_at": opened, "closed_at": row.ended_at.isoformat(), "code": row.close_code,
+                "reason": row.close_reason}
     return {
+        **({} if held is not None else {"state": Session.State.IDLE}),
         "earlier_sockets": [*row.earlier_sockets, last], "socket_opened_at": now,
-        "ended_at": None, "close_code": None, "close_reason": "", "state": Session.State.IDLE,
+        "ended_at": None, "close_code": None, "close_reason": "",
         "channel_name": info.channel_name, "process": info.process,
         "user_agent": info.user_agent[:500], "viewport": info.viewport[:40],
         "sdk_version": info.sdk_version[:40], "protocol_version": info.protocol_version[:40],

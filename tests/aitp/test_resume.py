@@ -1,6 +1,11 @@
 """A session continued on a new socket (docs/protocol.md §3a): a reloaded
 page or a dropped network offers its resume token, and the conversation goes
-on where it was -- never another visitor's, never twice from one token."""
+on where it was -- never another visitor's, never twice from one token.
+
+Here the session closes with its socket (``OWLLAYER_RESUME_HOLD_SECONDS=0``,
+as when the next socket reaches another process): the conversation goes on
+from the database. A session held by its process past its socket is
+``test_resume_held.py``'s."""
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +26,11 @@ from tests.support.fake_anthropic import text_response, tool_use_response
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 OTHER_ORIGIN = "https://other.example"
+
+
+@pytest.fixture(autouse=True)
+def closed_with_its_socket(settings):
+    settings.OWLLAYER_RESUME_HOLD_SECONDS = 0
 
 
 async def opened(connect, raw_key: str, *, resume: dict | None = None, origin: str = ORIGIN):

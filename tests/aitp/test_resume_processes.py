@@ -1,6 +1,7 @@
 """A session continued on another daphne process: after a reload that lands
-elsewhere, after the drain of a stopping process (1001), after a kill -9.
-The conversation is the database's, so any process can go on with it."""
+elsewhere (the process that held the session past its socket lets it go),
+after the drain of a stopping process (1001), after a kill -9. The
+conversation is the database's, so any process can go on with it."""
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +53,42 @@ async def numbered(session_id: str) -> list[tuple[int, int]]:
             ConversationMessage.objects.filter(session_id=session_id).order_by("seq")]
 
 
-async def test_a_session_is_continued_on_another_process(daphne_factory, raw_key):
+async def test_a_page_back_on_the_same_process_goes_on_from_the_last_frame_it_handled(daphne_factory, raw_key):
+    server = daphne_factory()
+    page, ack = await talked(server, raw_key)
+    await page.close(1001)
+
+    again = page_for(server, raw_key, page.next_resume())
+    ack_again = await again.connect(timeout=SOON)
+    await again.context_update(url="/", title="Home")
+    await again.say("hello again", timeout=SOON)
+
+    assert (ack_again["sessionId"], ack_again["resumed"]) == (ack["sessionId"], True)
+    numbers = [frame["meta"]["seq"] for frame in again.history]
+    assert numbers == list(range(page.last_seq, page.last_seq + len(numbers)))
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    await again.close()
+
+
+async def test_a_session_closed_with_its_socket_is_continued_on_another_process(daphne_factory, raw_key):
+    first = daphne_factory(OWLLAYER_RESUME_HOLD_SECONDS="0")
+    second = daphne_factory(OWLLAYER_RESUME_HOLD_SECONDS="0")
+    page, ack = await talked(first, raw_key)
+    await page.close(1001)
+
+    again = await continued_on(second, raw_key, ack)
+
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    row = await Session.objects.aget(id=ack["sessionId"])
+    assert row.resumes == 1 and row.ended_at is None and f":{second.process.pid}:" in row.process
+    await again.close()
+
+
+@pytest.mark.redis
+async def test_a_session_its_process_holds_is_let_go_to_the_process_the_next_socket_reached(
+        daphne_factory, raw_key):
+    # The process holding the session is asked through the channel layer:
+    # several processes share one only on Redis.
     first, second = daphne_factory(), daphne_factory()
     page, ack = await talked(first, raw_key)
     await page.close(1001)

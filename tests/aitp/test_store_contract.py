@@ -169,6 +169,61 @@ def test_a_session_closed_longer_ago_than_the_window_is_not_continued(sessions, 
     assert outcome == port.NOT_RESUMABLE
 
 
+def held(sessions: port.SessionStore, key: ApiKey, *, process: str | None = None):
+    """A session opened with a resume token whose socket dropped while its
+    process (``process``, this one by default) holds it: (row, token)."""
+    info = handshake()
+    token = resume.new_token(info.session_id)
+    session, _ = sessions.session_open(raw_key=key.raw, info=replace(
+        info, resume_token_hash=token.secret_hash, process=process or info.process))
+    return session, token
+
+
+LAST_SOCKET = {"closed_at": "2026-12-03T10:00:00+00:00", "code": 1006, "reason": "client disconnected"}
+
+
+def continued_held(sessions: port.SessionStore, key: ApiKey, token):
+    following = resume.new_token(token.session_id)
+    info = replace(handshake(), session_id=token.session_id, resume_token_hash=following.secret_hash)
+    return sessions.session_resume(raw_key=key.raw, token=token, next_hash=following.secret_hash,
+                                   info=info, window=600, held=LAST_SOCKET), following
+
+
+def test_a_session_this_process_holds_is_continued_once_and_its_dropped_socket_listed(sessions, key):
+    session, token = held(sessions, key)
+    Session.objects.filter(pk=session.pk).update(state=Session.State.ANSWERING)
+
+    outcome, following = continued_held(sessions, key, token)
+    again, _ = continued_held(sessions, key, token)
+
+    assert outcome.session.id == session.id and outcome.refusal is None
+    row = Session.objects.get(pk=session.pk)
+    assert (row.ended_at, row.resumes, row.resume_token_hash, row.state) == (
+        None, 1, following.secret_hash, Session.State.ANSWERING)
+    assert [(s["code"], s["closed_at"]) for s in row.earlier_sockets] == [(1006, LAST_SOCKET["closed_at"])]
+    assert again.session is None
+
+
+def test_a_session_another_process_holds_is_not_continued_as_held(sessions, key):
+    session, token = held(sessions, key, process="elsewhere:1:x")
+
+    outcome, _ = continued_held(sessions, key, token)
+
+    assert outcome.session is None and outcome.still_open
+    assert Session.objects.get(pk=session.pk).resumes == 0
+
+
+def test_a_held_session_past_its_keys_cap_is_refused_and_stays_as_it_was(sessions, key):
+    session, token = held(sessions, key)
+    opened(sessions, key)
+    ApiKey.objects.filter(pk=key.pk).update(max_sessions=1)  # lowered while the session was held
+
+    outcome, _ = continued_held(sessions, key, token)
+
+    assert outcome.refusal.code == "session_limit"
+    assert Session.objects.get(pk=session.pk).resumes == 0
+
+
 # --- the live row and its close ---------------------------------------------------
 
 
