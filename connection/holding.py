@@ -56,18 +56,26 @@ def may_hold(runner: ConnectionRunner, code: int) -> bool:
             and runner.machine.outbox is not None and runner.teardown_task is None)
 
 
-async def hold(runner: ConnectionRunner, code: int) -> None:
-    """The runner's socket dropped: the runner goes on with a held socket."""
+async def hold(runner: ConnectionRunner, code: int) -> bool:
+    """The runner's socket dropped: the runner goes on with a held socket.
+    False when it cannot (the channel layer failed): the connection ends
+    as any other does."""
     gone = runner.socket
     layer = gone.channel_layer
-    held = HeldSocket(runner, layer, await layer.new_channel(), code)
+    try:
+        held = HeldSocket(runner, layer, await layer.new_channel(), code)
+        await notify.join(layer, runner.groups_joined, held.channel_name)
+    except Exception:
+        logger.exception("session %s: could not hold the session past its socket", runner.session_row.id)
+        return False
+    with contextlib.suppress(Exception):  # the old channel is gone with its socket either way
+        await notify.leave(layer, runner.groups_joined, gone.channel_name)
     runner.socket = held
-    await notify.leave(layer, runner.groups_joined, gone.channel_name)
-    await notify.join(layer, runner.groups_joined, held.channel_name)
     _held[runner.session_row.id] = held
     processes.connection_opened(held)
     held.start()
     logger.info("session %s: socket closed (%s); held for its next socket", runner.session_row.id, code)
+    return True
 
 
 def holding(session_id: str) -> bool:
@@ -151,7 +159,8 @@ class HeldSocket:
             del _held[runner.session_row.id]
         processes.connection_closed(self)
         current = asyncio.current_task()
-        for task in self.tasks:
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
             if task is not current:
                 task.cancel()
 

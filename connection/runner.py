@@ -269,8 +269,7 @@ class ConnectionRunner:
     # --- teardown ------------------------------------------------------------------------------
 
     async def disconnect(self, code: int) -> None:
-        if holding.may_hold(self, code):
-            await holding.hold(self, code)
+        if holding.may_hold(self, code) and await holding.hold(self, code):
             return
         if not self.closed:
             self.closed = True

@@ -363,3 +363,19 @@ async def test_a_last_seq_past_the_last_frame_sent_gets_nothing_again(llm, conne
     assert again["meta"]["seq"] == first.last_seq
     assert reply["meta"]["seq"] == first.last_seq + 1 and reply["type"] != "AGENT_RESPONSE"
     await second.close()
+
+
+async def test_a_session_that_cannot_be_held_closes_with_its_socket_as_before(connect, api_key, monkeypatch):
+    from channels.layers import get_channel_layer
+
+    page, ack = await opened(connect, api_key.raw, {})
+    session_id = ack["payload"]["sessionId"]
+
+    async def broken(*args, **kwargs):
+        raise ConnectionError("the channel layer is down")
+
+    monkeypatch.setattr(type(get_channel_layer()), "new_channel", broken)
+    await page.ws.disconnect(code=1006, timeout=SOON)
+    row = await closed_row(session_id)
+
+    assert row.close_code == 1006 and not holding.holding(session_id)
