@@ -22,6 +22,7 @@ from aitp.quota import TokenQuota
 from aitp.session import Limits
 from aitp.store.admission import Refusal
 from aitp.store.port import NOT_RESUMABLE, ResumeOutcome
+from connection import holding
 from llm import get_backend
 from runtime import ids
 from runtime.config import config, derived
@@ -80,10 +81,17 @@ def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, chann
 
 # A socket offering the token of a session whose socket is still open (a
 # reload or a dropped network the server has not seen close yet, another
-# tab) asks that socket to close (``superseded``) and asks for the session
-# again until it is free, at most this long; then a new session opens.
+# tab) asks that socket to close (``superseded``, again every second: a
+# session being held past its socket hears it once held) and asks for the
+# session again until it is free, at most this long; then a new session opens.
 RESUME_WAIT_SECONDS = 5.0
 RESUME_ASK_EVERY = 0.1
+SUPERSEDE_EVERY = 1.0
+
+# ``continue_or_open``'s answer when the session became held by this process
+# meanwhile (its socket's close was seen after this socket's handshake):
+# ``connection.holding`` continues it.
+HELD_HERE = ResumeOutcome(still_open=True)
 
 
 async def continue_session(raw_key: str, token: resume.ResumeToken,
@@ -92,19 +100,23 @@ async def continue_session(raw_key: str, token: resume.ResumeToken,
     ``info.resume_token_hash``), or why not."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + RESUME_WAIT_SECONDS
-    superseding = False
+    asked_gone, ask_again = False, loop.time()
     while True:
         outcome = await db_call(store.current().session_resume, raw_key=raw_key, token=token,
                                 next_hash=info.resume_token_hash, info=info,
                                 window=config().protocol.resume_window)
         if not outcome.still_open:
             return outcome
-        if not superseding:
-            superseding = True
+        if holding.holding(token.session_id):
+            return HELD_HERE
+        if not asked_gone:
+            asked_gone = True
             # A session whose process was killed is closed as the sweep would,
-            # at once, and then continued; a live one is asked to let go.
+            # at once, and then continued.
             if await db_call(_closed_if_its_process_is_gone, token.session_id):
                 continue
+        if loop.time() >= ask_again:
+            ask_again = loop.time() + SUPERSEDE_EVERY
             await notify.asend(notify.session_group(token.session_id), "session.command",
                                command=SUPERSEDED)
         if loop.time() >= give_up:
@@ -113,13 +125,16 @@ async def continue_session(raw_key: str, token: resume.ResumeToken,
 
 
 async def continue_or_open(raw_key: str, token: resume.ResumeToken | None, info: store.HandshakeInfo
-                           ) -> tuple[Session | None, Refusal | None, resume.ResumeToken | None]:
+                           ) -> tuple[Session | None, Refusal | None, resume.ResumeToken | None] | ResumeOutcome:
     """(session, refusal, the client's next token when the session its
-    token names is continued); otherwise a new session, as ``info`` says."""
+    token names is continued); otherwise a new session, as ``info`` says;
+    ``HELD_HERE`` when this process now holds the session."""
     if token is not None:
         following = resume.new_token(token.session_id)
         outcome = await continue_session(raw_key, token, replace(
             info, session_id=token.session_id, resume_token_hash=following.secret_hash))
+        if outcome is HELD_HERE:
+            return outcome
         if outcome.refusal is not None:
             return None, outcome.refusal, None
         if outcome.session is not None:

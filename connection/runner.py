@@ -139,9 +139,15 @@ class ConnectionRunner:
         info = opening.handshake_info(session_id, event.init, origin=self.origin,
                                       channel_name=self.socket.channel_name, token=self.next_token)
         token = resume.parse(offer.token) if offer is not None else None
-        if token is not None and await holding.continue_held(self, event.api_key, token, offer.lastSeq, info):
-            return
-        session, refusal, following = await opening.continue_or_open(event.api_key, token, info)
+        for _ in range(3):  # the session may become held here while this socket waits for it
+            if token is not None and await holding.continue_held(self, event.api_key, token, offer.lastSeq, info):
+                return
+            opened = await opening.continue_or_open(event.api_key, token, info)
+            if opened is not opening.HELD_HERE:
+                break
+        else:
+            opened = await opening.continue_or_open(event.api_key, None, info)
+        session, refusal, following = opened
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
             self.machine.refuse(refusal.code, refusal.message, refusal.reason)
