@@ -28,8 +28,19 @@
  * The session goes on across reloads and dropped connections of the tab:
  * the client keeps the server's resume token in sessionStorage and offers
  * it at its next handshake (protocol.md, continuing a session); the
- * "connected" event says {sessionId, resumed}. new OwlLayerClient({resume:
- * false}) turns this off (one session per socket, as the deployed client).
+ * "connected" event says {sessionId, resumed, continued}. new
+ * OwlLayerClient({resume: false}) turns this off (one session per socket,
+ * as the deployed client).
+ *
+ * Frames of a session that may go on are numbered (meta.seq). Beside the
+ * token the tab keeps the number of the last frame handled, with the text
+ * of the answer being written then and whether a turn was open, and offers
+ * {token, lastSeq} at the next socket. When the server's HANDSHAKE_ACK
+ * takes up from that number (its meta.seq is the lastSeq offered:
+ * "continued"), the frames the page missed follow, and an answer cut by a
+ * reload or a drop goes on: the "agent" events carry its whole text, as if
+ * nothing had happened. A numbered frame already handled is ignored, never
+ * emitted twice (counted in window.__owl.repeated).
  *
  * Voice, offered only when the server's HANDSHAKE_ACK lists the "audio"
  * capability (client.voiceAvailable; protocol.md, voice):
@@ -212,6 +223,36 @@ function tabStorage(action, key, value) {
     return null;
   }
   return null;
+}
+
+/* A frame's meta.seq: a whole number, or null when the frame is not numbered. */
+function frameSeq(frame) {
+  const seq = frame.meta ? frame.meta.seq : undefined;
+  return Number.isSafeInteger(seq) && seq >= 0 ? seq : null;
+}
+
+/*
+ * What this tab kept for its next socket: {token, lastSeq, text, busy}, or
+ * null. Stored as JSON; a plain token (kept before frames were numbered)
+ * still counts, with no lastSeq.
+ */
+function readResume(key) {
+  const stored = tabStorage("get", key);
+  if (!stored) return null;
+  let kept = null;
+  try {
+    kept = JSON.parse(stored);
+  } catch (err) {
+    // A plain token: tokens are never JSON objects.
+  }
+  if (!isObject(kept)) return { token: stored, lastSeq: null, text: "", busy: false };
+  if (!check.nonEmptyString(kept.token)) return null;
+  return {
+    token: kept.token,
+    lastSeq: Number.isSafeInteger(kept.lastSeq) && kept.lastSeq >= 0 ? kept.lastSeq : null,
+    text: typeof kept.text === "string" ? kept.text : "",
+    busy: kept.busy === true,
+  };
 }
 
 export function closeIsPermanent(code) {
@@ -430,6 +471,13 @@ export class OwlLayerClient {
     // Where this tab keeps its resume token (null: the session ends with its socket).
     this.resumeKey = options.resume === false ? null : "owllayer-resume:" + this.endpoint;
     this.resumed = false;
+    // The token this socket's ACK gave (null: nothing to keep), what this
+    // socket offered (readResume) and the meta.seq of the last frame handled.
+    this.resumeToken = null;
+    this.offered = null;
+    this.lastSeq = null;
+    // A turn the page started (or continued) that has not had its done frame.
+    this.turnOpen = false;
     this.tools = {};
     this.toolOrder = [];
     this.context = {};
@@ -482,7 +530,7 @@ export class OwlLayerClient {
     // What tests and the page can read; kept current by the client.
     this.wire = {
       state: "idle", activity: "idle", frames: [], sent: [], dropped: 0, droppedReasons: [],
-      connects: 0, closes: [], retryInMs: null, sessionId: null,
+      connects: 0, closes: [], retryInMs: null, sessionId: null, lastSeq: null, repeated: 0,
       voice: {
         state: "off", micRate: null, micChunks: 0, sentChunks: 0, sentBytes: 0, utterances: 0,
         receivedChunks: 0, scheduledChunks: 0, playedChunks: 0, played: [], stoppedChunks: 0,
@@ -604,7 +652,9 @@ export class OwlLayerClient {
     const generation = ++this.generation;
     this.acknowledged = false;
     this.errorShown = false;
-    this.agentText = "";
+    // The turn's text is kept until the ACK says whether the turn goes on.
+    this.resumeToken = null;
+    this.offered = null;
     this.sessionId = null;
     this.wire.sessionId = null;
     this.wire.connects += 1;
@@ -632,8 +682,11 @@ export class OwlLayerClient {
       protocolVersion: PROTOCOL_VERSION,
     };
     if (this.resumeKey) {
-      const token = tabStorage("get", this.resumeKey);
-      init.resume = token ? { token } : {};
+      const kept = readResume(this.resumeKey);
+      this.offered = kept;
+      init.resume = {};
+      if (kept) init.resume.token = kept.token;
+      if (kept && kept.lastSeq !== null) init.resume.lastSeq = kept.lastSeq;
     }
     this.send("HANDSHAKE_INIT", init);
     this.handshakeTimer = setTimeout(() => this.handshakeTimedOut(generation), HANDSHAKE_TIMEOUT_MS);
@@ -669,8 +722,9 @@ export class OwlLayerClient {
       return;
     }
     if (closeIsPermanent(code)) {
-      // The session is over for good: its token would only be refused.
-      if (this.resumeKey) tabStorage("remove", this.resumeKey);
+      // The session is over for good: its token would only be refused, and
+      // the numbers of its frames mean nothing to another session.
+      this.forgetResume();
       // protocol.md §10: no reconnect; show the reason unless the server
       // already explained itself with an error event.
       this.giveUp(reason || "The connection was refused (" + code + ").");
@@ -746,6 +800,7 @@ export class OwlLayerClient {
     }
     this.agentText = "";
     if (!this.send("USER_INPUT", { modality: "text", content: text })) return false;
+    this.turnOpen = true;
     this.setState("thinking");
     this.setActivity("thinking");
     return true;
@@ -827,11 +882,33 @@ export class OwlLayerClient {
       return;
     }
     const frame = checked.frame;
+    if (frame.type === "HANDSHAKE_ACK") {
+      // Its number is not compared: it says where this socket takes up.
+      this.log(this.wire.frames, frame);
+      this.emit("frame", frame);
+      this.onAck(frame.payload, frameSeq(frame));
+      return;
+    }
+    // Numbers count from the ACK: a frame before it (a refusal) is not compared.
+    const seq = this.acknowledged ? frameSeq(frame) : null;
+    if (seq !== null && this.lastSeq !== null && seq <= this.lastSeq) {
+      // Sent again after a reconnect, but this tab handled it already.
+      this.wire.repeated += 1;
+      return;
+    }
     this.log(this.wire.frames, frame);
     this.emit("frame", frame);
+    try {
+      this.handle(frame);
+    } finally {
+      // After the page was told: a reload from here on is offered what follows.
+      if (seq !== null) this.handled(seq);
+    }
+  }
+
+  handle(frame) {
     const payload = frame.payload;
     switch (frame.type) {
-      case "HANDSHAKE_ACK": return this.onAck(payload);
       case "TOOL_CALL": return this.onToolCall(payload);
       case "APPROVAL_REQUEST": return this.onServerApproval(payload);
       case "AGENT_RESPONSE": return this.onAgentResponse(payload);
@@ -842,7 +919,44 @@ export class OwlLayerClient {
     }
   }
 
-  onAck(payload) {
+  // --- continuing the session on the next socket (protocol.md §3a) ---
+
+  handled(seq) {
+    this.lastSeq = seq;
+    this.wire.lastSeq = seq;
+    this.keepResume();
+  }
+
+  /* Keep, for the next socket of this tab, the token, the last frame handled and the turn's text. */
+  keepResume() {
+    if (!this.resumeKey || !this.resumeToken) return;
+    const kept = { token: this.resumeToken };
+    if (this.lastSeq !== null) {
+      kept.lastSeq = this.lastSeq;
+      kept.text = this.agentText;
+      kept.busy = this.turnOpen;
+    }
+    tabStorage("set", this.resumeKey, JSON.stringify(kept));
+  }
+
+  forgetResume() {
+    this.resumeToken = null;
+    this.lastSeq = null;
+    this.wire.lastSeq = null;
+    if (this.resumeKey) tabStorage("remove", this.resumeKey);
+  }
+
+  /*
+   * Whether the server takes up where this tab left off: the session went
+   * on and the ACK's number is the lastSeq offered, so that the frames that
+   * follow are the ones the page has not handled yet.
+   */
+  takesUp(seq) {
+    const offered = this.offered;
+    return this.resumed && seq !== null && offered !== null && offered.lastSeq === seq;
+  }
+
+  onAck(payload, seq) {
     if (this.acknowledged) return;
     clearTimeout(this.handshakeTimer);
     this.acknowledged = true;
@@ -850,18 +964,36 @@ export class OwlLayerClient {
     this.sessionId = payload.sessionId;
     this.wire.sessionId = payload.sessionId;
     this.resumed = payload.resumed === true;
-    if (this.resumeKey && payload.resumeToken) tabStorage("set", this.resumeKey, payload.resumeToken);
+    const continued = this.takesUp(seq);
+    if (continued) {
+      // After a reload this page's memory is empty: the tab kept the turn.
+      this.agentText = this.offered.text;
+      this.turnOpen = this.offered.busy;
+    } else {
+      // A turn cut off here will not go on: its frames are not coming.
+      this.agentText = "";
+      this.turnOpen = false;
+    }
+    this.lastSeq = seq;
+    this.wire.lastSeq = seq;
+    this.resumeToken = payload.resumeToken || null;
+    if (this.resumeToken) this.keepResume();
+    // No token: this session cannot be continued, and an older one is spent.
+    else if (this.resumeKey) tabStorage("remove", this.resumeKey);
     this.maxActiveTools = payload.maxActiveTools || DEFAULT_MAX_ACTIVE_TOOLS;
     this.capabilities = payload.capabilities.slice();
     this.setVoiceState(this.voiceAvailable ? "ready" : "off");
-    this.setState("connected");
-    this.emit("connected", { sessionId: payload.sessionId, resumed: this.resumed });
+    // A turn that goes on is still being answered.
+    this.setState(this.turnOpen ? "thinking" : "connected");
+    if (this.turnOpen) this.setActivity("thinking");
+    this.emit("connected", { sessionId: payload.sessionId, resumed: this.resumed, continued });
     this.contextDirty = true;
     this.flushContext();
   }
 
   onAgentResponse(payload) {
     if (payload.done) {
+      this.turnOpen = false;
       // The closing frame carries the complete text; an empty one ends the
       // turn and keeps what the deltas built.
       if (payload.chunk) this.agentText = payload.chunk;
@@ -1032,6 +1164,7 @@ export class OwlLayerClient {
   sendInputEnd() {
     this.ending = false;
     if (!this.send("VOICE_INPUT_END", { reason: this.endReason || "user_stop" })) return;
+    this.turnOpen = true;
     this.setState("thinking");
     this.setActivity("thinking");
   }

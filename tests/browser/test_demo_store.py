@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from urllib.parse import quote
 
 import pytest
@@ -14,6 +15,7 @@ from playwright.async_api import Page, WebSocketRoute, expect
 
 from aitp import tenancy
 from aitp.models import ToolCall
+from tests.browser.conftest import eventually
 from tests.browser.store_support import (
     answers,
     nothing_dropped,
@@ -28,7 +30,14 @@ from tests.browser.store_support import (
     tool_names,
     tool_results,
 )
-from tests.support.fake_anthropic import text_response, tool_use_response
+from tests.support.fake_anthropic import (
+    JsonPiece,
+    StreamedMessage,
+    TextBlock,
+    ToolUseBlock,
+    text_response,
+    tool_use_response,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -512,6 +521,135 @@ async def test_after_a_reload_the_model_is_asked_with_what_was_said_before(llm_s
             if block["type"] == "text" and not block["text"].startswith("[page]")]
     assert said == ["My name is Ada.", "Nice to meet you, Ada.", "What is my name?"]
     assert (await entry_texts(page)).count("Nice to meet you, Ada.") == 1
+    await nothing_dropped(page)
+
+
+# A long answer the model writes slowly: word00 ... word79, one word a delta.
+WORDS = [f"word{number:02d}" for number in range(80)]
+WORD_DELTAS = [WORDS[0]] + [" " + word for word in WORDS[1:]]
+LONG_ANSWER = "".join(WORD_DELTAS)
+# The stream waits after this many deltas (after message_start,
+# content_block_start and the first ping) until the test lets it go on.
+DELTAS_BEFORE_THE_RELOAD = 20
+
+
+class HeldMessages:
+    """Routes a page's socket to the server, holding what the page sends until let_go()."""
+
+    def __init__(self) -> None:
+        self.held: list[str | bytes] = []
+        self.server: WebSocketRoute | None = None
+        self.going = False
+
+    def route(self, ws: WebSocketRoute) -> None:
+        self.server = ws.connect_to_server()
+        ws.on_message(self.to_server)
+
+    def to_server(self, message: str | bytes) -> None:
+        if self.going:
+            self.server.send(message)
+        else:
+            self.held.append(message)
+
+    def let_go(self) -> None:
+        self.going = True
+        for message in self.held:
+            self.server.send(message)
+
+
+def spoken(request: dict) -> list[str]:
+    """The conversation's text blocks in a Messages API request, without the page's."""
+    return [block["text"] for message in request["messages"] for block in message["content"]
+            if block["type"] == "text" and not block["text"].startswith("[page]")]
+
+
+async def test_a_reload_mid_answer_completes_the_answer_once_shows_it_once_and_the_next_question_has_its_context(
+        llm_store, model, page, shot):
+    go_on = threading.Event()
+    model.enqueue(
+        StreamedMessage(blocks=[TextBlock(WORD_DELTAS)], event_delay=0.05, hold=go_on,
+                        hold_after_events=3 + DELTAS_BEFORE_THE_RELOAD),
+        text_response("The last word was word79."),
+    )
+    await open_store(page, llm_store)
+    await send(page, "Tell me eighty words.")
+    before = "".join(WORD_DELTAS[:DELTAS_BEFORE_THE_RELOAD])
+    await expect(page.locator(".owl-msg-agent").last).to_have_text(before)
+    await shot("half-an-answer")
+
+    # The model goes on while the page reloads: some of what it writes reaches
+    # no page, the rest reaches the reloaded one.
+    go_on.set()
+    await page.reload()
+
+    await expect(answers(page)).to_have_count(1)
+    await expect(answers(page)).to_have_text(LONG_ANSWER)
+    await expect(page.locator(".owl-msg-note").last).to_have_text(
+        "The page was reloaded: the assistant goes on with the conversation above and finishes its answer.")
+    await expect(activity(page)).to_have_attribute("data-activity", "idle")
+    await shot("the-whole-answer")
+    texts = await entry_texts(page)
+    assert texts[1:3] == ["Tell me eighty words.", LONG_ANSWER]
+    assert sum("word00" in text for text in texts) == 1
+    # The reloaded page took up where the earlier one had got to: its ACK
+    # carries the number of the last frame handled, and the rest of the
+    # answer came after it, numbered on from there.
+    frames = await page.evaluate("window.__owl.frames")
+    assert frames[0]["type"] == "HANDSHAKE_ACK" and frames[0]["payload"]["resumed"] is True
+    start = frames[0]["meta"]["seq"]
+    assert start > 0
+    numbers = [f["meta"]["seq"] for f in frames[1:]]
+    assert numbers == list(range(start + 1, start + 1 + len(numbers)))
+    assert any(f["type"] == "AGENT_RESPONSE" and not f["payload"]["done"] for f in frames)
+    assert await page.evaluate("window.__owl.repeated") == 0
+
+    answer = await say(page, "Which word came last?")
+
+    assert answer == "The last word was word79."
+    assert len(model.requests) == 2
+    assert spoken(model.requests[-1]) == ["Tell me eighty words.", LONG_ANSWER, "Which word came last?"]
+    assert (await entry_texts(page)).count(LONG_ANSWER) == 1
+    await nothing_dropped(page)
+
+
+async def test_a_tool_call_made_while_the_page_reloads_is_run_once_by_the_reloaded_page(
+        llm_store, model, page, shot):
+    go_on = threading.Event()
+    model.enqueue(
+        # The words before the call, then the stream waits before the call.
+        StreamedMessage(blocks=[TextBlock(["Let me ", "open ", "your cart."]),
+                                ToolUseBlock("toolu_fake_cart", "open_cart", {}, [JsonPiece("{}")])],
+                        stop_reason="tool_use", hold=go_on, hold_after_events=3 + 3),
+        text_response("Here is your cart."),
+    )
+    await open_store(page, llm_store)
+    await send(page, "Show me my cart.")
+    await expect(page.locator(".owl-msg-agent").last).to_have_text("Let me open your cart.")
+
+    # The reloaded page's handshake waits until the call was made: the
+    # server sends it to no socket, then again to the new one.
+    handshake = HeldMessages()
+    await page.route_web_socket(re.compile(r"/owllayer\?"), handshake.route)
+    await page.reload()
+    await eventually(lambda: handshake.held, what="the reloaded page's handshake")
+    go_on.set()
+    await eventually(lambda: ToolCall.objects.filter(name="open_cart").aexists(), what="the call")
+    handshake.let_go()
+
+    await expect(answers(page)).to_have_text(["Here is your cart."])
+    await expect(page.locator("h1")).to_have_text("Your cart")
+    await expect(page.locator(".owl-msg-tool[data-tool=open_cart]")).to_have_count(1)
+    await expect(tool_line(page, "open_cart")).to_have_attribute("data-status", "success")
+    await shot("the-call-after-the-reload")
+    assert (await entry_texts(page))[1:] == [
+        "Show me my cart.", "Let me open your cart.",
+        "The page was reloaded: the assistant goes on with the conversation above and finishes its answer.",
+        "✓ open_cart done", "Here is your cart."]
+    [call] = await tool_calls("open_cart")
+    assert call.status == ToolCall.Status.SUCCESS
+    assert [f["type"] for f in await page.evaluate("window.__owl.frames")].count("TOOL_CALL") == 1
+    [result] = tool_results(model.requests[-1])
+    assert result_data(result)["url"] == "/demo/cart/"
     await nothing_dropped(page)
 
 

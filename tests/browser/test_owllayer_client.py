@@ -397,7 +397,9 @@ async def test_the_next_socket_of_the_tab_offers_the_token_its_last_ack_gave(fak
 
     assert [c.offered for c in fake.connections] == [{}, {"token": "ses_fake.token1"},
                                                      {"token": "ses_fake.token2"}]
-    assert await page.evaluate("window.connects") == [{"sessionId": "ses_fake", "resumed": True}]
+    # Frames without numbers: the session went on, but nothing says from where.
+    assert await page.evaluate("window.connects") == [{"sessionId": "ses_fake", "resumed": True,
+                                                       "continued": False}]
 
 
 async def test_a_final_close_forgets_the_token(fake_server, page):
@@ -411,6 +413,197 @@ async def test_a_final_close_forgets_the_token(fake_server, page):
     await eventually(lambda: page.evaluate("window.__owl.closes.length === 1"), what="the close")
 
     assert await page.evaluate("Object.keys(sessionStorage).filter((k) => k.startsWith('owllayer-resume'))") == []
+
+
+# --- numbered frames: a turn goes on across a drop and a reload (protocol.md §3a) ---
+
+RECORD_CONNECTS = "window.connects = []; client.on('connected', (e) => window.connects.push(e));"
+RESUME_KEY = "'owllayer-resume:' + client.endpoint"
+
+
+def numbered(text: str, seq: int) -> str:
+    """A frame as the server sends it to a client that offered to resume."""
+    body = json.loads(text)
+    body["meta"] = {"seq": seq}
+    return json.dumps(body)
+
+
+def answer(chunk: str, done: bool, seq: int) -> str:
+    return numbered(frame("AGENT_RESPONSE", {"chunk": chunk, "done": done}), seq)
+
+
+async def offered(connection: FakeConnection) -> dict:
+    """Read the handshake; keep what it offered to continue as connection.offered."""
+    init = await connection.recv_type("HANDSHAKE_INIT")
+    connection.offered = init["payload"]["resume"]
+    return connection.offered
+
+
+async def stored_resume(page) -> dict | None:
+    return await page.evaluate(f"JSON.parse(sessionStorage.getItem({RESUME_KEY}))")
+
+
+async def test_the_next_socket_and_the_one_after_a_reload_offer_the_last_frame_handled_and_the_answer_goes_on(
+        fake_server, page):
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        number = len(fake.connections)
+        if number == 1:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
+            await connection.recv_type("USER_INPUT")
+            await connection.send(answer("Hel", False, 1))
+            await connection.send(answer("lo", False, 2))
+            await connection.ws.close(1001, "going away")
+        elif number == 2:
+            # The same process: it takes up at the number offered.
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=True), 2))
+            await connection.send(answer(" there", False, 3))
+        else:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token3", resumed=True), 3))
+            await connection.send(answer("", True, 4))
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_EVENTS + RECORD_CONNECTS)
+    await eventually(lambda: page.evaluate("window.__owl.state === 'connected'"), what="the first ack")
+    assert await page.evaluate("client.sendText('hello')") is True
+    await eventually(lambda: page.evaluate("window.__owl.lastSeq === 3"), what="the frame after the reconnect")
+
+    assert await page.evaluate("window.agentEvents") == [
+        {"text": "Hel", "done": False}, {"text": "Hello", "done": False},
+        {"text": "Hello there", "done": False},
+    ]
+    assert await page.evaluate("window.connects") == [
+        {"sessionId": "ses_fake", "resumed": False, "continued": False},
+        {"sessionId": "ses_fake", "resumed": True, "continued": True},
+    ]
+    # The turn the drop cut goes on: still thinking.
+    assert await page.evaluate("window.__owl.state") == "thinking"
+    assert await stored_resume(page) == {"token": "ses_fake.token2", "lastSeq": 3, "text": "Hello there",
+                                         "busy": True}
+
+    await page.reload()  # the same tab: its sessionStorage is kept
+    await eventually(lambda: page.evaluate("window.agentEvents.length === 1"), what="the end of the answer")
+
+    assert [c.offered for c in fake.connections] == [
+        {}, {"token": "ses_fake.token1", "lastSeq": 2}, {"token": "ses_fake.token2", "lastSeq": 3},
+    ]
+    # The reloaded page is told the whole answer, not only what came after the reload.
+    assert await page.evaluate("window.agentEvents") == [{"text": "Hello there", "done": True}]
+    assert await page.evaluate("window.connects") == [
+        {"sessionId": "ses_fake", "resumed": True, "continued": True},
+    ]
+    assert await page.evaluate("window.states") == ["connecting", "thinking", "connected"]
+    assert await stored_resume(page) == {"token": "ses_fake.token3", "lastSeq": 4, "text": "", "busy": False}
+
+
+async def test_a_numbered_frame_the_tab_already_handled_is_not_emitted_or_run_again(fake_server, page):
+    call = numbered(frame("TOOL_CALL", {"callId": "tc_1", "name": "add_to_cart", "args": {"quantity": 1}}), 1)
+    said = answer("Added", False, 2)
+
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        if len(fake.connections) == 1:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
+            await connection.send(call)
+            await connection.send(said)
+            await connection.recv_type("TOOL_RESULT")
+            await connection.ws.close(1001, "going away")
+        else:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=True), 2))
+            # Sent again: twice what the tab handled before the drop, once what it just handled.
+            for text in (call, said, answer("Added.", True, 3), answer("Added.", True, 3)):
+                await connection.send(text)
+
+    fake = await fake_server(script)
+    setup = "window.calls = 0;" + register(ADD_TO_CART, "() => { window.calls += 1; return null; }")
+    await open_client_page(page, fake, RECORD_EVENTS + setup)
+    await eventually(lambda: page.evaluate("window.__owl.repeated === 3"), timeout=20, what="three repeats")
+
+    assert await page.evaluate("window.calls") == 1
+    assert len(sent(fake.connections[0], "TOOL_RESULT")) == 1
+    assert sent(fake.connections[1], "TOOL_RESULT") == []
+    assert await page.evaluate("window.agentEvents") == [
+        {"text": "Added", "done": False}, {"text": "Added.", "done": True},
+    ]
+    owl = await page.evaluate("window.__owl")
+    assert [f["type"] for f in owl["frames"]] == [
+        "HANDSHAKE_ACK", "TOOL_CALL", "AGENT_RESPONSE", "HANDSHAKE_ACK", "AGENT_RESPONSE",
+    ]
+    assert owl["lastSeq"] == 3
+    assert owl["dropped"] == 0
+
+
+@pytest.mark.parametrize("resumed, ack_seq", [(False, 0), (True, 7)], ids=["new-session", "other-process"])
+async def test_a_socket_that_does_not_take_up_where_the_tab_left_off_starts_the_answer_afresh(
+        fake_server, page, resumed, ack_seq):
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        if len(fake.connections) == 1:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
+            await connection.send(answer("Hel", False, 1))
+            await connection.send(answer("lo", False, 2))
+            await connection.ws.close(1001, "going away")
+        else:
+            # Its numbers start at the ACK's, lower or higher than the tab's.
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=resumed), ack_seq))
+            await connection.send(answer("New", False, ack_seq + 1))
+            await connection.send(answer("", True, ack_seq + 2))
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_CONNECTS)
+    await eventually(lambda: page.evaluate("window.agentEvents.length === 4"), timeout=20,
+                     what="the second socket's answer")
+
+    assert fake.connections[1].offered == {"token": "ses_fake.token1", "lastSeq": 2}
+    assert await page.evaluate("window.connects.at(-1)") == {
+        "sessionId": "ses_fake", "resumed": resumed, "continued": False}
+    assert await page.evaluate("window.agentEvents") == [
+        {"text": "Hel", "done": False}, {"text": "Hello", "done": False},
+        {"text": "New", "done": False}, {"text": "New", "done": True},
+    ]
+    assert await page.evaluate("[window.__owl.lastSeq, window.__owl.repeated]") == [ack_seq + 2, 0]
+
+
+async def test_a_final_close_forgets_the_last_frame_handled_with_the_token(fake_server, page):
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        if len(fake.connections) == 1:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
+            await connection.send(answer("Hi", False, 1))
+            await connection.ws.close(1008, "ended by an operator")
+        else:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=False), 0))
+            await connection.send(answer("Fresh", True, 1))
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake)
+    await eventually(lambda: page.evaluate("window.__owl.closes.length === 1"), what="the close")
+    assert await page.evaluate("Object.keys(sessionStorage).filter((k) => k.startsWith('owllayer-resume'))") == []
+    assert await page.evaluate("window.__owl.lastSeq") is None
+
+    await page.evaluate("client.connect()")
+    await eventually(lambda: page.evaluate("window.agentEvents.length === 2"), what="the new session's answer")
+
+    assert fake.connections[1].offered == {}
+    assert await page.evaluate("window.agentEvents") == [
+        {"text": "Hi", "done": False}, {"text": "Fresh", "done": True},
+    ]
+
+
+async def test_a_token_kept_before_frames_were_numbered_is_still_offered(fake_server, page):
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=True), 5))
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_CONNECTS + f"sessionStorage.setItem({RESUME_KEY}, 'ses_fake.old');")
+    await eventually(lambda: page.evaluate("window.connects.length === 1"), what="the ack")
+
+    assert fake.connections[0].offered == {"token": "ses_fake.old"}
+    # Nothing said where the tab had got to: the server's numbers are taken as they are.
+    assert await page.evaluate("window.connects") == [
+        {"sessionId": "ses_fake", "resumed": True, "continued": False}]
+    assert await stored_resume(page) == {"token": "ses_fake.token2", "lastSeq": 5, "text": "", "busy": False}
 
 
 async def test_a_client_told_not_to_resume_offers_nothing(fake_server, page):

@@ -5,8 +5,17 @@
  * the agent's answers (Markdown, see markdown.js; a spoken one the shopper
  * talked over is marked as cut), one line per tool call, notes and errors. Each is drawn as DOM nodes, never
  * from HTML, and the visible transcript is kept in sessionStorage, so a
- * reload shows it again (the server's session after a reload is a new one:
- * the assistant does not remember it, and a note says so).
+ * reload shows it again. The server's session goes on after a reload (the
+ * assistant remembers what was said; a note says whether it did).
+ *
+ * The transcript is saved each time the client tells the page something,
+ * in the same task, so it always matches the last frame the client handled
+ * (the one its next socket asks to go on from). The turn being answered is
+ * kept with it: the answer bubble being written is marked "streaming", the
+ * turn's failed tool lines carry their "failure", and `turn` holds the
+ * turn's text so far and how much of it earlier bubbles show. After a reload
+ * whose session takes up where it was, the rest of the answer goes on in
+ * the same bubble (store.js); otherwise it stays as it was.
  *
  * The panel can be minimised to a launcher button; the choice is kept too.
  * On a narrow screen it floats over the page and starts minimised.
@@ -14,6 +23,7 @@
 import { renderMarkdown } from "./markdown.js";
 
 const TRANSCRIPT_KEY = "owl-demo-transcript";
+const TURN_KEY = "owl-demo-turn";
 const PANEL_KEY = "owl-demo-panel";
 // Enough for a long visit; older entries are dropped from storage first.
 const MAX_KEPT_ENTRIES = 200;
@@ -43,6 +53,9 @@ export class ChatPanel {
     this.launcher = document.getElementById("owl-launcher");
     this.entries = [];
     this.nodes = new Map();
+    // The turn being answered (see the top of this file): its text so far and
+    // how much of it earlier bubbles show; store.js keeps it current.
+    this.turn = { shownBefore: 0, text: "" };
 
     document.getElementById("owl-minimise").addEventListener("click", () => this.setOpen(false));
     this.launcher.addEventListener("click", () => {
@@ -127,15 +140,22 @@ export class ChatPanel {
 
   save() {
     store(TRANSCRIPT_KEY, this.entries.slice(-MAX_KEPT_ENTRIES));
+    store(TURN_KEY, this.turn);
   }
 
   /*
    * Show what this tab's earlier pages showed. A call still running then
-   * can no longer be answered; an answer cut off mid-stream stays as it was.
-   * True when there was something to show.
+   * can no longer be answered (its line says so); the answer being written
+   * stays open until the connection says whether it goes on (see
+   * streaming() and endTurn()). True when there was something to show.
    */
   restore() {
     const kept = readStored(TRANSCRIPT_KEY, []);
+    const turn = readStored(TURN_KEY, null);
+    if (turn && Number.isSafeInteger(turn.shownBefore) && turn.shownBefore >= 0 &&
+        typeof turn.text === "string") {
+      this.turn = { shownBefore: turn.shownBefore, text: turn.text };
+    }
     if (!Array.isArray(kept) || !kept.length) return false;
     for (const entry of kept) {
       if (!entry || typeof entry.kind !== "string" || typeof entry.text !== "string") continue;
@@ -144,10 +164,35 @@ export class ChatPanel {
         entry.status = "lost";
         entry.text = "✗ " + entry.summary + ": the page was reloaded";
       }
-      if (entry.kind === "agent") entry.done = true;
+      if (entry.kind === "agent" && !entry.streaming) entry.done = true;
       this.add(entry);
     }
     this.save();
     return true;
+  }
+
+  /* The answer bubble being written when the page was left, or null. */
+  streaming() {
+    return this.entries.findLast((entry) => entry.kind === "agent" && entry.streaming) || null;
+  }
+
+  /* The turn's failed tool lines: [{entry, error}]. */
+  failures() {
+    return this.entries.filter((entry) => entry.kind === "tool" && typeof entry.failure === "string")
+      .map((entry) => ({ entry, error: entry.failure }));
+  }
+
+  /* The turn is over (answered, or cut off for good): nothing of it stays open. */
+  endTurn() {
+    for (const entry of this.entries) {
+      if (entry.streaming) {
+        delete entry.streaming;
+        // Cut off: it stays as it was, as the turn's last bubble.
+        entry.done = true;
+        this.update(entry);
+      }
+      delete entry.failure;
+    }
+    this.turn = { shownBefore: 0, text: "" };
   }
 }

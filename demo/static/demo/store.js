@@ -11,6 +11,14 @@
  * The chat panel itself (entries, Markdown, the kept transcript, the
  * launcher) is chat.js; this module tells it what happens.
  *
+ * A reload or a lost connection in the middle of an answer does not cut
+ * it: the session goes on, the client is sent the frames it missed, and
+ * the answer goes on in the bubble it was being written in (each step is
+ * saved as it is shown, so the kept transcript and the client's last
+ * handled frame agree). A tool call the page had not run yet is run once,
+ * after the reload. When the connection does not take up where it was (a
+ * new session), the answer stays as far as it got.
+ *
  * Voice, when the server offers it: the microphone button starts an
  * utterance and sends it on the second click; what the assistant heard
  * becomes the shopper's bubble, its answer is spoken and written, and
@@ -341,28 +349,35 @@ function showActivity(event) {
 
 function showAnswer(event) {
   turnText = event.text;
+  chat.turn = { shownBefore, text: turnText };
   // The closing frame may carry a text that is not the deltas' (a server
   // that sends only the whole answer): then it all belongs to this bubble.
   const from = event.text.length >= shownBefore ? shownBefore : 0;
   const text = event.text.slice(from).trim();
-  if (!agentEntry && text) agentEntry = chat.add({ kind: "agent", text: "" });
+  if (!agentEntry && text) agentEntry = chat.add({ kind: "agent", text: "", streaming: true });
   if (agentEntry) spokenAnswer = agentEntry;
   if (agentEntry) {
     agentEntry.text = text;
     agentEntry.done = event.done;
+    if (event.done) delete agentEntry.streaming;
     chat.update(agentEntry);
   }
   if (event.done) {
     if (agentEntry && !text) chat.remove(agentEntry);
     finishTurn(event.text);
+    return;
   }
+  // As far as the client got: a reload from here goes on from here.
+  chat.save();
 }
 
 /* The text so far stays in its bubble; what follows the call gets a new one. */
 function closeBubble() {
   // Not marked done: data-done is the turn's last bubble, its answer.
+  if (agentEntry) delete agentEntry.streaming;
   agentEntry = null;
   shownBefore = turnText.length;
+  chat.turn = { shownBefore, text: turnText };
 }
 
 function finishTurn(finalText) {
@@ -381,6 +396,15 @@ function startTurn() {
   shownBefore = 0;
   turnText = "";
   turnFailures = [];
+  chat.endTurn();
+}
+
+/* After a reload: the turn the earlier page was answering, as it left it. */
+function takeUpKeptTurn() {
+  agentEntry = chat.streaming();
+  shownBefore = chat.turn.shownBefore;
+  turnText = chat.turn.text;
+  turnFailures = chat.failures();
 }
 
 // --- one line per tool call ---
@@ -407,6 +431,7 @@ function toolFinished(event) {
   } else if ("error" in event.outcome) {
     entry.status = "error";
     entry.text = "✗ " + entry.summary + " failed: " + event.outcome.error;
+    entry.failure = event.outcome.error;
     turnFailures.push({ entry, error: event.outcome.error });
   } else {
     entry.status = "success";
@@ -553,6 +578,12 @@ function connectAssistant() {
     }
   });
   client.on("connected", (event) => {
+    // A new session, or one that cannot send what was missed: the answer
+    // cut off stays as far as it got.
+    if (!event.continued) {
+      startTurn();
+      chat.save();
+    }
     noteReload(event);
     if (lostConnection) showMessage("note", event.resumed ? "Reconnected: the conversation goes on." : "Reconnected.");
     lostConnection = false;
@@ -564,11 +595,10 @@ function connectAssistant() {
     if (event.ended) showMessage("note", event.message);
     else showMessage("error", plainError(event));
   });
-  // A turn cut off by a lost connection will not finish: start afresh, and
-  // say so for the calls it left running (their answers can reach no one).
+  // The calls a lost connection left running can no longer be answered
+  // (their answers can reach no one): say so. The answer may go on after
+  // the reconnect ("connected" decides).
   client.on("close", () => {
-    if (agentEntry) closeBubble();
-    startTurn();
     toolEntries.forEach((entry) => {
       entry.status = "lost";
       entry.text = "✗ " + entry.summary + ": the connection was lost";
@@ -596,9 +626,9 @@ function connectAssistant() {
     const text = input.value;
     if (client.sendText(text)) {
       startVoiceTurn();
+      startTurn();
       showMessage("user", text.trim());
       input.value = "";
-      startTurn();
     }
   });
   syncAssistant();
@@ -606,15 +636,20 @@ function connectAssistant() {
 }
 
 // After a reload, the first connection says whether the assistant goes on
-// with the conversation shown (the server continued the session) or not.
+// with the conversation shown (the server continued the session) or not,
+// and with the answer it was writing, if any.
 let reloaded = chat.restore();
+if (reloaded) takeUpKeptTurn();
 function noteReload(event) {
   if (!reloaded) return;
   reloaded = false;
-  showMessage("note", event.resumed
-    ? "The page was reloaded: the assistant goes on with the conversation above."
-    : "The page was reloaded: the conversation above is kept here, but the " +
-      "assistant starts a new one and does not remember it.", { keep: false });
+  let note = "The page was reloaded: the conversation above is kept here, but the " +
+    "assistant starts a new one and does not remember it.";
+  if (event.resumed) note = "The page was reloaded: the assistant goes on with the conversation above.";
+  if (event.continued && client.state === "thinking") {
+    note = "The page was reloaded: the assistant goes on with the conversation above and finishes its answer.";
+  }
+  showMessage("note", note, { keep: false });
 }
 if (config.apiKey) {
   connectAssistant();
