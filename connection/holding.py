@@ -198,13 +198,21 @@ async def continue_held(new: ConnectionRunner, raw_key: str, token: resume.Resum
     if new.teardown_task is not None or new.closed:
         return True  # the new socket is gone already: the session stays held
     held._release()
-    position = runner.machine.outbox.position(last_seq)
-    new.machine.accept_handshake(token.session_id, resume_token=following.text, resumed=True,
-                                 numbered_from=position)
-    await new.flush()
-    socket, groups = new.give_up_socket()
-    socket.take_over(runner)
-    await _attach(runner, socket, groups, position, held)
+    try:
+        position = runner.machine.outbox.position(last_seq)
+        new.machine.capabilities = runner.machine.capabilities
+        new.machine.accept_handshake(token.session_id, resume_token=following.text, resumed=True,
+                                     numbered_from=position)
+        await new.flush()
+        socket, groups = new.give_up_socket()
+        socket.take_over(runner)
+        await _attach(runner, socket, groups, position, held)
+    except BaseException:
+        # The session is neither held nor the new socket's: it ends as its drop would have ended it.
+        runner.closed = True
+        runner.machine.close_now(held.code, "client disconnected")
+        runner.start_teardown(held.code, "client disconnected")
+        raise
     return True
 
 
@@ -222,7 +230,8 @@ async def _attach(runner: ConnectionRunner, socket: Any, groups: list[str], posi
     outbox = runner.machine.outbox
     sent = position
     while True:
-        runner.machine.data_to_send()
+        for text in runner.machine.data_to_send():
+            runner.show_sent(text)  # kept in the outbox; the watchers see it now
         missed = outbox.after(sent)
         if not missed:
             break

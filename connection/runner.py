@@ -217,15 +217,18 @@ class ConnectionRunner:
             if self.closed:
                 return
             await self.socket.send(text_data=frame)
-            if self.feed is not None:
-                with _watch_step(self.machine):
-                    self.feed.outbound(frame)
+            self.show_sent(frame)
         if self.machine.close is not None and not self.closed:
             self.closed = True
             await self.socket.close(code=self.machine.close.code, reason=self.machine.close.reason)
             # Teardown cancels the turn and the timers, and this flush may be
             # running inside one of them: do it in a task of its own.
             self.start_teardown(self.machine.close.code, self.machine.close.reason)
+
+    def show_sent(self, frame: str) -> None:
+        if self.feed is not None:
+            with _watch_step(self.machine):
+                self.feed.outbound(frame)
 
     # --- notifications from the channel layer ---------------------------------------------
 

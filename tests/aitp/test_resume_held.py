@@ -92,6 +92,7 @@ async def test_an_answer_streaming_when_the_socket_drops_completes_once_on_the_n
     rest = await until_done(second)
 
     assert again["payload"]["resumed"] is True and again["payload"]["sessionId"] == session_id
+    assert again["payload"]["capabilities"] == ack["payload"]["capabilities"]
     assert again["meta"]["seq"] == first.last_seq
     assert text_of(seen) + text_of(rest) == ANSWER
     assert [f["meta"]["seq"] for f in rest] == list(range(first.last_seq + 1, first.last_seq + 1 + len(rest)))
