@@ -134,16 +134,25 @@ async def test_a_page_that_handled_everything_is_sent_nothing_again(llm, connect
     await second.close()
 
 
-async def test_a_tool_call_the_page_never_handled_is_sent_again_once_and_its_answer_taken(
-        llm, connect, api_key):
-    llm.enqueue(tool_use_response([("toolu_again", "add_to_cart", {"quantity": 1})]),
-                text_response("Added."))
+async def held_with_a_call(llm, connect, api_key, tool_use_id: str, answer: str):
+    """A page asked for a call, got its TOOL_CALL, and dropped: (first page, ack, the call)."""
+    llm.enqueue(tool_use_response([(tool_use_id, "add_to_cart", {"quantity": 1})]), text_response(answer))
     first, ack = await opened(connect, api_key.raw, {})
     await first.context(tools=[ADD_TO_CART])
     await first.send("USER_INPUT", {"modality": "text", "content": "Add one."})
     call = await first.recv_until("TOOL_CALL", SOON)
-    before = call["meta"]["seq"] - 1  # the page lost the call with its network
     await held_after(first, ack["payload"]["sessionId"])
+    return first, ack, call
+
+
+def results_told(llm) -> list[dict]:
+    return [b for m in llm.requests[-1]["messages"] for b in m["content"] if b["type"] == "tool_result"]
+
+
+async def test_a_tool_call_the_page_never_handled_is_sent_again_once_and_its_answer_taken(
+        llm, connect, api_key):
+    first, ack, call = await held_with_a_call(llm, connect, api_key, "toolu_again", "Added.")
+    before = call["meta"]["seq"] - 1  # the page lost the call with its network
 
     second, _ = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"], "lastSeq": before})
     again = await second.recv_until("TOOL_CALL", SOON)
@@ -155,20 +164,15 @@ async def test_a_tool_call_the_page_never_handled_is_sent_again_once_and_its_ans
     assert text_of(frames) == "Added." and not [f for f in frames if f["type"] == "TOOL_CALL"]
     row = await ToolCall.objects.aget(call_id=call["payload"]["callId"])
     assert row.status == "success"
-    tool_results = [b for m in llm.requests[-1]["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    tool_results = results_told(llm)
     assert len(tool_results) == 1 and not tool_results[0].get("is_error")
     await second.close()
 
 
 async def test_a_tool_call_the_page_handled_and_never_answered_ends_disconnected_and_is_not_sent_again(
         llm, connect, api_key):
-    llm.enqueue(tool_use_response([("toolu_lost", "add_to_cart", {"quantity": 1})]),
-                text_response("I cannot tell whether it was added."))
-    first, ack = await opened(connect, api_key.raw, {})
-    await first.context(tools=[ADD_TO_CART])
-    await first.send("USER_INPUT", {"modality": "text", "content": "Add one."})
-    call = await first.recv_until("TOOL_CALL", SOON)
-    await held_after(first, ack["payload"]["sessionId"])
+    first, ack, call = await held_with_a_call(llm, connect, api_key, "toolu_lost",
+                                              "I cannot tell whether it was added.")
 
     second, _ = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"],
                                                     "lastSeq": first.last_seq})
@@ -178,19 +182,14 @@ async def test_a_tool_call_the_page_handled_and_never_answered_ends_disconnected
     assert text_of(frames) == "I cannot tell whether it was added."
     row = await ToolCall.objects.aget(call_id=call["payload"]["callId"])
     assert row.status == "disconnected"
-    tool_results = [b for m in llm.requests[-1]["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    tool_results = results_told(llm)
     assert len(tool_results) == 1 and tool_results[0]["is_error"] is True
     assert "may or may not have run" in str(tool_results[0]["content"])
     await second.close()
 
 
 async def test_an_answer_for_a_call_of_the_dropped_socket_is_taken_once_on_the_next(llm, connect, api_key):
-    llm.enqueue(tool_use_response([("toolu_late", "add_to_cart", {"quantity": 1})]), text_response("Added."))
-    first, ack = await opened(connect, api_key.raw, {})
-    await first.context(tools=[ADD_TO_CART])
-    await first.send("USER_INPUT", {"modality": "text", "content": "Add one."})
-    call = await first.recv_until("TOOL_CALL", SOON)
-    await held_after(first, ack["payload"]["sessionId"])
+    first, ack, call = await held_with_a_call(llm, connect, api_key, "toolu_late", "Added.")
 
     # The page ran the call; its answer goes out on the next socket, before it says what it handled.
     second, _ = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"],

@@ -70,9 +70,8 @@ async def test_a_page_back_on_the_same_process_goes_on_from_the_last_frame_it_ha
     await again.close()
 
 
-async def test_a_session_closed_with_its_socket_is_continued_on_another_process(daphne_factory, raw_key):
-    first = daphne_factory(OWLLAYER_RESUME_HOLD_SECONDS="0")
-    second = daphne_factory(OWLLAYER_RESUME_HOLD_SECONDS="0")
+async def reloaded_on_the_other(first, second, raw_key: str) -> None:
+    """A page that talked on ``first`` reloads and reaches ``second``: its conversation goes on there."""
     page, ack = await talked(first, raw_key)
     await page.close(1001)
 
@@ -82,6 +81,11 @@ async def test_a_session_closed_with_its_socket_is_continued_on_another_process(
     row = await Session.objects.aget(id=ack["sessionId"])
     assert row.resumes == 1 and row.ended_at is None and f":{second.process.pid}:" in row.process
     await again.close()
+
+
+async def test_a_session_closed_with_its_socket_is_continued_on_another_process(daphne_factory, raw_key):
+    await reloaded_on_the_other(daphne_factory(OWLLAYER_RESUME_HOLD_SECONDS="0"),
+                                daphne_factory(OWLLAYER_RESUME_HOLD_SECONDS="0"), raw_key)
 
 
 @pytest.mark.redis
@@ -89,16 +93,7 @@ async def test_a_session_its_process_holds_is_let_go_to_the_process_the_next_soc
         daphne_factory, raw_key):
     # The process holding the session is asked through the channel layer:
     # several processes share one only on Redis.
-    first, second = daphne_factory(), daphne_factory()
-    page, ack = await talked(first, raw_key)
-    await page.close(1001)
-
-    again = await continued_on(second, raw_key, ack)
-
-    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
-    row = await Session.objects.aget(id=ack["sessionId"])
-    assert row.resumes == 1 and row.ended_at is None and f":{second.process.pid}:" in row.process
-    await again.close()
+    await reloaded_on_the_other(daphne_factory(), daphne_factory(), raw_key)
 
 
 async def test_a_session_the_drain_of_a_stopping_process_closed_goes_on_on_the_one_that_stays(
