@@ -114,6 +114,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self.shutdown(processes.SHUTDOWN_MESSAGE)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.runner is None:
+            return  # let go of its session, closing
         data = text_data if text_data is not None else bytes_data
         if not await self.runner.rate_limits.allow_frame(self.machine):
             self.machine.frame_dropped(data or "")  # dropped, not parsed
@@ -136,6 +138,11 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
                 _internal_error(self.machine)
         await self.runner.flush()
 
+    def let_go(self) -> None:
+        """Its session is held for a newer socket (``connection.holding``):
+        whatever this socket still sends or is told, it is no longer the session's."""
+        self.runner = None
+
     def take_over(self, runner: Runner) -> None:
         """The session this socket continues was held by another runner of
         this process (``connection.holding``): that runner is this
@@ -145,10 +152,12 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
     # --- notifications from the channel layer -----------------------------------
 
     async def key_changed(self, event: dict) -> None:
-        await self.runner.recheck_key()
+        if self.runner is not None:
+            await self.runner.recheck_key()
 
     async def session_command(self, event: dict) -> None:
-        await self.runner.command(event)
+        if self.runner is not None:
+            await self.runner.command(event)
 
     # --- teardown -------------------------------------------------------------------
 
@@ -169,7 +178,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         """The server is stopping (``aitp.processes`` drains every live
         connection): the page is told, the socket closes with 1001 and the
         connection ends as a disconnect does."""
-        await self.runner.shutdown(message)
+        if self.runner is not None:
+            await self.runner.shutdown(message)
 
 
 def _internal_error(machine: SessionMachine) -> None:

@@ -36,8 +36,24 @@ class Outbox:
     max_bytes: int = MAX_BYTES
     _frames: deque[tuple[int, str]] = field(default_factory=deque)
     _bytes: int = 0
+    # The envelope id of the last USER_INPUT taken from the client.
+    last_input: str | None = None
     # (number, callId) of the latest call frames.
     _calls: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=MAX_CALLS))
+
+    def ack_meta(self, last_input: str | None = None) -> dict:
+        """The HANDSHAKE_ACK's ``meta``: where the count starts, and the id of
+        the last USER_INPUT the session took (a continued one: the client
+        sends again one it sent later, which never arrived)."""
+        return {"seq": self.seq, **({"lastInput": last_input} if last_input else {})}
+
+    def repeated(self, input_id: str) -> bool:
+        """Whether a USER_INPUT is the one taken last, sent again on a new
+        socket; otherwise it is taken now."""
+        if input_id == self.last_input:
+            return True
+        self.last_input = input_id
+        return False
 
     def numbered(self, message: p.Message) -> str:
         """The frame of ``message`` with the next number, kept."""

@@ -219,17 +219,15 @@ class SessionMachine:
             self.error("voice_unavailable", "voice is not available on this server",
                        message_id=message.id)
             return []
+        if message.type is p.MessageType.USER_INPUT and self.outbox is not None and self.outbox.repeated(message.id):
+            return []  # sent again on a new socket, but taken once already (aitp.outbox)
         return _OPEN_HANDLERS[message.type](self, message)
 
     def _awaiting_handshake(self, message: p.Message) -> list[Event]:
         if message.type is p.MessageType.HANDSHAKE_INIT and not self.handshake_pending:
             self.invalid_in_a_row = 0
             return self._handshake(cast(p.HandshakeInit, message.payload))
-        self._invalid(
-            "handshake_required",
-            "send HANDSHAKE_INIT before any other message",
-            message_id=message.id,
-        )
+        self._invalid("handshake_required", "send HANDSHAKE_INIT before any other message", message_id=message.id)
         return []
 
     def _already_open(self, message: p.Message) -> list[Event]:
@@ -351,7 +349,8 @@ class SessionMachine:
     # --- decisions from the consumer ------------------------------------------
 
     def accept_handshake(self, session_id: str, *, resume_token: str | None = None,
-                         resumed: bool | None = None, numbered_from: int = 0) -> None:
+                         resumed: bool | None = None, numbered_from: int = 0,
+                         last_input: str | None = None) -> None:
         """``resume_token`` (and ``resumed``): only to a client that offered
         to resume, whose frames are numbered after ``numbered_from``."""
         assert self.state is State.AWAITING_HANDSHAKE and self.handshake_pending
@@ -364,7 +363,7 @@ class SessionMachine:
         )
         if resume_token is not None:
             self.outbox = Outbox(seq=numbered_from)
-            ack = replace(ack, meta={"seq": numbered_from})  # where the numbers start
+            ack = replace(ack, meta=self.outbox.ack_meta(last_input))  # where the numbers start
         self._outgoing.append(p.serialize(ack))
 
     def refuse(self, code: str, message: str, reason: str, *, close_code: int = CLOSE_POLICY) -> None:

@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from aitp import notify, processes, resume, store
-from aitp.close_codes import CLOSE_NORMAL
+from aitp import protocol as p
+from aitp.close_codes import CLOSE_CONTINUED_ELSEWHERE, CLOSE_NORMAL
+from aitp.operator_commands import CONTINUED_ELSEWHERE, SUPERSEDED
 from runtime.config import config
 from runtime.db import db_call
 
@@ -80,6 +82,30 @@ async def hold(runner: ConnectionRunner, code: int) -> bool:
 
 def holding(session_id: str) -> bool:
     return session_id in _held
+
+
+async def superseded(runner: ConnectionRunner, event: dict) -> bool:
+    """A newer socket on this process offered the session's token while this
+    socket still looked open (a network drop the server has not seen yet, a
+    reload, a copy of the tab): this socket is told and closed (4409), and
+    the session held for the newer one, which then gets what this one
+    missed. True when done here; False: the command is carried out as any
+    other (a newer socket on another process: the session ends here)."""
+    if event.get("command") != SUPERSEDED or event.get("process") != processes.current_id():
+        return False
+    if isinstance(runner.socket, HeldSocket):
+        return True  # held already: the newer socket takes it
+    if not may_hold(runner, CLOSE_CONTINUED_ELSEWHERE):
+        return False
+    old = runner.socket
+    goodbye = p.serialize(p.system_event("disconnect", message=CONTINUED_ELSEWHERE))
+    with contextlib.suppress(Exception):  # a socket that is gone hears nothing
+        await old.send(text_data=goodbye)
+        await old.close(code=CLOSE_CONTINUED_ELSEWHERE, reason="continued on another socket")
+    if not await hold(runner, CLOSE_CONTINUED_ELSEWHERE):
+        return False
+    old.let_go()
+    return True
 
 
 class HeldSocket:
@@ -202,7 +228,7 @@ async def continue_held(new: ConnectionRunner, raw_key: str, token: resume.Resum
         position = runner.machine.outbox.position(last_seq)
         new.machine.capabilities = runner.machine.capabilities
         new.machine.accept_handshake(token.session_id, resume_token=following.text, resumed=True,
-                                     numbered_from=position)
+                                     numbered_from=position, last_input=runner.machine.outbox.last_input)
         await new.flush()
         socket, groups = new.give_up_socket()
         socket.take_over(runner)

@@ -118,7 +118,7 @@ async def continue_session(raw_key: str, token: resume.ResumeToken,
         if loop.time() >= ask_again:
             ask_again = loop.time() + SUPERSEDE_EVERY
             await notify.asend(notify.session_group(token.session_id), "session.command",
-                               command=SUPERSEDED)
+                               command=SUPERSEDED, process=processes.current_id())
         if loop.time() >= give_up:
             return NOT_RESUMABLE
         await asyncio.sleep(RESUME_ASK_EVERY)

@@ -63,6 +63,8 @@ class Socket(Protocol):
 
     def take_over(self, runner: ConnectionRunner) -> None: ...
 
+    def let_go(self) -> None: ...
+
 
 class ConnectionRunner:
     def __init__(self, socket: Socket, *, query_api_key: str | None, origin: str) -> None:
@@ -233,6 +235,8 @@ class ConnectionRunner:
     # --- notifications from the channel layer ---------------------------------------------
 
     async def command(self, event: dict) -> None:
+        if await holding.superseded(self, event):
+            return
         await self.commands.handle(event, agent=self.turns.agent, feed=self.feed)
         await self.flush()
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from contextlib import contextmanager
 
 import pytest
@@ -61,7 +62,7 @@ class Page:
 
     async def send(self, type_: str, payload: dict, **envelope) -> dict:
         """Send a frame; returns it, as the page sent it."""
-        frame = {"id": "msg_test", "type": type_, "timestamp": 1, "payload": payload, **envelope}
+        frame = {"id": f"msg_{uuid.uuid4()}", "type": type_, "timestamp": 1, "payload": payload, **envelope}
         await self.ws.send_to(text_data=json.dumps(frame))
         return frame
 

@@ -379,3 +379,48 @@ async def test_a_session_that_cannot_be_held_closes_with_its_socket_as_before(co
     row = await closed_row(session_id)
 
     assert row.close_code == 1006 and not holding.holding(session_id)
+
+
+async def test_a_newer_socket_while_the_older_still_looks_open_is_told_and_the_newer_gets_what_it_missed(
+        llm, connect, api_key):
+    llm.enqueue(text_response(ANSWER, chunks=12, event_delay=0.05))
+    first, ack = await opened(connect, api_key.raw, {})
+    session_id = ack["payload"]["sessionId"]
+    await first.send("USER_INPUT", {"modality": "text", "content": "Hello"})
+    seen = [await first.recv_until("AGENT_RESPONSE", SOON) for _ in range(2)]
+    # The network dropped, but the server has not seen the first socket close.
+
+    second, again = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"],
+                                                        "lastSeq": seen[-1]["meta"]["seq"]})
+    rest = await until_done(second)
+    told = await first.recv_until("SYSTEM_EVENT", SOON, kind="disconnect")
+    closed = await first.recv(SOON)
+
+    assert again["payload"]["resumed"] is True and again["payload"]["sessionId"] == session_id
+    assert again["meta"]["seq"] == seen[-1]["meta"]["seq"]
+    assert text_of(seen) + text_of(rest) == ANSWER
+    assert "meta" not in told and closed["code"] == 4409
+    assert not [f for f in rest if f["type"] == "SYSTEM_EVENT" and f["payload"]["kind"] == "disconnect"]
+    await second.close()
+
+
+async def test_the_ack_names_the_last_question_taken_and_one_sent_again_with_its_id_is_taken_once(
+        llm, connect, api_key):
+    llm.enqueue(text_response(ANSWER, chunks=6, event_delay=0.05))
+    first, ack = await opened(connect, api_key.raw, {})
+    question = await first.send("USER_INPUT", {"modality": "text", "content": "Hello"})
+    await first.recv_until("AGENT_RESPONSE", SOON)
+    await held_after(first, ack["payload"]["sessionId"])
+
+    second, again = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"],
+                                                        "lastSeq": first.last_seq})
+    await second.send("USER_INPUT", question["payload"], id=question["id"])  # not knowing it arrived
+    frames = await until_done(second)
+    await second.send("CONTEXT_UPDATE", {"url": "/", "title": "Home", "activeTools": [], "context": {}})
+    after = await second.recv(SOON)
+
+    assert again["meta"]["lastInput"] == question["id"]
+    assert sum(1 for f in frames if f["type"] == "AGENT_RESPONSE" and f["payload"]["done"]) == 1
+    assert after["type"] == "SYSTEM_EVENT" and after["payload"]["kind"] == "tools_effective"
+    assert len(llm.requests) == 1
+    await second.close()

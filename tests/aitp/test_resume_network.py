@@ -5,21 +5,24 @@ load balancer dropping a connection would. The page comes back with its
 token and the last frame it handled each time.
 
 Every frame the server numbered reaches the page once and in order, every
-TOOL_CALL is run once, every call ends, and the conversation is one session.
-A cut lands only once the page has seen a frame of the turn it asked for:
-a USER_INPUT lost in flight is not something the server can know of."""
+TOOL_CALL is run once, every call ends, every question gets one turn (a
+USER_INPUT lost in flight is sent again, as it was, when the HANDSHAKE_ACK
+names an older one as the last the session took), and the conversation is
+one session."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections import Counter
 
 import pytest
 
 from aitp import tenancy
-from aitp.models import Session, ToolCall
+from aitp.models import Session, ToolCall, TurnRecord
 from aitp_client import AitpClient
+from aitp_client.frames import envelope
 from tests.aitp.conftest import ADD_TO_CART
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,21 +84,20 @@ async def test_two_hundred_network_cuts_deliver_every_frame_once_in_order_and_ru
     offer: dict = {}
     handled: list[dict] = []
     runs: Counter[str] = Counter()
-    state = {"asked": 0, "running": False, "answered": True}
+    # The USER_INPUT whose turn has not ended (None: none), and how many went again.
+    state: dict = {"asked": 0, "pending": None, "sent_again": 0}
 
     async def handle(page: AitpClient) -> None:
-        if not state["running"]:
-            await page.user_input(ASKS[state["asked"] % len(ASKS)])
-            state.update(asked=state["asked"] + 1, running=True, answered=False)
+        if state["pending"] is None:
+            state["pending"] = await page.user_input(ASKS[state["asked"] % len(ASKS)])
+            state["asked"] += 1
         frame = await page.recv(PATIENCE)
         handled.append(frame)
         if frame["type"] == "TOOL_CALL":
-            state["answered"] = True
             runs[frame["payload"]["callId"]] += 1
             await page.tool_result(frame["payload"]["callId"], result={"cart": 1})
-        elif frame["type"] == "AGENT_RESPONSE":
-            state["answered"] = True
-            state["running"] = not frame["payload"]["done"]
+        elif frame["type"] == "AGENT_RESPONSE" and frame["payload"]["done"]:
+            state["pending"] = None
 
     session_id = None
     for cut in range(CUTS + 1):
@@ -103,20 +105,28 @@ async def test_two_hundred_network_cuts_deliver_every_frame_once_in_order_and_ru
         ack = await page.connect(timeout=PATIENCE)
         assert session_id in (None, ack["sessionId"]) and (not offer or ack["resumed"]), ack
         session_id = ack["sessionId"]
+        took = next(f for f in page.history if f["type"] == "HANDSHAKE_ACK")["meta"].get("lastInput")
+        if state["pending"] is not None and took != state["pending"]["id"]:
+            # Lost with the network before the server read it: sent again, as it was.
+            await page.send_raw(json.dumps(state["pending"]))
+            state["sent_again"] += 1
         await page.send("CONTEXT_UPDATE", {"url": "/", "title": "Home", "activeTools": [ADD_TO_CART],
                                            "context": {}})
         if cut == CUTS:  # the last socket reads the running turn to its end
-            while state["running"]:
+            while state["pending"] is not None:
                 await handle(page)
             await page.close()
             break
-        for _ in range(chance.randint(1, 8)):
+        for _ in range(chance.randint(0, 8)):
             await handle(page)
-        while not state["answered"]:  # its USER_INPUT may still be on its way: until it is in
-            await handle(page)
+        if chance.random() < 0.2 and state["pending"] is None:
+            # A question the network loses on its way: asked, never arrived.
+            state["pending"] = envelope("USER_INPUT", {"modality": "text",
+                                                       "content": ASKS[state["asked"] % len(ASKS)]})
+            state["asked"] += 1
         relay.cut()
         await page.wait_closed(timeout=PATIENCE)  # what it reads meanwhile is lost with the page
-        offer = {"token": page.next_resume()["token"], "lastSeq": handled[-1]["meta"]["seq"]}
+        offer = {"token": page.next_resume()["token"], "lastSeq": handled[-1]["meta"]["seq"] if handled else 0}
     await relay.aclose()
 
     numbers = [f["meta"]["seq"] for f in handled]
@@ -126,5 +136,8 @@ async def test_two_hundred_network_cuts_deliver_every_frame_once_in_order_and_ru
     assert set(calls) == set(runs) and all(s in ToolCall.FINAL_STATUSES for s in calls.values())
     row = await Session.objects.aget(id=session_id)
     assert row.resumes == CUTS
-    print(f"{CUTS} cuts: {len(numbers)} frames once and in order, {state['asked']} turns, "
-          f"{len(runs)} calls run once ({Counter(calls.values())})")
+    turns = await TurnRecord.objects.filter(session_id=session_id).acount()
+    assert turns == state["asked"]
+    print(f"{CUTS} cuts: {len(numbers)} frames once and in order, {turns} turns for {state['asked']} "
+          f"questions ({state['sent_again']} sent again), {len(runs)} calls run once "
+          f"({Counter(calls.values())})")
