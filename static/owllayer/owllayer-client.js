@@ -23,7 +23,7 @@
  *
  * Events: state, activity, connected, close, error, frame, agent, tools,
  * transcript.delta, system, tool.start, tool, approval, approval.decided,
- * voice, voice.event, voice.interrupt.
+ * unanswered, voice, voice.event, voice.interrupt.
  *
  * The session goes on across reloads and dropped connections of the tab:
  * the client keeps the server's resume token in sessionStorage and offers
@@ -41,6 +41,14 @@
  * reload or a drop goes on: the "agent" events carry its whole text, as if
  * nothing had happened. A numbered frame already handled is ignored, never
  * emitted twice (counted in window.__owl.repeated).
+ *
+ * A question (USER_INPUT) whose turn has not ended is kept too, whole, id
+ * included. A drop may have lost it on its way: when a continuing ACK's
+ * meta.lastInput (the id of the last question the session took) is not its
+ * id, the same frame is sent again, after the context. When the session
+ * does not go on, it is not sent again (it may have been taken and its
+ * turn cut): the "unanswered" event ({id, text, partial: the part of its
+ * answer received, if any}) lets the page say so.
  *
  * Voice, offered only when the server's HANDSHAKE_ACK lists the "audio"
  * capability (client.voiceAvailable; protocol.md, voice):
@@ -231,10 +239,17 @@ function frameSeq(frame) {
   return Number.isSafeInteger(seq) && seq >= 0 ? seq : null;
 }
 
+/* A kept question: a USER_INPUT envelope with its id, or null. */
+function keptInput(frame) {
+  if (!isObject(frame) || frame.type !== "USER_INPUT" || !check.nonEmptyString(frame.id)) return null;
+  if (!isObject(frame.payload) || typeof frame.timestamp !== "number") return null;
+  return frame;
+}
+
 /*
- * What this tab kept for its next socket: {token, lastSeq, text, busy}, or
- * null. Stored as JSON; a plain token (kept before frames were numbered)
- * still counts, with no lastSeq.
+ * What this tab kept for its next socket: {token, lastSeq, text, busy,
+ * input}, or null. Stored as JSON; a plain token (kept before frames were
+ * numbered) still counts, with no lastSeq.
  */
 function readResume(key) {
   const stored = tabStorage("get", key);
@@ -245,13 +260,14 @@ function readResume(key) {
   } catch (err) {
     // A plain token: tokens are never JSON objects.
   }
-  if (!isObject(kept)) return { token: stored, lastSeq: null, text: "", busy: false };
+  if (!isObject(kept)) return { token: stored, lastSeq: null, text: "", busy: false, input: null };
   if (!check.nonEmptyString(kept.token)) return null;
   return {
     token: kept.token,
     lastSeq: Number.isSafeInteger(kept.lastSeq) && kept.lastSeq >= 0 ? kept.lastSeq : null,
     text: typeof kept.text === "string" ? kept.text : "",
     busy: kept.busy === true,
+    input: keptInput(kept.input),
   };
 }
 
@@ -478,6 +494,9 @@ export class OwlLayerClient {
     this.lastSeq = null;
     // A turn the page started (or continued) that has not had its done frame.
     this.turnOpen = false;
+    // The USER_INPUT frame sent (or sent again) whose turn has not had its
+    // done frame: sent again when a drop lost it (protocol.md §3a).
+    this.pendingInput = null;
     this.tools = {};
     this.toolOrder = [];
     this.context = {};
@@ -531,6 +550,7 @@ export class OwlLayerClient {
     this.wire = {
       state: "idle", activity: "idle", frames: [], sent: [], dropped: 0, droppedReasons: [],
       connects: 0, closes: [], retryInMs: null, sessionId: null, lastSeq: null, repeated: 0,
+      resent: 0, unanswered: 0,
       voice: {
         state: "off", micRate: null, micChunks: 0, sentChunks: 0, sentBytes: 0, utterances: 0,
         receivedChunks: 0, scheduledChunks: 0, playedChunks: 0, played: [], stoppedChunks: 0,
@@ -769,17 +789,21 @@ export class OwlLayerClient {
 
   // --- frames out ---
 
+  /* The frame sent (its envelope), or null when there is no open socket. */
   send(type, payload) {
-    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
-    if (type !== "HANDSHAKE_INIT" && type !== "CONTEXT_UPDATE") {
+    return this.sendFrame({ id: newMessageId(), type, timestamp: Date.now(), payload });
+  }
+
+  sendFrame(frame) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return null;
+    if (frame.type !== "HANDSHAKE_INIT" && frame.type !== "CONTEXT_UPDATE") {
       // protocol.md §4: a pending context update goes first, so that after a
       // tool navigated the page the server sees the new page's tools first.
       this.flushContext();
     }
-    const frame = { id: newMessageId(), type, timestamp: Date.now(), payload };
     this.ws.send(JSON.stringify(frame));
     this.log(this.wire.sent, frame);
-    return true;
+    return frame;
   }
 
   log(list, frame) {
@@ -799,8 +823,12 @@ export class OwlLayerClient {
       return false;
     }
     this.agentText = "";
-    if (!this.send("USER_INPUT", { modality: "text", content: text })) return false;
+    const sent = this.send("USER_INPUT", { modality: "text", content: text });
+    if (!sent) return false;
     this.turnOpen = true;
+    // Kept with the tab's record at once: a reload right after still has it.
+    this.pendingInput = sent;
+    this.keepResume();
     this.setState("thinking");
     this.setActivity("thinking");
     return true;
@@ -886,7 +914,7 @@ export class OwlLayerClient {
       // Its number is not compared: it says where this socket takes up.
       this.log(this.wire.frames, frame);
       this.emit("frame", frame);
-      this.onAck(frame.payload, frameSeq(frame));
+      this.onAck(frame.payload, frameSeq(frame), frame.meta);
       return;
     }
     // Numbers count from the ACK: a frame before it (a refusal) is not compared.
@@ -927,7 +955,10 @@ export class OwlLayerClient {
     this.keepResume();
   }
 
-  /* Keep, for the next socket of this tab, the token, the last frame handled and the turn's text. */
+  /*
+   * Keep, for the next socket of this tab, the token, the last frame
+   * handled, the turn's text and the question it answers.
+   */
   keepResume() {
     if (!this.resumeKey || !this.resumeToken) return;
     const kept = { token: this.resumeToken };
@@ -935,6 +966,7 @@ export class OwlLayerClient {
       kept.lastSeq = this.lastSeq;
       kept.text = this.agentText;
       kept.busy = this.turnOpen;
+      if (this.pendingInput) kept.input = this.pendingInput;
     }
     tabStorage("set", this.resumeKey, JSON.stringify(kept));
   }
@@ -943,6 +975,7 @@ export class OwlLayerClient {
     this.resumeToken = null;
     this.lastSeq = null;
     this.wire.lastSeq = null;
+    this.pendingInput = null;
     if (this.resumeKey) tabStorage("remove", this.resumeKey);
   }
 
@@ -956,7 +989,7 @@ export class OwlLayerClient {
     return this.resumed && seq !== null && offered !== null && offered.lastSeq === seq;
   }
 
-  onAck(payload, seq) {
+  onAck(payload, seq, meta) {
     if (this.acknowledged) return;
     clearTimeout(this.handshakeTimer);
     this.acknowledged = true;
@@ -965,14 +998,23 @@ export class OwlLayerClient {
     this.wire.sessionId = payload.sessionId;
     this.resumed = payload.resumed === true;
     const continued = this.takesUp(seq);
+    // The question whose turn had not ended: this page's, or after a reload the tab's.
+    const question = this.pendingInput || (this.offered && this.offered.input) || null;
+    let unanswered = null;
+    let partial = "";
     if (continued) {
       // After a reload this page's memory is empty: the tab kept the turn.
       this.agentText = this.offered.text;
-      this.turnOpen = this.offered.busy;
+      this.turnOpen = this.offered.busy || question !== null;
+      this.pendingInput = question;
     } else {
-      // A turn cut off here will not go on: its frames are not coming.
+      // A turn cut off here will not go on: its frames are not coming. A
+      // question may have been taken and its turn cut: it is not sent again.
+      partial = this.agentText || (this.offered && this.offered.text) || "";
       this.agentText = "";
       this.turnOpen = false;
+      this.pendingInput = null;
+      unanswered = question;
     }
     this.lastSeq = seq;
     this.wire.lastSeq = seq;
@@ -989,11 +1031,32 @@ export class OwlLayerClient {
     this.emit("connected", { sessionId: payload.sessionId, resumed: this.resumed, continued });
     this.contextDirty = true;
     this.flushContext();
+    if (continued) this.sendLostInput(meta);
+    if (unanswered) {
+      this.wire.unanswered += 1;
+      const content = unanswered.payload.content;
+      this.emit("unanswered", { id: unanswered.id, text: typeof content === "string" ? content : "", partial });
+    }
+  }
+
+  /*
+   * After the context (the tools the question may need): the question the
+   * drop may have lost, when the session did not take it (its last input
+   * has another id). Sent as it was, id included: the server takes one id
+   * once.
+   */
+  sendLostInput(meta) {
+    const question = this.pendingInput;
+    if (!question) return;
+    const taken = meta && typeof meta.lastInput === "string" ? meta.lastInput : null;
+    if (taken === question.id) return;  // taken: its answer follows as numbered frames
+    if (this.sendFrame(question)) this.wire.resent += 1;
   }
 
   onAgentResponse(payload) {
     if (payload.done) {
       this.turnOpen = false;
+      this.pendingInput = null;
       // The closing frame carries the complete text; an empty one ends the
       // turn and keeps what the deltas built.
       if (payload.chunk) this.agentText = payload.chunk;

@@ -653,6 +653,99 @@ async def test_a_tool_call_made_while_the_page_reloads_is_run_once_by_the_reload
     await nothing_dropped(page)
 
 
+class LosesAQuestion:
+    """Routes a page's sockets to the server; once ``losing``, the next
+    question (USER_INPUT) is lost on its way, as a network that drops takes it."""
+
+    def __init__(self) -> None:
+        self.losing = False
+        self.lost: list[dict] = []
+        self.questions: list[dict] = []
+
+    def route(self, ws: WebSocketRoute) -> None:
+        server = ws.connect_to_server()
+
+        def to_server(message: str | bytes) -> None:
+            sent = json.loads(message) if isinstance(message, str) else {}
+            if sent.get("type") == "USER_INPUT":
+                if self.losing:
+                    self.losing = False
+                    self.lost.append(sent)
+                    return
+                self.questions.append(sent)
+            server.send(message)
+
+        ws.on_message(to_server)
+
+
+@pytest.fixture(params=["held", "not-held"])
+def holding_store(request, daphne_factory):
+    """The store (offline agent) on a process that holds a session past its
+    socket (protocol.md §3a), or one that does not (the session goes on
+    from the database)."""
+    from tests.browser.conftest import print_logs, start_store
+
+    env = {"OWLLAYER_LLM": "offline"}
+    if request.param == "not-held":
+        env["OWLLAYER_RESUME_HOLD_SECONDS"] = "0"
+    started = start_store(daphne_factory, env)
+    started.held = request.param == "held"
+    yield started
+    print_logs(started)
+
+
+async def test_a_question_lost_on_its_way_just_before_a_reload_is_asked_again_and_answered_once(
+        holding_store, page, shot):
+    network = LosesAQuestion()
+    await page.route_web_socket(re.compile(r"/owllayer\?"), network.route)
+    await open_store(page, holding_store)
+    await say(page, '/tool open_product {"productId": "charging-dock"}')
+    network.losing = True
+    await send(page, "/tool open_cart")
+    await eventually(lambda: network.lost, what="the question lost on its way")
+    [lost] = network.lost
+
+    await page.reload()
+
+    if holding_store.held:
+        # The session goes on: the reloaded page sends the question again, as it was.
+        await expect(answers(page)).to_have_count(2)
+        await expect(page.locator("h1")).to_have_text("Your cart")
+        await expect(activity(page)).to_have_attribute("data-activity", "idle")
+        await shot("asked-again-after-the-reload")
+        texts = await entry_texts(page)
+        # The question once, then its answer once.
+        assert texts[4:7] == [
+            "/tool open_cart",
+            "The page was reloaded: the assistant goes on with the conversation above and answers "
+            "your last question.",
+            "✓ open_cart done"]
+        assert texts[7].startswith("open_cart succeeded.") and len(texts) == 8
+        ack = (await page.evaluate("window.__owl.frames"))[0]
+        assert ack["type"] == "HANDSHAKE_ACK" and ack["payload"]["resumed"] is True
+        # It named the question the session took last: the one before.
+        assert ack["meta"]["lastInput"] == network.questions[0]["id"]
+        assert network.questions[1] == lost
+        assert len(await tool_calls("open_cart")) == 1
+    else:
+        # A session that does not take up where the page was: nothing is sent
+        # again, a note says so and the question waits in the input.
+        await expect(page.locator(".owl-msg-note").last).to_have_text(
+            "Your last question was not answered. Please ask it again.")
+        await expect(status(page)).to_have_text("connected")
+        await expect(activity(page)).to_have_attribute("data-activity", "idle")
+        await expect(page.locator("#owl-input")).to_have_value("/tool open_cart")
+        await shot("not-answered-after-the-reload")
+        assert network.questions[1:] == []
+        await page.press("#owl-input", "Enter")
+        await expect(answers(page)).to_have_count(2)
+        await expect(page.locator("h1")).to_have_text("Your cart")
+        assert network.questions[1]["id"] != lost["id"]
+        assert len(await tool_calls("open_cart")) == 1
+    assert await page.evaluate("window.__owl.unanswered") == (0 if holding_store.held else 1)
+    await nothing_dropped(page)
+
+
 async def test_when_an_operator_ends_the_session_the_goodbye_is_a_notice_and_typing_stops(
         store, page, shot):
     import httpx

@@ -421,10 +421,11 @@ RECORD_CONNECTS = "window.connects = []; client.on('connected', (e) => window.co
 RESUME_KEY = "'owllayer-resume:' + client.endpoint"
 
 
-def numbered(text: str, seq: int) -> str:
-    """A frame as the server sends it to a client that offered to resume."""
+def numbered(text: str, seq: int, **meta) -> str:
+    """A frame as the server sends it to a client that offered to resume
+    (``meta``: more of its meta, an ACK's ``lastInput``)."""
     body = json.loads(text)
-    body["meta"] = {"seq": seq}
+    body["meta"] = {"seq": seq, **meta}
     return json.dumps(body)
 
 
@@ -450,17 +451,21 @@ async def test_the_next_socket_and_the_one_after_a_reload_offer_the_last_frame_h
         number = len(fake.connections)
         if number == 1:
             await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
-            await connection.recv_type("USER_INPUT")
+            question.update(await connection.recv_type("USER_INPUT"))
             await connection.send(answer("Hel", False, 1))
             await connection.send(answer("lo", False, 2))
             await connection.ws.close(1001, "going away")
         elif number == 2:
-            # The same process: it takes up at the number offered.
-            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=True), 2))
+            # The same process: it takes up at the number offered, and took the question.
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=True), 2,
+                                           lastInput=question["id"]))
             await connection.send(answer(" there", False, 3))
         else:
-            await connection.send(numbered(ack(resumeToken="ses_fake.token3", resumed=True), 3))
+            await connection.send(numbered(ack(resumeToken="ses_fake.token3", resumed=True), 3,
+                                           lastInput=question["id"]))
             await connection.send(answer("", True, 4))
+
+    question: dict = {}
 
     fake = await fake_server(script)
     await open_client_page(page, fake, RECORD_EVENTS + RECORD_CONNECTS)
@@ -478,8 +483,9 @@ async def test_the_next_socket_and_the_one_after_a_reload_offer_the_last_frame_h
     ]
     # The turn the drop cut goes on: still thinking.
     assert await page.evaluate("window.__owl.state") == "thinking"
+    # With the question whose turn goes on, whole.
     assert await stored_resume(page) == {"token": "ses_fake.token2", "lastSeq": 3, "text": "Hello there",
-                                         "busy": True}
+                                         "busy": True, "input": question}
 
     await page.reload()  # the same tab: its sessionStorage is kept
     await eventually(lambda: page.evaluate("window.agentEvents.length === 1"), what="the end of the answer")
@@ -494,6 +500,8 @@ async def test_the_next_socket_and_the_one_after_a_reload_offer_the_last_frame_h
     ]
     assert await page.evaluate("window.states") == ["connecting", "thinking", "connected"]
     assert await stored_resume(page) == {"token": "ses_fake.token3", "lastSeq": 4, "text": "", "busy": False}
+    # The session had taken the question: it was never sent again.
+    assert [len(sent(c, "USER_INPUT")) for c in fake.connections] == [1, 0, 0]
 
 
 async def test_a_numbered_frame_the_tab_already_handled_is_not_emitted_or_run_again(fake_server, page):
@@ -562,6 +570,168 @@ async def test_a_socket_that_does_not_take_up_where_the_tab_left_off_starts_the_
         {"text": "New", "done": False}, {"text": "New", "done": True},
     ]
     assert await page.evaluate("[window.__owl.lastSeq, window.__owl.repeated]") == [ack_seq + 2, 0]
+
+
+# --- a question the drop may have lost (protocol.md §3a, meta.lastInput) ---
+
+RECORD_UNANSWERED = (
+    "window.unanswered = []; client.on('unanswered', (e) => window.unanswered.push(e));"
+    "window.states = []; client.on('state', (s) => window.states.push(s));"
+)
+TOOLS_EFFECTIVE = frame("SYSTEM_EVENT", {"kind": "tools_effective", "data": {}})
+
+
+def questions(connection: FakeConnection) -> list[dict]:
+    return sent(connection, "USER_INPUT")
+
+
+async def next_question_arrives(page, connection: FakeConnection) -> None:
+    """Have the page ask again, and wait for it: every frame the page sent
+    before is then in connection.received."""
+    assert await page.evaluate("client.sendText('next')") is True
+    await eventually(lambda: any(q["payload"]["content"] == "next" for q in questions(connection)),
+                     what="the next question")
+
+
+@pytest.mark.parametrize("last_input", ["older", None, "this"], ids=["older-input", "no-input", "this-input"])
+async def test_a_question_the_continuing_ack_does_not_name_is_sent_again_with_its_id_after_the_context(
+        fake_server, page, last_input):
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        if len(fake.connections) == 1:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
+            await connection.send(numbered(TOOLS_EFFECTIVE, 1))
+            # The question is lost on its way: the session never takes it.
+            first.update(await connection.recv_type("USER_INPUT"))
+            await connection.ws.close(1001, "going away")
+        else:
+            meta = {}
+            if last_input == "older":
+                meta["lastInput"] = "msg_an_older_question"
+            elif last_input == "this":
+                meta["lastInput"] = first["id"]
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=True), 1, **meta))
+            await connection.recv_type("CONTEXT_UPDATE")
+            await connection.send(answer("Hello.", True, 2))
+
+    first: dict = {}
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_CONNECTS + RECORD_UNANSWERED)
+    await eventually(lambda: page.evaluate("window.__owl.lastSeq === 1"), what="the first frame")
+    assert await page.evaluate("client.sendText('hello')") is True
+    await eventually(lambda: page.evaluate("window.agentEvents.length === 1"), timeout=20,
+                     what="the answer on the next socket")
+    second = fake.connections[1]
+    await next_question_arrives(page, second)
+
+    assert second.offered == {"token": "ses_fake.token1", "lastSeq": 1}
+    assert await page.evaluate("window.connects.at(-1)") == {
+        "sessionId": "ses_fake", "resumed": True, "continued": True}
+    if last_input == "this":
+        # Taken: its answer follows as numbered frames; nothing is sent again.
+        assert [q["payload"]["content"] for q in questions(second)] == ["next"]
+        assert await page.evaluate("window.__owl.resent") == 0
+    else:
+        # The very frame again, id and all, after the context its tools are in.
+        assert questions(second)[0] == first
+        kinds = [m["type"] for m in second.received if m["type"] in ("CONTEXT_UPDATE", "USER_INPUT")]
+        assert kinds == ["CONTEXT_UPDATE", "USER_INPUT", "USER_INPUT"]
+        assert await page.evaluate("window.__owl.resent") == 1
+    # Thinking from the continuing ACK until the done frame.
+    assert await page.evaluate("window.states") == [
+        "connecting", "connected", "thinking", "reconnecting", "connecting", "thinking", "connected",
+        "thinking"]
+    assert await page.evaluate("window.agentEvents") == [{"text": "Hello.", "done": True}]
+    assert await page.evaluate("window.unanswered") == []
+
+
+@pytest.mark.parametrize("resumed, ack_seq", [(False, 0), (True, 0), (True, 9)],
+                         ids=["new-session", "from-storage", "other-numbers"])
+async def test_a_question_is_never_sent_again_after_an_ack_that_does_not_continue_and_the_page_is_told(
+        fake_server, page, resumed, ack_seq):
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        if len(fake.connections) == 1:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
+            await connection.send(numbered(TOOLS_EFFECTIVE, 1))
+            await connection.recv_type("USER_INPUT")
+            # Taken, and part of the answer sent, then the socket drops.
+            await connection.send(answer("Hel", False, 2))
+            await connection.ws.close(1001, "going away")
+        else:
+            # Even one that names an older question: it does not take up where the tab was.
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=resumed), ack_seq,
+                                           lastInput="msg_an_older_question"))
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_ACTIVITY + RECORD_CONNECTS + RECORD_UNANSWERED)
+    await eventually(lambda: page.evaluate("window.__owl.lastSeq === 1"), what="the first frame")
+    assert await page.evaluate("client.sendText('hello')") is True
+    question = (await page.evaluate("window.__owl.sent")).pop()
+    await eventually(lambda: page.evaluate("window.unanswered.length === 1"), timeout=20,
+                     what="the unanswered event")
+    second = fake.connections[1]
+    await next_question_arrives(page, second)
+
+    assert await page.evaluate("window.connects.at(-1)") == {
+        "sessionId": "ses_fake", "resumed": resumed, "continued": False}
+    assert [q["payload"]["content"] for q in questions(second)] == ["next"]
+    assert await page.evaluate("window.unanswered") == [{"id": question["id"], "text": "hello", "partial": "Hel"}]
+    assert await page.evaluate("[window.__owl.resent, window.__owl.unanswered]") == [0, 1]
+    # The widget left "thinking" at the drop and stayed out of it until the next question.
+    states = await page.evaluate("window.states")
+    assert states == ["connecting", "connected", "thinking", "reconnecting", "connecting", "connected", "thinking"]
+    assert await page.evaluate("window.activity") == [THINKING, IDLE, THINKING]
+    # The next question is the one the tab keeps now.
+    assert (await stored_resume(page))["input"]["payload"]["content"] == "next"
+
+
+@pytest.mark.parametrize("continues", [True, False], ids=["continued", "not-continued"])
+async def test_a_reload_right_after_a_question_offers_it_again_once_the_ack_continues(
+        fake_server, page, continues):
+    async def script(connection: FakeConnection) -> None:
+        await offered(connection)
+        if len(fake.connections) == 1:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token1", resumed=False), 0))
+            await connection.send(numbered(TOOLS_EFFECTIVE, 1))
+            # Whatever reaches this socket is never taken.
+        elif continues:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=True), 1,
+                                           lastInput="msg_an_older_question"))
+            await connection.recv_type("USER_INPUT")
+            await connection.send(answer("Hello", False, 2))
+            await connection.send(answer("Hello.", True, 3))
+        else:
+            await connection.send(numbered(ack(resumeToken="ses_fake.token2", resumed=False), 0))
+
+    fake = await fake_server(script)
+    await open_client_page(page, fake, RECORD_CONNECTS + RECORD_UNANSWERED)
+    await eventually(lambda: page.evaluate("window.__owl.lastSeq === 1"), what="the first frame")
+    # The question and, in the same task, what the tab keeps for its next socket.
+    kept = await page.evaluate(f"client.sendText('hello') && JSON.parse(sessionStorage.getItem({RESUME_KEY}))")
+    question = kept["input"]
+    assert kept == {"token": "ses_fake.token1", "lastSeq": 1, "text": "", "busy": True, "input": question}
+    assert question["type"] == "USER_INPUT" and question["payload"] == {"modality": "text", "content": "hello"}
+
+    await page.reload()  # the same tab: its sessionStorage is kept
+    await eventually(lambda: len(fake.connections) == 2 and hasattr(fake.connections[1], "offered"),
+                     what="the reloaded page's socket")
+    second = fake.connections[1]
+    assert second.offered == {"token": "ses_fake.token1", "lastSeq": 1}
+    if continues:
+        await eventually(lambda: page.evaluate("window.agentEvents.length === 2"), what="the answer")
+        assert questions(second) == [question]
+        assert await page.evaluate("window.agentEvents") == [
+            {"text": "Hello", "done": False}, {"text": "Hello.", "done": True}]
+        assert await page.evaluate("window.states") == ["connecting", "thinking", "connected"]
+        assert await page.evaluate("window.unanswered") == []
+        assert await stored_resume(page) == {"token": "ses_fake.token2", "lastSeq": 3, "text": "", "busy": False}
+    else:
+        await eventually(lambda: page.evaluate("window.unanswered.length === 1"), what="the unanswered event")
+        await next_question_arrives(page, second)
+        assert [q["payload"]["content"] for q in questions(second)] == ["next"]
+        assert await page.evaluate("window.unanswered") == [{"id": question["id"], "text": "hello", "partial": ""}]
+        assert await page.evaluate("window.states") == ["connecting", "connected", "thinking"]
 
 
 async def test_a_final_close_forgets_the_last_frame_handled_with_the_token(fake_server, page):

@@ -19,6 +19,12 @@
  * after the reload. When the connection does not take up where it was (a
  * new session), the answer stays as far as it got.
  *
+ * A question sent just before a reload or a drop is shown once and
+ * answered once: when the session goes on, the client sends it again only
+ * if the server never took it. When the session does not go on, a note
+ * says the question was not answered (or its answer was cut off) and puts
+ * it back in the input, to ask again.
+ *
  * Voice, when the server offers it: the microphone button starts an
  * utterance and sends it on the second click; what the assistant heard
  * becomes the shopper's bubble, its answer is spoken and written, and
@@ -552,6 +558,10 @@ function toggleMicrophone() {
   client.startListening();
 }
 
+// A question the session did not go on with (see the top of this file).
+const NOT_ANSWERED = "Your last question was not answered. Please ask it again.";
+const ANSWER_CUT = "The answer to your last question was cut off. Please ask it again.";
+
 // The session is over for good (refused, ended by an operator, gave up):
 // nothing typed could be sent any more.
 const ENDED_STATES = ["closed", "error"];
@@ -587,6 +597,11 @@ function connectAssistant() {
     noteReload(event);
     if (lostConnection) showMessage("note", event.resumed ? "Reconnected: the conversation goes on." : "Reconnected.");
     lostConnection = false;
+  });
+  client.on("unanswered", (event) => {
+    showMessage("note", event.partial ? ANSWER_CUT : NOT_ANSWERED);
+    // One key press asks it again.
+    if (!input.value) input.value = event.text;
   });
   client.on("activity", showActivity);
   client.on("agent", showAnswer);
@@ -647,7 +662,9 @@ function noteReload(event) {
     "assistant starts a new one and does not remember it.";
   if (event.resumed) note = "The page was reloaded: the assistant goes on with the conversation above.";
   if (event.continued && client.state === "thinking") {
-    note = "The page was reloaded: the assistant goes on with the conversation above and finishes its answer.";
+    // Nothing of the answer shown yet: the question was asked just before the reload.
+    const answering = turnText || agentEntry ? "finishes its answer" : "answers your last question";
+    note = "The page was reloaded: the assistant goes on with the conversation above and " + answering + ".";
   }
   showMessage("note", note, { keep: false });
 }
