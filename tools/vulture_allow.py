@@ -68,8 +68,8 @@ _ = _Names()
 # Channels: the socket's disconnect, and handlers named by the message type
 # they receive ("watch.ready" -> watch_ready).
 (_.websocket_disconnect, _.watch_ready, _.watch_event, _.watch_access, _.watch_frame)
-# channels_redis' layer: a method and attributes it reads, replaced.
-(_.new_channel, _.receive_clean_locks, _.brpop_timeout)
+# channels_redis' layer: attributes it reads, replaced.
+(_.receive_clean_locks, _.brpop_timeout)
 
 # A turn's record: written by statement (aitp.store.statements.TURN_COLUMNS) and shown by templates.
 (_.ANSWERED, _.first_text_ms, _.model_ms, _.tools_ms, _.approval_ms)
