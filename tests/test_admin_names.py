@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.test import Client
 from django.urls import reverse
 
@@ -43,7 +44,7 @@ def test_the_admin_index_names_the_products_apps_and_models_in_words(root):
 def test_a_sessions_page_names_its_fields_in_words(acme, root):
     session = make_session(acme, "ses_named", current_url="https://shop.example/cart", sdk_version="0.4.0")
 
-    html = signed_in(root).get(reverse("admin:aitp_session_change", args=[session.pk])).content.decode()
+    html = signed_in(root).get(reverse("admin:aitp_session_change", args=[quote(session.pk)])).content.decode()
 
     for label in ("Session ID", "API key", "Current URL", "SDK version", "Speech heard (ms)"):
         assert f"<label>{label}:</label>" in html, label

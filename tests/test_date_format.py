@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.core import mail
 from django.test import Client
 from django.urls import reverse
@@ -71,7 +72,7 @@ def admin_pages(rows) -> dict[str, str]:
     session, approval = rows.sessions[0], rows.approvals[1]
     return {
         "an admin change list": reverse("admin:aitp_session_changelist"),
-        "an admin record page": reverse("admin:aitp_session_change", args=[session.pk]),
+        "an admin record page": reverse("admin:aitp_session_change", args=[quote(session.pk)]),
         "the keys in the admin": reverse("admin:aitp_apikey_changelist"),
         "the demo store's orders": reverse("admin:demo_demoorder_changelist"),
         "the approvals in the admin": reverse("admin:approvals_approval_changelist"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import date
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
@@ -55,7 +56,7 @@ def test_a_record_page_is_shown_without_save_or_delete(acme, writer, model):
     record = _records(acme, writer)[model]
     client = _signed_in(writer)
 
-    shown = client.get(reverse(f"admin:aitp_{model}_change", args=[record.pk]))
+    shown = client.get(reverse(f"admin:aitp_{model}_change", args=[quote(record.pk)]))
     listing = client.get(reverse(f"admin:aitp_{model}_changelist"))
 
     assert (shown.status_code, listing.status_code) == (200, 200)
@@ -70,8 +71,8 @@ def test_a_record_is_never_added_changed_or_deleted_in_the_admin(acme, writer, m
     client = _signed_in(writer)
 
     add = client.post(reverse(f"admin:aitp_{model}_add"), {})
-    change = client.post(reverse(f"admin:aitp_{model}_change", args=[record.pk]), {})
-    delete = client.post(reverse(f"admin:aitp_{model}_delete", args=[record.pk]), {"post": "yes"})
+    change = client.post(reverse(f"admin:aitp_{model}_change", args=[quote(record.pk)]), {})
+    delete = client.post(reverse(f"admin:aitp_{model}_delete", args=[quote(record.pk)]), {"post": "yes"})
     bulk = client.post(reverse(f"admin:aitp_{model}_changelist"),
                        {"action": "delete_selected", "_selected_action": [record.pk], "post": "yes"})
 
