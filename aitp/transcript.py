@@ -231,3 +231,28 @@ ACTION_LABELS = {
 def action_words(code: str) -> str:
     """A recorded action in words; an unknown code is shown readable, not hidden."""
     return ACTION_LABELS.get(code) or (code.replace("_", " ").capitalize() if code else "-")
+
+
+# The most entries a page is given back (the newest; the oldest go first).
+MAX_HISTORY_ENTRIES = 200
+
+
+def visible_history(messages: Iterable[Any], *, limit: int = MAX_HISTORY_ENTRIES) -> tuple[list[dict], bool]:
+    """What a shopper saw of a conversation, for a page drawing it again
+    (docs/protocol.md §3b): the user's words and the agent's, a line per
+    tool the agent called and the sentence a failed turn showed; never the
+    page descriptions, tool arguments or results. ``ConversationMessage``
+    rows in order; the newest ``limit`` entries, and whether older ones
+    were left out."""
+    entries: list[dict] = []
+    for message in messages:
+        blocks = message_blocks(message.content)
+        words = "\n\n".join(block.text for block in blocks if block.kind == "text" and block.text)
+        if words:
+            entries.append({"role": message.role, "text": words, "turn": message.turn,
+                            **({"voice": True} if any(block.voice for block in blocks) else {})})
+        entries.extend({"role": "tool", "name": block.name, "turn": message.turn}
+                       for block in blocks if block.kind == "tool_use")
+        entries.extend({"role": "error", "code": block.name, "text": block.text, "turn": message.turn}
+                       for block in blocks if block.kind == "error")
+    return entries[-limit:], len(entries) > limit

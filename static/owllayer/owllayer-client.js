@@ -21,6 +21,9 @@
  *   activity  what the agent is doing: idle, thinking, tool, approval
  *             (the "activity" event, with the tool and callId for the last two).
  *
+ * client.history() reads the session's earlier messages from the server
+ * (a widget that keeps no copy of its own draws them after a reload).
+ *
  * Events: state, activity, connected, close, error, frame, agent, tools,
  * transcript.delta, system, tool.start, tool, approval, approval.decided,
  * unanswered, voice, voice.event, voice.interrupt.
@@ -269,6 +272,28 @@ function readResume(key) {
     busy: kept.busy === true,
     input: keptInput(kept.input),
   };
+}
+
+/*
+ * Where a page reads its conversation again (protocol.md §3b): beside the
+ * AITP endpoint, over HTTP(S).
+ */
+export function conversationAddress(endpoint) {
+  const address = new URL(endpoint, window.location.href);
+  address.protocol = address.protocol === "wss:" ? "https:" : "http:";
+  address.pathname = address.pathname.replace(/\/$/, "") + "/conversation";
+  address.search = "";
+  return address.href;
+}
+
+const HISTORY_ROLES = ["user", "assistant", "tool", "error"];
+
+// The server's answer, checked as strictly as a frame: null when it is not one.
+function checkedHistory(body) {
+  if (!isObject(body) || !check.nonEmptyString(body.sessionId) || !Array.isArray(body.messages)) return null;
+  const fine = body.messages.every((m) => isObject(m) && HISTORY_ROLES.includes(m.role) &&
+    Number.isSafeInteger(m.turn) && (m.role === "tool" ? typeof m.name === "string" : typeof m.text === "string"));
+  return fine ? { sessionId: body.sessionId, messages: body.messages, truncated: body.truncated === true } : null;
 }
 
 export function closeIsPermanent(code) {
@@ -953,6 +978,28 @@ export class OwlLayerClient {
     this.lastSeq = seq;
     this.wire.lastSeq = seq;
     this.keepResume();
+  }
+
+  /*
+   * The conversation of this tab's session, read from the server with the
+   * token of this socket (or the one kept for the next): {sessionId,
+   * messages: [{role: user|assistant|tool|error, text or name, turn}],
+   * truncated}, the newest 200 entries. Null when there is nothing to
+   * read: no token, a server that knows no conversation for it, a failed
+   * request. Reading spends nothing (protocol.md §3b).
+   */
+  async history() {
+    const kept = this.resumeKey ? readResume(this.resumeKey) : null;
+    const token = this.resumeToken || (kept && kept.token);
+    if (!token) return null;
+    try {
+      const answer = await fetch(conversationAddress(this.endpoint), {
+        method: "POST", body: JSON.stringify({ apiKey: this.apiKey, token }), cache: "no-store",
+      });
+      return answer.ok ? checkedHistory(await answer.json()) : null;
+    } catch (err) {
+      return null;
+    }
   }
 
   /*

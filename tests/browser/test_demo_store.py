@@ -524,6 +524,26 @@ async def test_after_a_reload_the_model_is_asked_with_what_was_said_before(llm_s
     await nothing_dropped(page)
 
 
+async def test_a_tab_that_kept_none_of_the_conversation_draws_it_from_the_server_after_a_reload(
+        llm_store, model, page, shot):
+    model.enqueue(text_response("Nice to meet you, Ada."), text_response("You are Ada."))
+    await open_store(page, llm_store)
+    assert await say(page, "My name is Ada.") == "Nice to meet you, Ada."
+    greeting = (await entry_texts(page))[0]
+    # The tab's own copy is gone (a cleared or refused storage); the token is kept.
+    await page.evaluate("sessionStorage.removeItem('owl-demo-transcript'); sessionStorage.removeItem('owl-demo-turn')")
+
+    await page.reload()
+
+    await expect(chat_entries(page)).to_have_count(3)
+    assert await entry_texts(page) == [greeting, "My name is Ada.", "Nice to meet you, Ada."]
+    await shot("drawn-from-the-server")
+    assert await say(page, "What is my name?") == "You are Ada."
+    assert (await entry_texts(page))[1:] == ["My name is Ada.", "Nice to meet you, Ada.", "What is my name?",
+                                             "You are Ada."]
+    await nothing_dropped(page)
+
+
 # A long answer the model writes slowly: word00 ... word79, one word a delta.
 WORDS = [f"word{number:02d}" for number in range(80)]
 WORD_DELTAS = [WORDS[0]] + [" " + word for word in WORDS[1:]]

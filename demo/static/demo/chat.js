@@ -17,6 +17,10 @@
  * whose session takes up where it was, the rest of the answer goes on in
  * the same bubble (store.js); otherwise it stays as it was.
  *
+ * A tab that kept no copy (its storage was cleared, or the page never had
+ * one) draws the conversation from the server's when the session goes on
+ * (client.history()).
+ *
  * The panel can be minimised to a launcher button; the choice is kept too.
  * On a narrow screen it floats over the page and starts minimised.
  */
@@ -99,6 +103,17 @@ export class ChatPanel {
     this.draw(entry);
     if (!this.isOpen && entry.kind !== "user") this.launcher.dataset.unread = "true";
     return entry;
+  }
+
+  /* Entries older than everything shown (read from the server): drawn above it, in order. */
+  addEarlier(entries) {
+    // After the greeting (the page's own), before the first entry shown.
+    const first = this.entries.length ? this.element(this.entries[0]) : null;
+    for (const entry of entries) {
+      this.add(entry, { keep: false });
+      this.messages.insertBefore(this.element(entry), first);
+    }
+    this.entries = [...entries, ...this.entries];
   }
 
   update(entry) {

@@ -588,6 +588,7 @@ function connectAssistant() {
     }
   });
   client.on("connected", (event) => {
+    if (event.resumed && !chat.entries.length) showEarlier();
     // A new session, or one that cannot send what was missed: the answer
     // cut off stays as far as it got.
     if (!event.continued) {
@@ -648,6 +649,25 @@ function connectAssistant() {
   });
   syncAssistant();
   client.connect();
+}
+
+// A session that goes on in a tab that kept nothing of it: its earlier
+// messages, as the server stored them, above whatever came since.
+async function showEarlier() {
+  const earlier = await client.history();
+  if (!earlier || !earlier.messages.length) return;
+  chat.addEarlier(earlier.messages.map(earlierEntry));
+  chat.save();
+}
+
+function earlierEntry(message) {
+  if (message.role === "user") return { kind: "user", text: message.text, ...(message.voice ? { voice: true } : {}) };
+  if (message.role === "assistant") return { kind: "agent", text: message.text, done: true };
+  if (message.role === "tool") {
+    return { kind: "tool", tool: message.name, callId: "", status: "earlier", summary: message.name,
+             text: "→ " + message.name };
+  }
+  return { kind: "error", text: message.text };
 }
 
 // After a reload, the first connection says whether the assistant goes on
