@@ -115,6 +115,8 @@ class HandshakeInit(Payload):
     protocolVersion: str
     # Present (even empty) when the client can continue its session on a new socket.
     resume: ResumeOffer | None = None
+    # protocol.md §3c: the tenant's backend vouching for the visitor (a JWT).
+    visitorToken: str | None = Field(default=None, max_length=4096)
 
 
 class HandshakeAck(Payload):

@@ -117,10 +117,14 @@ class Session(AudioSeconds, models.Model):
     resumes = models.PositiveIntegerField(default=0)
     earlier_sockets = models.JSONField(default=list, blank=True)
     socket_opened_at = models.DateTimeField(null=True, blank=True)
+    # Who the tenant's backend vouched for (the ``sub`` of a visitor token,
+    # aitp.visitors): "" for an anonymous page. Links a visitor's conversations.
+    visitor_id = models.CharField("visitor", max_length=128, blank=True, default="")
 
     class Meta:
         ordering = ["-started_at"]
         indexes = [
+            models.Index(fields=["tenant", "visitor_id", "started_at"], name="session_tenant_visitor_idx"),
             models.Index(fields=["api_key", "ended_at"], name="session_key_live_idx"),
             models.Index(fields=["tenant", "started_at"], name="session_tenant_started_idx"),
             # The tenant's live sessions, counted against its ceiling at every open.

@@ -39,6 +39,11 @@ def session_still_allowed(*, session_id: str) -> Refusal | None:
     return api_key_refusal(session.api_key, origin=session.origin, now=timezone.now())
 
 
+def session_link_visitor(*, session_id: str, visitor_id: str) -> None:
+    """The visitor a valid visitor token vouched for (aitp.visitors), kept on the session."""
+    Session.objects.filter(id=session_id).update(visitor_id=visitor_id)
+
+
 def session_heartbeat(*, session_id: str) -> None:
     Session.objects.filter(id=session_id, ended_at__isnull=True).update(last_seen_at=timezone.now())
 

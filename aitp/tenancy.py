@@ -32,7 +32,7 @@ from aitp.models import ApiKey, OperatorAction
 from aitp.store import keys
 from aitp.store.keys import KEY_PREFIX, LOOKUP_PREFIX_LENGTH
 from runtime.config import config
-from tenants.models import Invitation, Tenant, TenantMembership
+from tenants.models import Invitation, Tenant, TenantMembership, generate_visitor_secret
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,17 @@ def tenant_budget_update(*, tenant: Tenant, by, monthly_budget_micros: int | Non
     logger.info("tenant budget updated tenant=%s fields=%s user=%s", tenant.slug,
                 ",".join(sorted(changes)), getattr(by, "pk", None))
     return True
+
+
+def visitor_secret_rotate(*, tenant: Tenant, by) -> str:
+    """Give the tenant a new visitor secret, recording who did (never the
+    secret); visitor tokens signed with the old one are refused from then on."""
+    with transaction.atomic():
+        tenant.visitor_secret = generate_visitor_secret()
+        tenant.save(update_fields=["visitor_secret"])
+        OperatorAction.objects.create(tenant=tenant, user=by, action="visitor_secret_rotated", data={})
+    logger.info("visitor secret rotated tenant=%s user=%s", tenant.slug, getattr(by, "pk", None))
+    return tenant.visitor_secret
 
 
 # --- keys -----------------------------------------------------------------------------

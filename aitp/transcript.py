@@ -225,6 +225,7 @@ ACTION_LABELS = {
     "member_removed": "Member removed",
     "tenant_updated": "Tenant changed",
     "tenant_budget_updated": "Budget or alert webhook changed",
+    "visitor_secret_rotated": "Visitor secret rotated",
 }
 
 

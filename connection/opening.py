@@ -6,13 +6,14 @@ session.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import asdict, replace
 
 import speech
 from agent.conversation import Conversation
 from agent.loop import Agent, AgentConfig, TurnIO
 from agent.store import AgentStore
-from aitp import liveness, notify, ports, processes, resume, services, store
+from aitp import liveness, notify, ports, processes, resume, selectors, services, store, visitors
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.limits import ConnectionLimits
@@ -167,14 +168,41 @@ async def restore(agent: Agent) -> None:
     agent.turn = turns
 
 
-def build_agent(session, server_tools: list, io: TurnIO, limits: ConnectionLimits) -> Agent:
-    """The session's agent: its tenant's prompt and server tools, the LLM
-    backend, its store, and the input limits and token quota it shares with
-    the connection."""
+async def session_agent(session, server_tools: list, io: TurnIO, limits: ConnectionLimits,
+                        visitor_token: str | None, *, continued: bool
+                        ) -> tuple[Agent, visitors.VisitorRefusal | None]:
+    """The session's agent (``build_agent``), its conversation restored when
+    the session is continued; a new session offered a visitor token is linked
+    to its visitor and its agent told of the visitor's earlier conversations
+    (or why the token was refused: the session opens unlinked)."""
+    refused, earlier = None, ""
+    if visitor_token is not None and not continued:
+        refused, earlier = await db_call(_visitor_linked, session, visitor_token)
+    agent = build_agent(session, server_tools, io, limits, earlier=earlier)
+    if continued:
+        await restore(agent)
+    return agent, refused
+
+
+def _visitor_linked(session, token: str) -> tuple[visitors.VisitorRefusal | None, str]:
+    found = visitors.visitor_id(token, selectors.visitor_secret(session.tenant_id), now=time.time())
+    if isinstance(found, visitors.VisitorRefusal):
+        return found, ""
+    services.session_link_visitor(session_id=session.id, visitor_id=found)
+    return None, visitors.earlier_account(
+        selectors.visitor_earlier(session.tenant_id, found, before_session=session.id))
+
+
+def build_agent(session, server_tools: list, io: TurnIO, limits: ConnectionLimits, *,
+                earlier: str = "") -> Agent:
+    """The session's agent: its tenant's prompt (and what ``earlier``
+    conversations of its visitor were) and server tools, the LLM backend,
+    its store, and the input limits and token quota it shares with the
+    connection."""
     return Agent(
         session_id=session.id,
         tenant_id=session.tenant_id,
-        system_prompt=session.tenant.system_prompt,
+        system_prompt="\n\n".join(part for part in (session.tenant.system_prompt, earlier) if part),
         backend=get_backend(),
         config=agent_config(),
         io=io,

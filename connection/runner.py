@@ -171,10 +171,11 @@ class ConnectionRunner:
             await notify.join(self.socket.channel_layer, [key_group], self.socket.channel_name)
         if await self._handshake_abandoned():
             return
-        agent = opening.build_agent(session, server_tools, self.turns, self.rate_limits)
-        if following is not None:
-            await opening.restore(agent)
+        agent, visitor_refused = await opening.session_agent(session, server_tools, self.turns, self.rate_limits,
+                                                             event.init.visitorToken, continued=following is not None)
         await self._accept(session, agent, watched, continued=following is not None)
+        if visitor_refused is not None:  # told after the ACK: the session opened, unlinked
+            self.machine.error(visitor_refused.code, visitor_refused.message)
 
     async def regroup(self, joined: str, continued: str) -> bool | None:
         """The continued session's group in place of the one joined for a new

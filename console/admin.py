@@ -89,8 +89,8 @@ class TenantAdmin(admin.ModelAdmin):
                     "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
-    # The alert webhook's secret is the tenant's owners' (the console's Budget page).
-    exclude = ["alert_webhook_secret"]
+    # The alert webhook's and the visitor tokens' secrets are the tenant's owners' (the console).
+    exclude = ["alert_webhook_secret", "visitor_secret"]
 
     def get_readonly_fields(self, request, obj=None):
         # The quota and the ceilings bound what a tenant costs: only the

@@ -10,7 +10,7 @@ import logging
 import smtplib
 from datetime import datetime, time
 from decimal import Decimal
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from django.contrib import messages
 from django.contrib.auth import login
@@ -46,6 +46,8 @@ from tenants.models import BudgetAlert, Invitation, TenantMembership
 logger = logging.getLogger(__name__)
 
 RECENT_SESSIONS = 50
+# The most sessions a visitor's page lists (the newest).
+VISITOR_SESSIONS = 200
 
 
 def _live_q(prefix: str = "") -> Q:
@@ -78,7 +80,7 @@ def usage(request: HttpRequest, access: Access) -> HttpResponse:
     days = daily_usage(access.tenant, today=timezone.localdate())
     labels = [day_title(day.date) for day in days]
     ticks = [day_label(day.date) for day in days]
-    recent = (
+    recent = list(
         Session.objects.filter(tenant=access.tenant)
         .select_related("api_key")
         .annotate(live_now=Case(When(_live_q(), then=Value(True)), default=Value(False),
@@ -86,6 +88,8 @@ def usage(request: HttpRequest, access: Access) -> HttpResponse:
                   cost_micros=Sum("turn_records__cost_micros"))
         .order_by("-started_at")[:RECENT_SESSIONS]
     )
+    for session in recent:
+        session.visitor_url = visitor_url(access.tenant.slug, session.visitor_id)
     costs = [d.cost_micros for d in days if d.cost_micros is not None]
     return render_page(
         request, access, "console/usage.html", title="Usage", section="usage",
@@ -127,14 +131,45 @@ def session_detail(request: HttpRequest, access: Access, session_id: str) -> Htt
         section="usage", session=session, conversation=conversation, tool_calls=tool_calls,
         turns=list(session.turn_records.order_by("number")),
         page_history=session.page_history if isinstance(session.page_history, list) else [],
-        actions=actions,
+        actions=actions, visitor_url=visitor_url(access.tenant.slug, session.visitor_id),
         final_errors=sorted(str(s) for s in ToolCall.FINAL_STATUSES if s != ToolCall.Status.SUCCESS),
+    )
+
+
+def visitor_url(slug: str, visitor_id: str) -> str:
+    """The page of a visitor's conversations; "" for a session without one.
+    The id is the tenant's own string: every character but letters, digits
+    and ``_.-~`` is escaped, "/" too, so that no part of it reads as a step
+    of the path (only an id that is just "." or ".." still would, in a
+    browser)."""
+    if not visitor_id:
+        return ""
+    placeholder = "-"
+    base = reverse("console:visitor", args=[slug, placeholder]).removesuffix(placeholder + "/")
+    return f"{base}{quote(visitor_id, safe='')}/"
+
+
+@tenant_view()
+def visitor(request: HttpRequest, access: Access, visitor_id: str) -> HttpResponse:
+    """The tenant's sessions with this visitor (its backend's id, from a
+    visitor token), newest first; none of another tenant's, whatever the id."""
+    sessions = list(
+        Session.objects.filter(tenant=access.tenant, visitor_id=visitor_id)
+        .annotate(live_now=Case(When(_live_q(), then=Value(True)), default=Value(False),
+                                output_field=BooleanField()))
+        .order_by("-started_at", "-pk")[:VISITOR_SESSIONS + 1]
+    )
+    return render_page(
+        request, access, "console/visitor.html", title=f"Visitor {visitor_id}", section="usage",
+        visitor_id=visitor_id, sessions=sessions[:VISITOR_SESSIONS],
+        more=len(sessions) > VISITOR_SESSIONS, limit=VISITOR_SESSIONS,
     )
 
 
 # --- keys ------------------------------------------------------------------------
 
 
+@never_cache  # an owner sees the visitor secret here
 @tenant_view()
 def keys(request: HttpRequest, access: Access) -> HttpResponse:
     rows = (
@@ -280,6 +315,18 @@ def key_revoke(request: HttpRequest, access: Access, key_id: int) -> HttpRespons
     return render_page(request, access, "console/key_revoke.html", title=f"Revoke key {key.prefix}",
                        section="keys", key=key, live_sessions=live,
                        demo_key=key.status != ApiKey.Status.REVOKED and selectors.is_the_demo_pages_key(key))
+
+
+@require_POST
+@tenant_view(owner_only=True)
+def visitor_secret_rotate(request: HttpRequest, access: Access) -> HttpResponse:
+    if request.POST.get("confirm") != "rotate":
+        messages.error(request, "The visitor secret was not rotated: tick the box to confirm.")
+    else:
+        tenancy.visitor_secret_rotate(tenant=access.tenant, by=request.user)
+        messages.success(request, "Visitor secret rotated. Visitor tokens signed with the old one are "
+                                  "refused from now on: give your backend the new one.")
+    return redirect(reverse("console:keys", args=[access.tenant.slug]) + "#visitor-tokens")
 
 
 # --- budget ----------------------------------------------------------------------

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
+import time
 from decimal import Decimal
 from pathlib import Path
 
+import jwt
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from aitp import selectors
+from aitp.store import keys
 from demo import catalog, services
 from demo.catalog import Cart, CartError
 from runtime.config import config as current_config
@@ -31,6 +36,10 @@ SESSION_KEY = "owl_demo_api_key"
 SESSION_CART = "owl_demo_cart"
 SESSION_ORDER = "owl_demo_last_order"
 MAX_API_BODY_BYTES = 4096
+# The demo's visitor: this browser (its Django session), as a signed-in
+# shopper would be a tenant's; its visitor token is valid this long.
+SESSION_VISITOR = "owl_demo_visitor"
+VISITOR_TOKEN_SECONDS = 3600
 
 
 def read_demo_key(key_file: Path) -> str:
@@ -53,6 +62,18 @@ def page_api_key(request: HttpRequest) -> str:
     return request.session.get(SESSION_KEY, "") or read_demo_key(DEMO_KEY_FILE)
 
 
+def visitor_token(request: HttpRequest, api_key: str) -> str:
+    """What a tenant's backend does for a visitor it knows (docs/protocol.md
+    §3c): a short token naming the visitor, signed with the tenant's visitor
+    secret; "" for a key that is not one."""
+    key = keys.api_key_lookup(api_key) if api_key else None
+    if key is None:
+        return ""
+    visitor = request.session.setdefault(SESSION_VISITOR, "shopper-" + secrets.token_hex(8))
+    claims = {"sub": visitor, "iat": int(time.time()), "exp": int(time.time()) + VISITOR_TOKEN_SECONDS}
+    return jwt.encode(claims, selectors.visitor_secret(key.tenant_id), algorithm="HS256")
+
+
 def load_cart(request: HttpRequest) -> Cart:
     return Cart.from_data(request.session.get(SESSION_CART))
 
@@ -73,6 +94,7 @@ def store_config(request: HttpRequest) -> dict:
     return {
         "apiKey": api_key,
         "demoKey": bool(api_key) and api_key == read_demo_key(DEMO_KEY_FILE),
+        "visitorToken": visitor_token(request, api_key),
         "wsPath": current_config().protocol.ws_path,
         "agent": current_config().llm.name,
         "urls": {

@@ -36,6 +36,11 @@ def generate_alert_secret() -> str:
     return "whsec_" + secrets.token_urlsafe(32)
 
 
+def generate_visitor_secret() -> str:
+    """The secret a tenant's backend signs its visitor tokens with (HS256; aitp.visitors)."""
+    return "vsec_" + secrets.token_urlsafe(32)
+
+
 class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
@@ -88,6 +93,11 @@ class Tenant(models.Model):
     alert_webhook_secret = models.CharField(
         max_length=128, default=generate_alert_secret,
         help_text="Signs the alert webhook's requests (X-OwlLayer-Signature).",
+    )
+    visitor_secret = models.CharField(
+        max_length=128, default=generate_visitor_secret,
+        help_text="Signs the visitor tokens of the tenant's backend (JWT, HS256), which link a "
+        "visitor's conversations across visits and devices.",
     )
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -14,7 +14,7 @@ from django.core import mail
 from django.test import Client
 from django.urls import reverse
 
-from tests.support.admin_rows import MOMENT, admin_rows
+from tests.support.admin_rows import MOMENT, VISITOR_ID, admin_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -82,18 +82,22 @@ def admin_pages(rows) -> dict[str, str]:
 
 
 def console_pages(rows) -> dict[str, str]:
+    from console.views import visitor_url
+
     slug, session = rows.tenants[0].slug, rows.sessions[0]
     return {
         "the console's usage": reverse("console:usage", args=[slug]),
         "the console's keys": reverse("console:keys", args=[slug]),
         "the console's members": reverse("console:members", args=[slug]),
         "the console's session record": reverse("console:session", args=[slug, session.pk]),
+        "the console's visitor": visitor_url(slug, VISITOR_ID),
     }
 
 
 PAGES = ["an admin change list", "an admin record page", "the keys in the admin", "the demo store's orders",
          "the approvals in the admin", "an approval's review page", "a live session's page",
-         "the console's usage", "the console's keys", "the console's members", "the console's session record"]
+         "the console's usage", "the console's keys", "the console's members", "the console's session record",
+         "the console's visitor"]
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -60,24 +60,19 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
     return ResumeOutcome(session=session)
 
 
-def readable_session(*, raw_key: str, token: ResumeToken, origin: str,
-                     window: float) -> tuple[Session | None, admission.Refusal | None]:
+def readable_session(*, key, token: ResumeToken, origin: str, window: float) -> Session | None:
     """The session whose conversation a page may read again with this token
-    (docs/protocol.md §3b): the one the token would continue, or the one it
-    is the current token of while a socket holds it. Reading spends
-    nothing: the token still serves its next socket. (None, refusal) when
-    the key may not be used from this origin; (None, None) when the token
-    names no such session."""
-    now = timezone.now()
-    key = keys.api_key_lookup(raw_key)
-    refusal = admission.api_key_refusal(key, origin=origin, now=now)
-    if refusal is not None:
-        return None, refusal
+    (docs/protocol.md §3b), ``key`` being one the page may use from
+    ``origin``: the session the token would continue, or the one it is the
+    current token of while a socket holds it. Reading spends nothing: the
+    token still serves its next socket."""
+    if window <= 0:
+        return None
     named = Session.objects.filter(id=token.session_id, api_key_id=key.pk, origin=origin[:500],
                                    resume_token_hash=token.secret_hash)
     open_or_continuable = named.filter(ended_at__isnull=True) | named.filter(
-        ended_at__gte=now - timedelta(seconds=window)).exclude(close_code__in=FINAL_CODES)
-    return (open_or_continuable.first() if window > 0 else None), None
+        ended_at__gte=timezone.now() - timedelta(seconds=window)).exclude(close_code__in=FINAL_CODES)
+    return open_or_continuable.first()
 
 
 def _reopened(row: Session, info: HandshakeInfo, now, next_hash: str, held: dict | None) -> dict:

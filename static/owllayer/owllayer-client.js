@@ -23,6 +23,9 @@
  *
  * client.history() reads the session's earlier messages from the server
  * (a widget that keeps no copy of its own draws them after a reload).
+ * new OwlLayerClient({visitorToken}) passes on a token the tenant's backend
+ * signed for its visitor (protocol.md §3c): the visitor's conversations are
+ * linked, and client.lastConversation() reads the latest one.
  *
  * Events: state, activity, connected, close, error, frame, agent, tools,
  * transcript.delta, system, tool.start, tool, approval, approval.decided,
@@ -293,7 +296,9 @@ function checkedHistory(body) {
   if (!isObject(body) || !check.nonEmptyString(body.sessionId) || !Array.isArray(body.messages)) return null;
   const fine = body.messages.every((m) => isObject(m) && HISTORY_ROLES.includes(m.role) &&
     Number.isSafeInteger(m.turn) && (m.role === "tool" ? typeof m.name === "string" : typeof m.text === "string"));
-  return fine ? { sessionId: body.sessionId, messages: body.messages, truncated: body.truncated === true } : null;
+  if (!fine) return null;
+  return { sessionId: body.sessionId, startedAt: typeof body.startedAt === "string" ? body.startedAt : null,
+           messages: body.messages, truncated: body.truncated === true };
 }
 
 export function closeIsPermanent(code) {
@@ -509,6 +514,8 @@ export class OwlLayerClient {
     this.apiKey = options.apiKey || "";
     this.endpoint = options.endpoint || defaultEndpoint();
     this.showApproval = options.showApproval || showApprovalDialog;
+    // The tenant's backend vouching for the visitor (protocol.md §3c): a JWT, or null.
+    this.visitorToken = options.visitorToken || null;
     // Where this tab keeps its resume token (null: the session ends with its socket).
     this.resumeKey = options.resume === false ? null : "owllayer-resume:" + this.endpoint;
     this.resumed = false;
@@ -726,6 +733,7 @@ export class OwlLayerClient {
       sdkVersion: SDK_VERSION,
       protocolVersion: PROTOCOL_VERSION,
     };
+    if (this.visitorToken) init.visitorToken = this.visitorToken;
     if (this.resumeKey) {
       const kept = readResume(this.resumeKey);
       this.offered = kept;
@@ -991,10 +999,23 @@ export class OwlLayerClient {
   async history() {
     const kept = this.resumeKey ? readResume(this.resumeKey) : null;
     const token = this.resumeToken || (kept && kept.token);
-    if (!token) return null;
+    return token ? this.readConversation({ token }) : null;
+  }
+
+  /*
+   * The visitor's latest conversation (the visitorToken's, protocol.md
+   * §3c), as history() gives a session's, with its startedAt: what a later
+   * visit, or another device, shows of the last one. Null without a
+   * visitor token or a conversation.
+   */
+  async lastConversation() {
+    return this.visitorToken ? this.readConversation({ visitorToken: this.visitorToken }) : null;
+  }
+
+  async readConversation(credentials) {
     try {
       const answer = await fetch(conversationAddress(this.endpoint), {
-        method: "POST", body: JSON.stringify({ apiKey: this.apiKey, token }), cache: "no-store",
+        method: "POST", body: JSON.stringify({ apiKey: this.apiKey, ...credentials }), cache: "no-store",
       });
       return answer.ok ? checkedHistory(await answer.json()) : null;
     } catch (err) {

@@ -544,6 +544,31 @@ async def test_a_tab_that_kept_none_of_the_conversation_draws_it_from_the_server
     await nothing_dropped(page)
 
 
+async def test_a_later_visit_shows_the_last_conversation_and_the_assistant_remembers_it(
+        llm_store, model, page):
+    model.enqueue(text_response("Nice to meet you, Ada."), text_response("You are Ada."))
+    await open_store(page, llm_store)
+    assert await say(page, "My name is Ada.") == "Nice to meet you, Ada."
+    first_session = await page.evaluate("window.__owl.sessionId")
+    greeting = (await entry_texts(page))[0]
+    await page.close()
+
+    # A new tab of the same browser: a new session, the same visitor.
+    later = await page.context.new_page()
+    await open_store(later, llm_store)
+
+    await expect(chat_entries(later)).to_have_count(4)
+    shown = await entry_texts(later)
+    assert shown[0] == greeting and shown[2:] == ["My name is Ada.", "Nice to meet you, Ada."]
+    assert re.fullmatch(r"Your last conversation, \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC\. "
+                        r"The assistant remembers what you asked then\.", shown[1]), shown[1]
+    assert await later.evaluate("window.__owl.sessionId") != first_session
+    assert await say(later, "What is my name?") == "You are Ada."
+    system = model.requests[-1]["system"][0]["text"]
+    assert '"My name is Ada."' in system
+    await nothing_dropped(later)
+
+
 # A long answer the model writes slowly: word00 ... word79, one word a delta.
 WORDS = [f"word{number:02d}" for number in range(80)]
 WORD_DELTAS = [WORDS[0]] + [" " + word for word in WORDS[1:]]

@@ -14,6 +14,9 @@ USER_AGENT = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like G
               "Chrome/131.0.6778.139 Safari/537.36")
 LONG_URL = ("https://shop.example.com/products/pro-headphones-wireless-noise-cancelling"
             "?ref=newsletter&utm_source=email&utm_campaign=winter-sale-2026")
+# The id a tenant's backend gives its visitor (a visitor token's sub): every
+# session of these rows is this visitor's.
+VISITOR_ID = "crm/customers/0048213-eu-west"
 
 
 @dataclass
@@ -34,7 +37,7 @@ def _session(tenant, key, index: int):
     live = index == 0
     return Session.objects.create(
         id="ses_" + secrets.token_hex(12), tenant=tenant, api_key=key,
-        origin="https://shop.example.com", user_agent=USER_AGENT, viewport="1280x800",
+        origin="https://shop.example.com", user_agent=USER_AGENT, viewport="1280x800", visitor_id=VISITOR_ID,
         sdk_version="0.4.0", protocol_version="1.0.0", started_at=MOMENT,
         last_seen_at=timezone.now() if live else MOMENT, last_activity_at=MOMENT,
         ended_at=None if live else MOMENT + timedelta(minutes=index), close_code=None if live else 1000,

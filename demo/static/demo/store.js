@@ -572,6 +572,7 @@ function connectAssistant() {
   const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
   client = new OwlLayerClient({
     apiKey: config.apiKey, endpoint: scheme + window.location.host + config.wsPath, showApproval,
+    visitorToken: config.visitorToken || null,
   });
   let lostConnection = false;
 
@@ -589,6 +590,8 @@ function connectAssistant() {
   });
   client.on("connected", (event) => {
     if (event.resumed && !chat.entries.length) showEarlier();
+    else if (!event.resumed && !chat.entries.length && !lastVisitAsked) showLastVisit();
+    lastVisitAsked = true;
     // A new session, or one that cannot send what was missed: the answer
     // cut off stays as far as it got.
     if (!event.continued) {
@@ -657,6 +660,28 @@ async function showEarlier() {
   const earlier = await client.history();
   if (!earlier || !earlier.messages.length) return;
   chat.addEarlier(earlier.messages.map(earlierEntry));
+  chat.save();
+}
+
+const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+// A moment the way the site writes one: "3 Dec 2026, 14:05 UTC".
+function formatMoment(when) {
+  const two = (number) => String(number).padStart(2, "0");
+  return when.getUTCDate() + " " + MONTHS[when.getUTCMonth()] + " " + when.getUTCFullYear() + ", " +
+    two(when.getUTCHours()) + ":" + two(when.getUTCMinutes()) + " UTC";
+}
+
+// A new tab or another device of a visitor the store knows (its visitor
+// token): the last conversation, above the new one, with a note saying when.
+let lastVisitAsked = false;
+async function showLastVisit() {
+  const last = await client.lastConversation();
+  if (!last || !last.messages.length || last.sessionId === client.sessionId) return;
+  const when = last.startedAt ? new Date(last.startedAt) : null;
+  const note = "Your last conversation" + (when ? ", " + formatMoment(when) : "") +
+    ". The assistant remembers what you asked then.";
+  chat.addEarlier([{ kind: "note", text: note }, ...last.messages.map(earlierEntry)]);
   chat.save();
 }
 
