@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 
 from aitp import processes
-from aitp.close_codes import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER
+from aitp.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER
 from aitp.limits import ConnectionLimits
 from aitp.session import Event, SessionMachine, State
 from runtime.db import DbCallConsumer
@@ -67,6 +67,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.new_runner = runner
         self.machine: SessionMachine | None = None
         self.runner: Runner | None = None
+        # The channel of the process its session runs on, when it is relayed there.
+        self.relayed_to: str | None = None
 
     async def dispatch(self, message) -> None:
         try:
@@ -114,34 +116,31 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
             await self.shutdown(processes.SHUTDOWN_MESSAGE)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        data = text_data if text_data is not None else bytes_data
+        if self.relayed_to is not None:
+            await self.channel_layer.send(self.relayed_to, {"type": "relay.inbound", "text": data or ""})
+            return
         if self.runner is None:
             return  # let go of its session, closing
-        data = text_data if text_data is not None else bytes_data
-        if not await self.runner.rate_limits.allow_frame(self.machine):
-            self.machine.frame_dropped(data or "")  # dropped, not parsed
-            await self.runner.flush()
-            return
-        events = self.machine.receive_text(data or "")
-        self.runner.show_watchers(events, data or "")
-        for event in events:
-            try:
-                await self.runner.handle(event)
-            except DatabaseError:
-                logger.exception("session %s: database error", self.machine.session_id)
-                _database_unavailable(self.machine)
-            except Exception:
-                # Our bug, not the page's: log it, tell the page, keep the
-                # connection -- unless the handshake failed: it completes or
-                # is refused, never stays pending without a key.
-                logger.exception("session %s: failed to handle %s", self.machine.session_id,
-                                 type(event).__name__)
-                _internal_error(self.machine)
-        await self.runner.flush()
+        await take_frame(self.runner, data or "")
 
     def let_go(self) -> None:
         """Its session is held for a newer socket (``connection.holding``):
         whatever this socket still sends or is told, it is no longer the session's."""
         self.runner = None
+
+    def relay_through(self, holder: str) -> None:
+        """Its session runs on another process (``connection.relay``): the
+        page's frames go to ``holder``, that process's channel for it, and
+        what it sends comes back as ``relay.outbound`` and ``relay.close``."""
+        self.runner, self.relayed_to = None, holder
+
+    async def relay_outbound(self, event: dict) -> None:
+        await self.send(text_data=event["text"])
+
+    async def relay_close(self, event: dict) -> None:
+        self.relayed_to = None
+        await self.close(code=event["code"], reason=event.get("reason") or None)
 
     def take_over(self, runner: Runner) -> None:
         """The session this socket continues was held by another runner of
@@ -170,6 +169,11 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         raise StopConsumer()
 
     async def disconnect(self, code: int) -> None:
+        relayed_to, self.relayed_to = self.relayed_to, None
+        if relayed_to is not None:
+            with contextlib.suppress(Exception):  # that process's hold ends the session by itself
+                await self.channel_layer.send(relayed_to, {"type": "relay.gone", "code": code,
+                                                           "channel": self.channel_name})
         if self.runner is not None:
             await self.runner.disconnect(code)
         processes.connection_closed(self)
@@ -180,6 +184,33 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         connection ends as a disconnect does."""
         if self.runner is not None:
             await self.runner.shutdown(message)
+        elif self.relayed_to is not None:
+            await self.close(code=CLOSE_GOING_AWAY)  # the page comes back on a process that stays
+
+
+async def take_frame(runner: Runner, data: str | bytes) -> None:
+    """One frame of the page, through the runner's session machine: the
+    frame limits, the events it makes, what they send back."""
+    machine = runner.machine
+    if not await runner.rate_limits.allow_frame(machine):
+        machine.frame_dropped(data)  # dropped, not parsed
+        await runner.flush()
+        return
+    events = machine.receive_text(data)
+    runner.show_watchers(events, data)
+    for event in events:
+        try:
+            await runner.handle(event)
+        except DatabaseError:
+            logger.exception("session %s: database error", machine.session_id)
+            _database_unavailable(machine)
+        except Exception:
+            # Our bug, not the page's: log it, tell the page, keep the
+            # connection -- unless the handshake failed: it completes or
+            # is refused, never stays pending without a key.
+            logger.exception("session %s: failed to handle %s", machine.session_id, type(event).__name__)
+            _internal_error(machine)
+    await runner.flush()
 
 
 def _internal_error(machine: SessionMachine) -> None:

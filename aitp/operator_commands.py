@@ -18,6 +18,9 @@ from aitp.close_codes import CLOSE_CONTINUED_ELSEWHERE, CLOSE_POLICY
 from aitp.session import SessionMachine, State
 
 SUPERSEDED = "superseded"
+# From a newer socket on another process: the session goes on where it is
+# held, relayed through that socket (connection.relay); nothing to do here.
+RELAY = "relay"
 CONTINUED_ELSEWHERE = "This conversation goes on in another tab or window."
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -34,8 +35,9 @@ from django.utils import timezone
 
 from aitp import notify, processes, resume, store
 from aitp import protocol as p
-from aitp.close_codes import CLOSE_CONTINUED_ELSEWHERE, CLOSE_NORMAL
-from aitp.operator_commands import CONTINUED_ELSEWHERE, SUPERSEDED
+from aitp.close_codes import CLOSE_ABNORMAL, CLOSE_CONTINUED_ELSEWHERE, CLOSE_NORMAL
+from aitp.consumer import take_frame
+from aitp.operator_commands import CONTINUED_ELSEWHERE, RELAY, SUPERSEDED
 from runtime.config import config
 from runtime.db import db_call
 
@@ -91,12 +93,15 @@ async def superseded(runner: ConnectionRunner, event: dict) -> bool:
     the session held for the newer one, which then gets what this one
     missed. True when done here; False: the command is carried out as any
     other (a newer socket on another process: the session ends here)."""
-    if event.get("command") != SUPERSEDED or event.get("process") != processes.current_id():
+    relay = event.get("command") == RELAY
+    if not relay and (event.get("command") != SUPERSEDED or event.get("process") != processes.current_id()):
         return False
     if isinstance(runner.socket, HeldSocket):
+        if relay:
+            await runner.socket.relay(event)
         return True  # held already: the newer socket takes it
     if not may_hold(runner, CLOSE_CONTINUED_ELSEWHERE):
-        return False
+        return relay  # unanswered: the newer socket asks this one to let go
     old = runner.socket
     goodbye = p.serialize(p.system_event("disconnect", message=CONTINUED_ELSEWHERE))
     with contextlib.suppress(Exception):  # a socket that is gone hears nothing
@@ -105,6 +110,8 @@ async def superseded(runner: ConnectionRunner, event: dict) -> bool:
     if not await hold(runner, CLOSE_CONTINUED_ELSEWHERE):
         return False
     old.let_go()
+    if relay:
+        await runner.socket.relay(event)
     return True
 
 
@@ -121,6 +128,8 @@ class HeldSocket:
         self.dropped_at = timezone.now()
         self.opened_at = asyncio.get_running_loop().time()
         self.tasks: list[asyncio.Task] = []
+        # The channel of the socket on another process the session is relayed to, if any.
+        self.relay_to: str | None = None
 
     def start(self) -> None:
         self.tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._expire())]
@@ -131,12 +140,83 @@ class HeldSocket:
                 "reason": "client disconnected"}
 
     async def send(self, text_data: str) -> None:
-        """Kept in the outbox already: the client's next socket gets it."""
+        """Kept in the outbox already: the client's next socket gets it (a
+        socket on another process the session is relayed to, at once)."""
+        if self.relay_to is not None:
+            await self.channel_layer.send(self.relay_to, {"type": "relay.outbound", "text": text_data})
 
     async def close(self, code: int, reason: str) -> None:
         """The connection ends (an operator's end, a revoked key, a newer
         socket elsewhere): the runner tears itself down after this."""
+        await self._cut_relay(code, reason)
         self._release()
+
+    async def _cut_relay(self, code: int, reason: str, message: str | None = None) -> None:
+        """The socket the session is relayed to, if any, is closed (told ``message`` first)."""
+        relay_to, self.relay_to = self.relay_to, None
+        if relay_to is None:
+            return
+        with contextlib.suppress(Exception):  # gone already: nothing to tell
+            if message is not None:
+                await self.channel_layer.send(relay_to, {"type": "relay.outbound", "text": p.serialize(
+                    p.system_event("disconnect", message=message))})
+            await self.channel_layer.send(relay_to, {"type": "relay.close", "code": code, "reason": reason})
+
+    async def relay(self, event: dict) -> None:
+        """A socket on another process offered the session's token
+        (``connection.relay``): the session goes on here and that socket
+        relays, once the row is claimed for it as a socket here would claim
+        it. Its HANDSHAKE_ACK is numbered where the client left off, then the
+        frames it missed follow, as ``_attach`` sends them to a socket here.
+        Not answered (the asker then has the session let go) when the claim fails."""
+        runner = self.runner
+        if runner is None:
+            return
+        token = resume.ResumeToken("", event["sessionId"], event["tokenHash"])
+        info = replace(store.HandshakeInfo(**event["info"]), process=processes.current_id(),
+                       channel_name=self.channel_name)
+        outcome = await db_call(store.current().session_resume, raw_key=event["apiKey"], token=token,
+                                next_hash=info.resume_token_hash, info=info,
+                                window=config().protocol.resume_window, held=self.last_socket)
+        if outcome.refusal is not None:
+            refusal = outcome.refusal
+            await self.channel_layer.send(event["reply"], {"type": "relay.refused", "code": refusal.code,
+                                                           "message": refusal.message, "reason": refusal.reason})
+            return
+        if outcome.session is None or self.runner is None:
+            return
+        await self._cut_relay(CLOSE_CONTINUED_ELSEWHERE, "continued on another socket", CONTINUED_ELSEWHERE)
+        outbox = runner.machine.outbox
+        position = outbox.position(event.get("lastSeq"))
+        await self.channel_layer.send(event["reply"], {
+            "type": "relay.accepted", "position": position, "lastInput": outbox.last_input,
+            "capabilities": list(runner.machine.capabilities), "holder": self.channel_name})
+        channel = event["channel"]
+        await _replay(runner, position, lambda text: self.channel_layer.send(
+            channel, {"type": "relay.outbound", "text": text}))
+        self.relay_to = channel
+        self.opened_at = asyncio.get_running_loop().time()
+        logger.info("session %s: relayed to a socket on another process from frame %d",
+                    runner.session_row.id, position + 1)
+        if runner.turns.agent is not None:
+            await runner.turns.agent.page_tools.calls_lost(outbox.calls_through(position))
+        await runner.flush()
+
+    async def relayed_socket_gone(self, runner: ConnectionRunner, event: dict) -> None:
+        """The socket the session was relayed to closed: held again, as at
+        a drop (the page's own 1000 ends it)."""
+        if event.get("channel") != self.relay_to:
+            return
+        self.relay_to, code = None, int(event.get("code") or CLOSE_ABNORMAL)
+        if code == CLOSE_NORMAL:
+            self._release()
+            runner.closed = True
+            runner.machine.close_now(code, "client disconnected")
+            runner.start_teardown(code, "client disconnected")
+            return
+        self.code, self.dropped_at = code, timezone.now()
+        self.opened_at = asyncio.get_running_loop().time()
+        logger.info("session %s: relayed socket closed (%s); held for its next socket", runner.session_row.id, code)
 
     async def shutdown(self, message: str) -> None:
         if self.runner is not None:
@@ -149,10 +229,15 @@ class HeldSocket:
             if runner is None:
                 return
             try:
-                if message.get("type") == "session.command":
+                kind = message.get("type")
+                if kind == "session.command":
                     await runner.command(message)
-                elif message.get("type") == "key.changed":
+                elif kind == "key.changed":
                     await runner.recheck_key()
+                elif kind == "relay.inbound" and self.relay_to is not None:
+                    await take_frame(runner, message["text"])
+                elif kind == "relay.gone":
+                    await self.relayed_socket_gone(runner, message)
             except Exception:
                 logger.exception("session %s: a held session could not act on %s",
                                  runner.machine.session_id, message.get("type"))
@@ -168,9 +253,10 @@ class HeldSocket:
             if runner is None:
                 return
             now = loop.time()
-            if runner.turns.task is not None and not runner.turns.task.done():
+            if self.relay_to is not None or (runner.turns.task is not None and not runner.turns.task.done()):
                 quiet_since = now
-            if now - quiet_since >= protocol.resume_hold or now - self.opened_at >= protocol.resume_window:
+            if now - quiet_since >= protocol.resume_hold or (
+                    self.relay_to is None and now - self.opened_at >= protocol.resume_window):
                 break
             await asyncio.sleep(min(CHECK_EVERY, protocol.resume_hold))
         self._release()
@@ -223,6 +309,7 @@ async def continue_held(new: ConnectionRunner, raw_key: str, token: resume.Resum
         await notify.join(new.socket.channel_layer, [key_group], new.socket.channel_name)
     if new.teardown_task is not None or new.closed:
         return True  # the new socket is gone already: the session stays held
+    await held._cut_relay(CLOSE_CONTINUED_ELSEWHERE, "continued on another socket", CONTINUED_ELSEWHERE)
     held._release()
     try:
         position = runner.machine.outbox.position(last_seq)
@@ -251,8 +338,17 @@ async def _attach(runner: ConnectionRunner, socket: Any, groups: list[str], posi
         await notify.leave(held.channel_layer, runner.groups_joined, held.channel_name)
     runner.groups_joined = groups
     logger.info("session %s: continued on a new socket from frame %d", runner.session_row.id, position + 1)
-    # Until the socket is the runner's, what the turn sends is only kept: the
-    # frames go out from the outbox, in order, until none is left to send.
+    await _replay(runner, position, lambda text: socket.send(text_data=text))
+    runner.socket = socket
+    if runner.turns.agent is not None:
+        await runner.turns.agent.page_tools.calls_lost(runner.machine.outbox.calls_through(position))
+    await runner.flush()
+
+
+async def _replay(runner: ConnectionRunner, position: int, send: Callable[[str], Awaitable[Any]]) -> None:
+    """The frames after ``position``, each to ``send``. Until the socket is the
+    runner's, what the turn sends is only kept: the frames go out from the
+    outbox, in order, until none is left to send."""
     outbox = runner.machine.outbox
     sent = position
     while True:
@@ -260,11 +356,7 @@ async def _attach(runner: ConnectionRunner, socket: Any, groups: list[str], posi
             runner.show_sent(text)  # kept in the outbox; the watchers see it now
         missed = outbox.after(sent)
         if not missed:
-            break
+            return
         for _, text in missed:
-            await socket.send(text_data=text)
+            await send(text)
         sent = missed[-1][0]
-    runner.socket = socket
-    if runner.turns.agent is not None:
-        await runner.turns.agent.page_tools.calls_lost(outbox.calls_through(position))
-    await runner.flush()

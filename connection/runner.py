@@ -35,7 +35,7 @@ from aitp.session import (
     State,
 )
 from aitp.watch_feed import WatcherFeed
-from connection import holding, opening
+from connection import holding, opening, relay
 from connection.turns import TurnOwner
 from runtime import logs, metrics
 from runtime.config import config
@@ -142,7 +142,8 @@ class ConnectionRunner:
                                       channel_name=self.socket.channel_name, token=self.next_token)
         token = resume.parse(offer.token) if offer is not None else None
         for _ in range(3):  # the session may become held here while this socket waits for it
-            if token is not None and await holding.continue_held(self, event.api_key, token, offer.lastSeq, info):
+            if token is not None and (await holding.continue_held(self, event.api_key, token, offer.lastSeq, info)
+                                      or await relay.relayed(self, event.api_key, token, offer.lastSeq, info)):
                 return
             opened = await opening.continue_or_open(event.api_key, token, info)
             if opened is not opening.HELD_HERE:

@@ -67,7 +67,8 @@ _ = _Names()
 
 # Channels: the socket's disconnect, and handlers named by the message type
 # they receive ("watch.ready" -> watch_ready).
-(_.websocket_disconnect, _.watch_ready, _.watch_event, _.watch_access, _.watch_frame)
+(_.websocket_disconnect, _.watch_ready, _.watch_event, _.watch_access, _.watch_frame,
+ _.relay_outbound, _.relay_close)
 # channels_redis' layer: attributes it reads, replaced.
 (_.receive_clean_locks, _.brpop_timeout)
 

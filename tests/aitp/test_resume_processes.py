@@ -8,8 +8,9 @@ import asyncio
 import signal
 
 import pytest
+from asgiref.sync import sync_to_async
 
-from aitp import tenancy
+from aitp import notify, tenancy
 from aitp.models import ConversationMessage, Session
 from aitp_client import AitpClient
 
@@ -89,11 +90,56 @@ async def test_a_session_closed_with_its_socket_is_continued_on_another_process(
 
 
 @pytest.mark.redis
-async def test_a_session_its_process_holds_is_let_go_to_the_process_the_next_socket_reached(
+async def test_a_session_its_process_holds_goes_on_there_relayed_by_the_process_the_next_socket_reached(
         daphne_factory, raw_key):
     # The process holding the session is asked through the channel layer:
     # several processes share one only on Redis.
-    await reloaded_on_the_other(daphne_factory(), daphne_factory(), raw_key)
+    holding, other = daphne_factory(), daphne_factory()
+    page, ack = await talked(holding, raw_key)
+    await page.close(1001)
+
+    again = page_for(other, raw_key, page.next_resume())
+    ack_again = await again.connect(timeout=SOON)
+    await again.context_update(url="/", title="Home")
+    await again.say("hello again", timeout=SOON)
+
+    assert (ack_again["sessionId"], ack_again["resumed"]) == (ack["sessionId"], True)
+    numbers = [frame["meta"]["seq"] for frame in again.history]
+    assert numbers == list(range(page.last_seq, page.last_seq + len(numbers)))
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    row = await Session.objects.aget(id=ack["sessionId"])
+    assert row.resumes == 1 and row.ended_at is None and f":{holding.process.pid}:" in row.process
+    assert '"WSCONNECT /owllayer"' in other.logs()
+
+    await again.close(1001)
+    # Held again where it runs: the next socket, back on that process, goes on.
+    last = page_for(holding, raw_key, again.next_resume())
+    ack_last = await last.connect(timeout=SOON)
+    await last.context_update(url="/", title="Home")
+    await last.say("and again", timeout=SOON)
+
+    assert (ack_last["sessionId"], ack_last["resumed"]) == (ack["sessionId"], True)
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (6, 3)]
+    await last.close()
+
+
+@pytest.mark.redis
+async def test_a_relayed_session_ends_on_the_page_when_an_operator_ends_it(daphne_factory, raw_key):
+    holding, other = daphne_factory(), daphne_factory()
+    page, ack = await talked(holding, raw_key)
+    await page.close(1001)
+    again = page_for(other, raw_key, page.next_resume())
+    await again.connect(timeout=SOON)
+
+    await sync_to_async(notify.send)(notify.session_group(ack["sessionId"]), "session.command",
+                                     command="end", message="Goodbye.")
+    code, reason = await again.wait_closed(timeout=SOON)
+
+    assert (code, reason) == (1008, "ended by operator")
+    goodbye = [f for f in again.history if f["type"] == "SYSTEM_EVENT" and f["payload"]["kind"] == "disconnect"]
+    assert goodbye[0]["payload"]["message"] == "Goodbye."
+    row = await Session.objects.aget(id=ack["sessionId"])
+    assert row.ended_at is not None and row.close_code == 1008
 
 
 async def test_a_session_the_drain_of_a_stopping_process_closed_goes_on_on_the_one_that_stays(
@@ -141,4 +187,24 @@ async def test_a_newer_socket_on_another_process_takes_over_a_session_whose_sock
     goodbye = [f for f in page.received if f["type"] == "SYSTEM_EVENT" and f["payload"]["kind"] == "disconnect"]
     assert goodbye[0]["payload"]["message"] == "This conversation goes on in another tab or window."
     assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    await again.close()
+
+
+@pytest.mark.redis
+async def test_a_page_relayed_to_a_killed_process_is_sent_away_and_goes_on_from_the_database(
+        daphne_factory, raw_key):
+    doomed, other = daphne_factory(), daphne_factory()
+    page, ack = await talked(doomed, raw_key)
+    await page.close(1001)
+    relayed = page_for(other, raw_key, page.next_resume())
+    assert (await relayed.connect(timeout=SOON))["resumed"] is True
+
+    doomed.process.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(doomed.process.wait, SOON)
+    code, _ = await relayed.wait_closed(timeout=SOON)
+    again = await continued_on(other, raw_key, {**ack, "resumeToken": relayed.ack["resumeToken"]})
+
+    assert code == 1001
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    assert f":{other.process.pid}:" in (await Session.objects.aget(id=ack["sessionId"])).process
     await again.close()
