@@ -316,3 +316,28 @@ async def test_a_body_with_both_tokens_is_not_one_request(api_key, secret):
     answer = await read_last(api_key.raw, signed(secret), token="ses_1." + "A" * 43)
 
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_message"
+
+
+@endpoint
+async def test_two_tabs_of_one_visitor_hold_two_conversations_and_each_gets_only_its_own_answer(
+        llm, connect, api_key, secret):
+    llm.enqueue(text_response("Answer for the first tab."), text_response("Answer for the second tab."))
+    one, two = await connect(), await connect()
+    acks = [(await tab.handshake(api_key.raw, resume={}, visitorToken=signed(secret)))["payload"]
+            for tab in (one, two)]
+    for tab in (one, two):
+        await tab.context(url="/", title="Home")
+
+    first = await turn(one, "First tab asks.")
+    second = await turn(two, "Second tab asks.")
+
+    def said(frames: list[dict]) -> str:
+        return "".join(f["payload"]["chunk"] for f in frames if f["type"] == "AGENT_RESPONSE")
+
+    assert acks[0]["sessionId"] != acks[1]["sessionId"]
+    assert "first tab" in said(first) and "second tab" not in said(first)
+    assert "second tab" in said(second) and "first tab" not in said(second)
+    rows = [await Session.objects.aget(id=ack["sessionId"]) for ack in acks]
+    assert [row.visitor_id for row in rows] == ["visitor-42", "visitor-42"]
+    await one.close()
+    await two.close()
