@@ -59,16 +59,23 @@ async def test_a_page_back_on_the_same_process_goes_on_from_the_last_frame_it_ha
     page, ack = await talked(server, raw_key)
     await page.close(1001)
 
+    again = await went_on(server, raw_key, page, ack, "hello again")
+
+    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    await again.close()
+
+
+async def went_on(server, raw_key: str, page: AitpClient, ack: dict, question: str) -> AitpClient:
+    """The page's next socket on ``server``, offering where ``page`` left off,
+    continues the session and asks ``question``: its frames are numbered on."""
     again = page_for(server, raw_key, page.next_resume())
     ack_again = await again.connect(timeout=SOON)
     await again.context_update(url="/", title="Home")
-    await again.say("hello again", timeout=SOON)
-
+    await again.say(question, timeout=SOON)
     assert (ack_again["sessionId"], ack_again["resumed"]) == (ack["sessionId"], True)
     numbers = [frame["meta"]["seq"] for frame in again.history]
     assert numbers == list(range(page.last_seq, page.last_seq + len(numbers)))
-    assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
-    await again.close()
+    return again
 
 
 async def reloaded_on_the_other(first, second, raw_key: str) -> None:
@@ -98,14 +105,8 @@ async def test_a_session_its_process_holds_goes_on_there_relayed_by_the_process_
     page, ack = await talked(holding, raw_key)
     await page.close(1001)
 
-    again = page_for(other, raw_key, page.next_resume())
-    ack_again = await again.connect(timeout=SOON)
-    await again.context_update(url="/", title="Home")
-    await again.say("hello again", timeout=SOON)
+    again = await went_on(other, raw_key, page, ack, "hello again")
 
-    assert (ack_again["sessionId"], ack_again["resumed"]) == (ack["sessionId"], True)
-    numbers = [frame["meta"]["seq"] for frame in again.history]
-    assert numbers == list(range(page.last_seq, page.last_seq + len(numbers)))
     assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2)]
     row = await Session.objects.aget(id=ack["sessionId"])
     assert row.resumes == 1 and row.ended_at is None and f":{holding.process.pid}:" in row.process
@@ -113,12 +114,8 @@ async def test_a_session_its_process_holds_goes_on_there_relayed_by_the_process_
 
     await again.close(1001)
     # Held again where it runs: the next socket, back on that process, goes on.
-    last = page_for(holding, raw_key, again.next_resume())
-    ack_last = await last.connect(timeout=SOON)
-    await last.context_update(url="/", title="Home")
-    await last.say("and again", timeout=SOON)
+    last = await went_on(holding, raw_key, again, ack, "and again")
 
-    assert (ack_last["sessionId"], ack_last["resumed"]) == (ack["sessionId"], True)
     assert await numbered(ack["sessionId"]) == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (6, 3)]
     await last.close()
 

@@ -334,6 +334,34 @@ async def ask_and_hold(page: Page, store: ProxiedStore) -> tuple[Session, Daphne
 # --- the tests ---------------------------------------------------------------------------
 
 
+async def completed_once(page: Page, first: Session) -> Session:
+    """The reloaded page shows the whole answer once and was sent the rest of
+    it, numbered on from where it left off; its session row, continued once."""
+    await expect(answers(page)).to_have_count(1)
+    await expect(answers(page)).to_have_text(LONG_ANSWER)
+    await expect(notes(page, FINISHES)).to_have_count(1)
+    await expect(page.locator("#owl-activity")).to_have_attribute("data-activity", "idle")
+    texts = await entry_texts(page)
+    assert after_the_question(texts)[:2] == [QUESTION, LONG_ANSWER]
+    assert sum("word00" in text for text in texts) == 1
+    frames = await page.evaluate("window.__owl.frames")
+    assert frames[0]["type"] == "HANDSHAKE_ACK" and frames[0]["payload"]["resumed"] is True
+    assert frames[0]["payload"]["sessionId"] == first.id and frames[0]["meta"]["seq"] > 0
+    assert await page.evaluate("window.__owl.repeated") == 0
+    return await session_when(page, lambda row: row.resumes == 1)
+
+
+async def asked_next_with_the_whole_answer(page: Page, model: FakeAnthropicServer) -> None:
+    answer = await say(page, NEXT_QUESTION)
+
+    assert answer == NEXT_ANSWER
+    assert len(model.requests) == 2
+    assert spoken(model.requests[-1]) == [QUESTION, LONG_ANSWER, NEXT_QUESTION]
+    assert (await entry_texts(page)).count(LONG_ANSWER) == 1
+    await expect(status(page)).to_have_text("connected")
+    await nothing_dropped(page)
+
+
 async def test_behind_nginx_keeping_a_visitor_on_one_process_a_reload_mid_answer_completes_it_once(
         behind_nginx, model, held_answer, page):
     store = await sync_to_async(behind_nginx)(STICKY)
@@ -347,30 +375,12 @@ async def test_behind_nginx_keeping_a_visitor_on_one_process_a_reload_mid_answer
     held_answer.set()
     await page.reload()
 
-    await expect(answers(page)).to_have_count(1)
-    await expect(answers(page)).to_have_text(LONG_ANSWER)
-    await expect(notes(page, FINISHES)).to_have_count(1)
-    await expect(page.locator("#owl-activity")).to_have_attribute("data-activity", "idle")
-    texts = await entry_texts(page)
-    assert after_the_question(texts)[:2] == [QUESTION, LONG_ANSWER]
-    assert sum("word00" in text for text in texts) == 1
-    frames = await page.evaluate("window.__owl.frames")
-    assert frames[0]["type"] == "HANDSHAKE_ACK" and frames[0]["payload"]["resumed"] is True
-    assert frames[0]["meta"]["seq"] > 0
-    assert await page.evaluate("window.__owl.repeated") == 0
+    after = await completed_once(page, first)
     # The reloaded page's socket reached the process that held the session.
-    after = await session_when(page, lambda row: row.resumes == 1)
     assert (after.id, after.process) == (first.id, first.process)
     assert sockets_opened(serving, other) == [opened[0] + 1, opened[1]]
-
-    answer = await say(page, NEXT_QUESTION)
-
-    assert answer == NEXT_ANSWER
-    assert len(model.requests) == 2
-    assert spoken(model.requests[-1]) == [QUESTION, LONG_ANSWER, NEXT_QUESTION]
-    assert (await entry_texts(page)).count(LONG_ANSWER) == 1
+    await asked_next_with_the_whole_answer(page, model)
     assert sockets_opened(serving, other) == [opened[0] + 1, opened[1]]
-    await nothing_dropped(page)
 
 
 @pytest.mark.redis
@@ -388,27 +398,8 @@ async def test_behind_nginx_a_reload_that_reaches_the_other_process_is_relayed_a
     held_answer.set()
     await page.reload()
 
-    await expect(answers(page)).to_have_count(1)
-    await expect(answers(page)).to_have_text(LONG_ANSWER)
-    await expect(notes(page, FINISHES)).to_have_count(1)
-    await expect(page.locator("#owl-activity")).to_have_attribute("data-activity", "idle")
-    texts = await entry_texts(page)
-    assert after_the_question(texts)[:2] == [QUESTION, LONG_ANSWER]
-    assert sum("word00" in text for text in texts) == 1
-    frames = await page.evaluate("window.__owl.frames")
-    assert frames[0]["type"] == "HANDSHAKE_ACK" and frames[0]["payload"]["resumed"] is True
-    assert frames[0]["payload"]["sessionId"] == first.id and frames[0]["meta"]["seq"] > 0
-    assert await page.evaluate("window.__owl.repeated") == 0
+    after = await completed_once(page, first)
     # The page's socket is the other process's; the session stays where it runs.
-    after = await session_when(page, lambda row: row.resumes == 1)
     assert (after.id, after.process) == (first.id, first.process)
     assert sockets_opened(serving, other) == [opened[0], opened[1] + 1]
-
-    answer = await say(page, NEXT_QUESTION)
-
-    assert answer == NEXT_ANSWER
-    assert len(model.requests) == 2
-    assert spoken(model.requests[-1]) == [QUESTION, LONG_ANSWER, NEXT_QUESTION]
-    assert (await entry_texts(page)).count(LONG_ANSWER) == 1
-    await expect(status(page)).to_have_text("connected")
-    await nothing_dropped(page)
+    await asked_next_with_the_whole_answer(page, model)
