@@ -136,11 +136,13 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         self.runner, self.relayed_to = None, holder
 
     async def relay_outbound(self, event: dict) -> None:
-        await self.send(text_data=event["text"])
+        if self.relayed_to is not None:  # a relay this socket gave up on sends it nothing
+            await self.send(text_data=event["text"])
 
     async def relay_close(self, event: dict) -> None:
-        self.relayed_to = None
-        await self.close(code=event["code"], reason=event.get("reason") or None)
+        if self.relayed_to is not None:
+            self.relayed_to = None
+            await self.close(code=event["code"], reason=event.get("reason") or None)
 
     def take_over(self, runner: Runner) -> None:
         """The session this socket continues was held by another runner of

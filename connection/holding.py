@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
@@ -51,6 +52,8 @@ _held: dict[str, HeldSocket] = {}
 
 # How often a held session whose turn runs checks whether its hold is over.
 CHECK_EVERY = 1.0
+# A relay is taken up only this long before the asking socket gives up.
+ANSWER_MARGIN = 0.5
 
 
 def may_hold(runner: ConnectionRunner, code: int) -> bool:
@@ -97,9 +100,13 @@ async def superseded(runner: ConnectionRunner, event: dict) -> bool:
     if not relay and (event.get("command") != SUPERSEDED or event.get("process") != processes.current_id()):
         return False
     if isinstance(runner.socket, HeldSocket):
-        if relay:
+        if relay and event.get("gone"):
+            await runner.socket.relayed_socket_gone(runner, event)
+        elif relay:
             await runner.socket.relay(event)
         return True  # held already: the newer socket takes it
+    if relay and event.get("gone"):
+        return True
     if not may_hold(runner, CLOSE_CONTINUED_ELSEWHERE):
         return relay  # unanswered: the newer socket asks this one to let go
     old = runner.socket
@@ -170,7 +177,7 @@ class HeldSocket:
         frames it missed follow, as ``_attach`` sends them to a socket here.
         Not answered (the asker then has the session let go) when the claim fails."""
         runner = self.runner
-        if runner is None:
+        if runner is None or time.time() > event["answerBy"] - ANSWER_MARGIN:
             return
         token = resume.ResumeToken("", event["sessionId"], event["tokenHash"])
         info = replace(store.HandshakeInfo(**event["info"]), process=processes.current_id(),
@@ -183,7 +190,9 @@ class HeldSocket:
             await self.channel_layer.send(event["reply"], {"type": "relay.refused", "code": refusal.code,
                                                            "message": refusal.message, "reason": refusal.reason})
             return
-        if outcome.session is None or self.runner is None:
+        # Too late (the asker has given up: its token is spent all the same,
+        # and it opens a new session), or the hold ended meanwhile.
+        if outcome.session is None or self.runner is None or time.time() > event["answerBy"] - ANSWER_MARGIN:
             return
         await self._cut_relay(CLOSE_CONTINUED_ELSEWHERE, "continued on another socket", CONTINUED_ELSEWHERE)
         outbox = runner.machine.outbox

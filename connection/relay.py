@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -66,13 +67,16 @@ async def relayed(new: ConnectionRunner, raw_key: str, token: resume.ResumeToken
     reply = await layer.new_channel()
     following = resume.new_token(token.session_id)
     claim = replace(info, session_id=token.session_id, resume_token_hash=following.secret_hash)
-    await notify.asend(notify.session_group(token.session_id), "session.command", command=RELAY,
-                       reply=reply, channel=new.socket.channel_name, apiKey=raw_key,
-                       sessionId=token.session_id, tokenHash=token.secret_hash, lastSeq=last_seq,
-                       info=asdict(claim))
+    group, channel = notify.session_group(token.session_id), new.socket.channel_name
+    await notify.asend(group, "session.command", command=RELAY, reply=reply, channel=channel,
+                       apiKey=raw_key, sessionId=token.session_id, tokenHash=token.secret_hash,
+                       lastSeq=last_seq, info=asdict(claim), answerBy=time.time() + RELAY_WAIT_SECONDS)
     try:
         answer = await asyncio.wait_for(layer.receive(reply), RELAY_WAIT_SECONDS)
     except TimeoutError:
+        # Too late for this socket: should the holder relay to it all the
+        # same, it is held again at once (this socket ignores what it sends).
+        await notify.asend(group, "session.command", command=RELAY, gone=True, channel=channel)
         return False
     if answer.get("type") == "relay.refused":
         new.machine.refuse(answer["code"], answer["message"], answer["reason"])

@@ -6,15 +6,21 @@ handled and not answered ends ``disconnected``."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+from dataclasses import asdict
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.test import override_settings
 from django.utils import timezone
 
-from aitp import notify, tenancy
+from aitp import notify, resume, tenancy
 from aitp.models import ApiKey, Session, ToolCall
+from aitp.operator_commands import RELAY
+from aitp.store.port import HandshakeInfo
 from connection import holding
 from tests.aitp.conftest import ADD_TO_CART, ORIGIN
 from tests.aitp.test_agent import fake, llm, until_done  # noqa: F401 (fixtures)
@@ -424,3 +430,70 @@ async def test_the_ack_names_the_last_question_taken_and_one_sent_again_with_its
     assert after["type"] == "SYSTEM_EVENT" and after["payload"]["kind"] == "tools_effective"
     assert len(llm.requests) == 1
     await second.close()
+
+
+# --- a socket on another process relays the held session (connection.relay) -----------------
+
+
+async def relay_asked(session_id: str, token: str, raw_key: str, *, last_seq: int, answer_by: float,
+                      channel: str, reply: str) -> resume.ResumeToken:
+    """What a socket on another process sends the holder to relay the
+    session (``connection.relay.relayed``); the token it offers next."""
+    following = resume.new_token(session_id)
+    info = HandshakeInfo(session_id=session_id, origin=ORIGIN, user_agent="pytest", viewport="1x1",
+                         sdk_version="0.4.0", protocol_version="1.0.0", channel_name=channel,
+                         process="elsewhere", resume_token_hash=following.secret_hash)
+    await notify.asend(notify.session_group(session_id), "session.command", command=RELAY, reply=reply,
+                       channel=channel, apiKey=raw_key, sessionId=session_id,
+                       tokenHash=resume.parse(token).secret_hash, lastSeq=last_seq, info=asdict(info),
+                       answerBy=answer_by)
+    return following
+
+
+async def test_a_held_session_relayed_elsewhere_sends_there_what_the_page_missed_and_is_held_again_after(
+        llm, connect, api_key):
+    llm.enqueue(text_response(ANSWER, chunks=12, event_delay=0.05))
+    first, ack = await opened(connect, api_key.raw, {})
+    session_id = ack["payload"]["sessionId"]
+    await first.send("USER_INPUT", {"modality": "text", "content": "Add the headphones."})
+    seen = [await first.recv_until("AGENT_RESPONSE", SOON) for _ in range(3)]
+    await held_after(first, session_id)
+    layer = get_channel_layer()
+    reply, relayed = await layer.new_channel(), await layer.new_channel()
+
+    following = await relay_asked(session_id, ack["payload"]["resumeToken"], api_key.raw,
+                                  last_seq=first.last_seq, answer_by=time.time() + 5, channel=relayed, reply=reply)
+    answer = await asyncio.wait_for(layer.receive(reply), SOON)
+    frames = []
+    while not frames or not (frames[-1]["type"] == "AGENT_RESPONSE" and frames[-1]["payload"]["done"]):
+        frames.append(json.loads((await asyncio.wait_for(layer.receive(relayed), SOON))["text"]))
+
+    assert answer["type"] == "relay.accepted" and answer["position"] == first.last_seq
+    assert text_of(seen) + text_of(frames) == ANSWER
+    assert [f["meta"]["seq"] for f in frames] == list(range(first.last_seq + 1, first.last_seq + 1 + len(frames)))
+    row = await Session.objects.aget(id=session_id)
+    assert row.resumes == 1 and row.ended_at is None
+
+    await notify.asend(notify.session_group(session_id), "session.command", command=RELAY, gone=True,
+                       channel=relayed)
+    back, again = await opened(connect, api_key.raw, {"token": following.text, "lastSeq": frames[-1]["meta"]["seq"]})
+
+    assert (again["payload"]["sessionId"], again["payload"]["resumed"]) == (session_id, True)
+    await back.close()
+
+
+async def test_a_relay_asked_for_too_late_is_not_taken_up_and_the_token_still_continues_here(connect, api_key):
+    page, ack = await opened(connect, api_key.raw, {})
+    session_id = ack["payload"]["sessionId"]
+    await held_after(page, session_id)
+    layer = get_channel_layer()
+    reply, relayed = await layer.new_channel(), await layer.new_channel()
+
+    await relay_asked(session_id, ack["payload"]["resumeToken"], api_key.raw, last_seq=0,
+                      answer_by=time.time() - 1, channel=relayed, reply=reply)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(layer.receive(reply), 1.0)
+    back, again = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"], "lastSeq": 0})
+
+    assert (again["payload"]["sessionId"], again["payload"]["resumed"]) == (session_id, True)
+    await back.close()
