@@ -46,7 +46,7 @@ class Conversation:
         # Consecutive user messages (a turn that failed after its tool results)
         # are merged so the conversation keeps alternating.
         if role == "user":
-            _extend(self.history, role, content)
+            _extend(self.history, role, [_model_block(block) for block in content])
         else:
             self.history.append({"role": role, "content": content})
         self._seq += 1
@@ -88,8 +88,43 @@ class Conversation:
         del self.unsaved[: len(messages)]
 
 
+# What a block of the time a person was in charge of the chat (``human_block``) is.
+TAKEN_OVER = "taken_over"
+TO_OPERATOR = "to_operator"  # the page user's words, read by the operator
+OPERATOR = "operator"  # the operator's words, shown to the page user as the agent's
+HANDED_BACK = "handed_back"
+HUMAN_KINDS = (TAKEN_OVER, TO_OPERATOR, OPERATOR, HANDED_BACK)
+
+
+def human_block(kind: str, text: str = "", *, operator: str = "") -> dict:
+    """A stored text block of the time an operator is in charge of the chat
+    (``operators.handover``): ``human`` says which kind, ``operator`` who.
+    It is a user message of the conversation: the model, given it at the
+    hand back, reads it as told by ``_model_block``, never as its own words."""
+    block = {"type": "text", "text": text, "human": kind}
+    if operator:
+        block["operator"] = operator
+    return block
+
+
+def _human_words(block: dict) -> str:
+    kind, text, name = block["human"], block.get("text", ""), block.get("operator") or "an operator"
+    if kind == TAKEN_OVER:
+        return (f"[A human operator, {name}, took this chat over from you. Until it is handed back, the "
+                "user's messages go to the operator, who answers them; you do not.]")
+    if kind == TO_OPERATOR:
+        return f"[The user, to the human operator:] {text}"
+    if kind == OPERATOR:
+        return f"[The human operator {name}, to the user:] {text}"
+    note = f" with this note: {text}" if text else ""
+    return f"[The human operator {name} handed the chat back to you{note}. You answer the user again.]"
+
+
 def _model_block(block: dict) -> dict:
-    """A stored block as the model was sent it: without its voice mark."""
+    """A stored block as the model is sent it: without its voice mark; a
+    block of an operator's time in charge told as such."""
+    if block.get("human") in HUMAN_KINDS:
+        return {"type": "text", "text": _human_words(block)}
     return {name: value for name, value in block.items() if name != "voice"}
 
 

@@ -67,7 +67,7 @@ from aitp.llm import LlmBackend, LlmError, LlmRequest, Usage
 from aitp.ports import ServerTool
 from aitp.pricing import cost_micros, price_of
 from aitp.quota import QuotaExceeded, TokenQuota
-from aitp.turn import TurnEvent
+from aitp.turn import TAKEN_OVER, TurnEvent
 from runtime import metrics, model_access, tracing
 
 __all__ = ["Agent", "AgentConfig", "AgentIO", "PageSnapshot", "TextStreamer", "TurnIO", "TurnOver",
@@ -167,6 +167,10 @@ class Agent:
             # even when the turn is cut again meanwhile (a barge-in, then the
             # page leaving).
             await _to_the_end(self._store_said(run, interrupted=_cut_status(cut) == CANCELLED))
+            if cut.args and cut.args[0] == TAKEN_OVER:
+                # The page still waits for the turn's done: it closes the
+                # answer as far as the page was shown it.
+                done = p.agent_response(_shown(run), True)
             raise
         except (LlmError, QuotaExceeded) as exc:
             log.warning("turn %s failed: %s (%s)", self.turn, exc.code, exc.status)
@@ -261,9 +265,7 @@ class Agent:
         got it (spoken: as far as its audio went out; typed: as far as its
         text did), stored as the assistant's message (the part not stored
         with a tool round)."""
-        said = "".join(run.full_text)
-        said = run.speaker.spoken_text(said) if run.speaker is not None else said[:run.streamer.sent_chars]
-        said = said[run.round_start:].strip()
+        said = _shown(run)[run.round_start:].strip()
         if said and self.conversation.awaits_answer():
             self._append("assistant", [{"type": "text", "text": said}], interrupted=interrupted)
 
@@ -293,6 +295,13 @@ class Agent:
     async def _append_results(self, tool_uses: list[dict], outcomes: list[Outcome]) -> None:
         blocks = [o.tool_result_block(b["id"]) for b, o in zip(tool_uses, outcomes, strict=True)]
         self._append("user", [*blocks, *self._page_blocks()])
+
+    async def human_said(self, block: dict) -> None:
+        """A block of the time an operator is in charge of the chat
+        (``agent.conversation.human_block``): stored now, and part of what
+        the model is sent once the chat is handed back."""
+        self._append("user", [block])
+        await self._checkpoint()
 
     # --- tools -----------------------------------------------------------------
 
@@ -440,6 +449,13 @@ async def _failed(io: TurnIO, run: _Run, code: str, message: str) -> p.Message:
         await run.speaker.aclose()
         await io.send(p.voice_state("turn_complete"))
     return p.agent_response("", True)
+
+
+def _shown(run: _Run) -> str:
+    """The answer as far as the user got it: spoken, as far as its audio
+    went out; typed, as far as its text did."""
+    text = "".join(run.full_text)
+    return run.speaker.spoken_text(text) if run.speaker is not None else text[:run.streamer.sent_chars]
 
 
 def _cut_status(cut: asyncio.CancelledError) -> str:

@@ -120,6 +120,12 @@ class Session(AudioSeconds, models.Model):
     # Who the tenant's backend vouched for (the ``sub`` of a visitor token,
     # aitp.visitors): "" for an anonymous page. Links a visitor's conversations.
     visitor_id = models.CharField("visitor", max_length=128, blank=True, default="")
+    # The operator who took the chat over from the agent (operators.handover), by
+    # name as the page is told it, and since when: None while the agent answers.
+    operator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                 related_name="+", verbose_name="operator in charge")
+    operator_name = models.CharField(max_length=150, blank=True, default="")
+    taken_over_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at"]

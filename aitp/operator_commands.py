@@ -6,7 +6,9 @@ decided in the admin or the console) reaches the process holding the session
 as a channel-layer ``session.command``; the connection's runner hands it here. ``end``
 tells the page and closes with 1008, ``reload`` and ``redirect`` become
 SYSTEM_EVENTs, ``approval_decided`` makes a waiting turn re-read the row,
-``watchers`` turns the watcher feed's frames on or off. ``superseded``
+``watchers`` turns the watcher feed's frames on or off; ``take_over``,
+``operator_says`` and ``hand_back`` put an operator in charge of the chat
+and back (``operators.handover``, carried out by ``connection.turns``). ``superseded``
 comes from a newer socket that offered the session's resume token: this one
 says goodbye and closes with 4409, and the newer one continues the session.
 """
@@ -21,6 +23,11 @@ SUPERSEDED = "superseded"
 # From a newer socket on another process: the session goes on where it is
 # held, relayed through that socket (connection.relay); nothing to do here.
 RELAY = "relay"
+# An operator takes the chat over from the agent, writes to the page user,
+# hands it back (operators.handover).
+TAKE_OVER = "take_over"
+OPERATOR_SAYS = "operator_says"
+HAND_BACK = "hand_back"
 CONTINUED_ELSEWHERE = "This conversation goes on in another tab or window."
 
 
@@ -28,11 +35,12 @@ class OperatorCommands:
     def __init__(self, machine: SessionMachine) -> None:
         self.machine = machine
 
-    async def handle(self, event: dict, *, agent, feed) -> None:
-        """Carry out one command with the connection's agent and watcher feed
-        (either None until the session is open); the frames it queues are
+    async def handle(self, event: dict, *, turns, feed) -> None:
+        """Carry out one command with the connection's turn owner
+        (``connection.turns.TurnOwner``: its agent is None until the session
+        is open) and watcher feed (None until then); the frames it queues are
         the caller's to flush."""
-        command = event.get("command")
+        command, agent = event.get("command"), turns.agent
         if command == "end":
             self.machine.send(p.system_event(
                 "disconnect", message=event.get("message") or "An operator ended this session."
@@ -51,3 +59,9 @@ class OperatorCommands:
             await agent.on_approval_decided(int(event["approval_id"]))
         elif command == live.WATCHERS_COMMAND and feed is not None:
             await feed.watchers_changed(event)
+        elif command == TAKE_OVER and agent is not None:
+            await turns.take_over(str(event["operator"]))
+        elif command == OPERATOR_SAYS and agent is not None:
+            await turns.operator_says(str(event["operator"]), str(event["text"]))
+        elif command == HAND_BACK and agent is not None:
+            await turns.hand_back(str(event["operator"]), str(event.get("note") or ""))

@@ -71,6 +71,7 @@ class TurnEvent(enum.Enum):
     UTTERANCE_STARTED = "utterance_started"  # the microphone opened a new utterance
     BARGE_IN = "barge_in"  # VOICE_INTERRUPT
     LEFT = "left"  # the page is gone (closed, ended, the server stopping)
+    TAKEN_OVER = "taken_over"  # an operator takes the chat over (operators.handover)
     REFUSED = "refused"  # the input limits refused the turn before it ran
     # From the turn itself (the agent's reports, through its ``send``).
     STARTED = "started"
@@ -103,6 +104,9 @@ _ANY = _BUSY | {P.IDLE}
 # What pending calls become when the turn is cut (their ``CallStatus``).
 CANCELLED = "cancelled"
 DISCONNECTED = "disconnected"
+# A turn cut by an operator taking the chat over: its calls end cancelled,
+# and the page is sent what it was shown of the answer, with done.
+TAKEN_OVER = "taken_over"
 
 Rule = tuple[TurnPhase | None, tuple[Do, ...]]  # None: the phase stays
 
@@ -125,6 +129,8 @@ TRANSITIONS: dict[TurnEvent, dict[TurnPhase, Rule]] = {
                  P.LISTENING: (None, (Do.SAY_INTERRUPTED,)),
                  **dict.fromkeys(_WRITING | {P.CUT}, (P.CUT, (Do.STOP_VOICE, Do.CANCEL)))},
     E.LEFT: {P.IDLE: (None, ()), **dict.fromkeys(_BUSY, (P.CUT, (Do.CANCEL,)))},
+    E.TAKEN_OVER: {P.IDLE: (None, ()), P.CUT: (None, ()),
+                   **dict.fromkeys(_RUNNING, (P.CUT, (Do.STOP_VOICE, Do.CANCEL)))},
     E.DONE: dict.fromkeys(_BUSY, (P.IDLE, (Do.RECORD, Do.END))),
 }
 
@@ -207,6 +213,9 @@ class TurnMachine:
         elif event is E.LEFT:
             # Nothing waits for a page that is gone.
             self.cut, self.waiting = (DISCONNECTED if Do.CANCEL in do else self.cut), False
+        elif event is E.TAKEN_OVER:
+            # The operator answers from now on: no utterance waits for the model.
+            self.cut, self.waiting = (TAKEN_OVER if Do.CANCEL in do else self.cut), False
         elif event is E.APPROVAL_ASKED and self.voice:
             do = (*do, Do.ASK_VOICE_INPUT)
         elif event in (E.DONE, E.REFUSED):

@@ -287,6 +287,8 @@ class AuditEvent(models.Model):
         FAILED = "failed", "Failed"
         REVIEWED = "reviewed", "Reviewed"
         VIOLATION = "violation", "Approval skipped"
+        TAKEN_OVER = "taken_over", "Chat taken over"
+        HANDED_BACK = "handed_back", "Chat handed back"
 
     class ActorKind(models.TextChoices):
         PAGE = "page", "Page user"

@@ -191,7 +191,8 @@ class ConnectionRunner:
         self.machine.capabilities = await opening.capabilities()
         budget = AudioBudget(config().voice.limits.bytes_per_second,
                              asyncio.get_running_loop().time()) if self.machine.audio else None
-        self.turns.open(agent, tenant_id=session.tenant_id, owner=session.api_key_id, audio_budget=budget)
+        self.turns.open(agent, tenant_id=session.tenant_id, owner=session.api_key_id, audio_budget=budget,
+                        operator=session.operator_name if session.operator_id is not None else None)
         token = self.next_token
         self.machine.accept_handshake(session.id, resume_token=token and token.text,
                                       resumed=continued if token is not None else None)
@@ -239,7 +240,7 @@ class ConnectionRunner:
     async def command(self, event: dict) -> None:
         if await holding.superseded(self, event):
             return
-        await self.commands.handle(event, agent=self.turns.agent, feed=self.feed)
+        await self.commands.handle(event, turns=self.turns, feed=self.feed)
         await self.flush()
 
     async def recheck_key(self) -> None:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from agent.conversation import HANDED_BACK, OPERATOR, TO_OPERATOR, human_block
+from agent.conversation import TAKEN_OVER as TOOK_OVER
 from agent.loop import Agent, PageSnapshot, TurnOver
 from agent.voice import Listening
 from aitp import protocol as p
@@ -38,10 +41,18 @@ from aitp.session import (
     VoiceInterrupted,
 )
 from aitp.tools import ToolSurface
-from aitp.turn import Do, Move, TurnEvent
+from aitp.turn import TAKEN_OVER, Do, Move, TurnEvent
 from runtime import metrics
 from runtime.config import config
 from speech.utterance import AudioBudget
+
+logger = logging.getLogger(__name__)
+
+# What the page user is told when an operator takes the chat over, and hands it back.
+OPERATOR_JOINED = "{operator} has joined the chat and answers you now."
+OPERATOR_LEFT = "{operator} has handed the chat back to the assistant."
+OPERATOR_READS_TEXT = "operator_reads_text"
+OPERATOR_READS_TEXT_MESSAGE = "A person is answering this chat now and reads typed messages only."
 
 
 class TurnOwner:
@@ -61,10 +72,17 @@ class TurnOwner:
         # The utterance the microphone is filling (None before the first).
         self.listening: Listening | None = None
         self.audio_budget: AudioBudget | None = None
+        # The operator in charge of the chat (operators.handover): None while the agent answers.
+        self.operator: str | None = None
+        # The writes of an operator's time in charge, one at a time, in order.
+        self._human_writes = asyncio.Lock()
 
-    def open(self, agent: Agent, *, tenant_id: int, owner: int, audio_budget: AudioBudget | None) -> None:
-        """The session is open: its agent runs the turns from now on."""
+    def open(self, agent: Agent, *, tenant_id: int, owner: int, audio_budget: AudioBudget | None,
+             operator: str | None = None) -> None:
+        """The session is open: its agent runs the turns from now on, or
+        ``operator`` answers (a continued session an operator is in charge of)."""
         self.agent, self.tenant_id, self.owner, self.audio_budget = agent, tenant_id, owner, audio_budget
+        self.operator = operator
 
     async def handle(self, event: Any) -> None:
         await _HANDLERS[type(event)](self, event)
@@ -132,7 +150,11 @@ class TurnOwner:
 
     async def _admitted(self, text: str = "", *, voice: Listening | None = None, live: bool = False) -> None:
         """Every turn starts here, typed or heard: the page's input limits and
-        token quota first; a refused one gets its error, then done."""
+        token quota first; a refused one gets its error, then done. While
+        an operator is in charge, no turn runs: the words are the operator's."""
+        if self.operator is not None:
+            await self._to_operator(text, voice=voice, live=live)
+            return
         try:
             allowed = await self.rate_limits.allow_user_input(self.machine, tenant_id=self.tenant_id)
         except asyncio.CancelledError:
@@ -176,11 +198,76 @@ class TurnOwner:
         if move.interrupted is not None:
             # Answered now that the cut turn is over: the page's next message is a new turn.
             self.machine.send(p.voice_state("interrupted", reason=move.interrupted))
+        if done is None and self.machine.turn.cut == TAKEN_OVER:
+            done = p.agent_response("", True)  # cut before it said anything: the page still waits
         if done is not None:
             self.machine.send(done)
 
     def _run_utterance(self, move: Move, reason: str, done: p.Message | None) -> None:
         self._start(self._admitted(voice=self.listening, live=True))
+
+    # --- an operator in charge of the chat ---------------------------------------
+
+    async def take_over(self, operator: str) -> None:
+        """``operator`` answers from now on: a running turn is cut (its
+        calls end cancelled, the page gets its done with what it was shown)
+        and over before the page user is told who answers."""
+        if self.operator == operator:
+            return
+        self.operator = operator
+        self._turn(TurnEvent.TAKEN_OVER)
+        task = self.task
+        if task is not None and not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._human(human_block(TOOK_OVER, operator=operator))
+        self.machine.send(p.agent_response(OPERATOR_JOINED.format(operator=operator), True))
+        await self._flush()
+
+    async def operator_says(self, operator: str, text: str) -> None:
+        """The operator's words, to the page as the agent's: a whole answer, done."""
+        if self.operator is None:
+            return  # handed back meanwhile: the agent answers
+        await self._human(human_block(OPERATOR, text, operator=operator))
+        self.machine.send(p.agent_response(text, True))
+        await self._flush()
+
+    async def hand_back(self, operator: str, note: str) -> None:
+        """The agent answers the next message, told what was said meanwhile and ``note``."""
+        if self.operator is None:
+            return
+        self.operator = None
+        await self._human(human_block(HANDED_BACK, note, operator=operator))
+        self.machine.send(p.agent_response(OPERATOR_LEFT.format(operator=operator), True))
+        await self._flush()
+
+    async def _to_operator(self, text: str, *, voice: Listening | None, live: bool) -> None:
+        """The page user's message while an operator is in charge: typed
+        words are stored for the operator (the watchers see the frame), and
+        the page's turn closes at once, so no page waits on a person."""
+        try:
+            if voice is None:
+                await self._human(human_block(TO_OPERATOR, text))
+            else:
+                self.machine.error(OPERATOR_READS_TEXT, OPERATOR_READS_TEXT_MESSAGE)
+        except asyncio.CancelledError:
+            self._turn(TurnEvent.DONE)  # the page left meanwhile
+            raise
+        if live:
+            self.machine.send(p.voice_state("turn_complete"))
+        self._turn(TurnEvent.REFUSED, done=p.agent_response("", True))
+        await self._flush()
+
+    async def _human(self, block: dict) -> None:
+        """Store a block of the operator's time in charge, in order. A write
+        that fails is logged; the page and the operator go on (the
+        operator's own words are in their recorded action as well)."""
+        async with self._human_writes:
+            try:
+                await self.agent.human_said(block)
+            except Exception:
+                logger.exception("session %s: a message of the operator's time in charge was not stored",
+                                 self.machine.session_id)
 
     # --- the agent's way back (agent.parts.TurnIO) --------------------------
 

@@ -9,6 +9,7 @@ import pytest
 from aitp.turn import (
     CANCELLED,
     DISCONNECTED,
+    TAKEN_OVER,
     TRANSITIONS,
     Do,
     Move,
@@ -45,6 +46,9 @@ EXPECTED = {
     **{(phase, E.BARGE_IN): (P.CUT, (Do.STOP_VOICE, Do.CANCEL)) for phase in [*WRITING, P.CUT]},
     (P.IDLE, E.LEFT): (P.IDLE, ()),
     **{(phase, E.LEFT): (P.CUT, (Do.CANCEL,)) for phase in BUSY},
+    (P.IDLE, E.TAKEN_OVER): (P.IDLE, ()),
+    (P.CUT, E.TAKEN_OVER): (P.CUT, ()),
+    **{(phase, E.TAKEN_OVER): (P.CUT, (Do.STOP_VOICE, Do.CANCEL)) for phase in [P.LISTENING, *WRITING]},
     **{(phase, E.DONE): (P.IDLE, (Do.RECORD, Do.END)) for phase in BUSY},
 }
 # A cut turn finishes what it was doing: its reports are taken, and change nothing.
@@ -208,3 +212,31 @@ def test_an_utterance_waiting_when_the_page_leaves_starts_no_turn():
     machine.step(E.LEFT)
     done = machine.step(E.DONE)
     assert (done.phase, done.do) == (P.IDLE, (Do.RECORD, Do.END))
+
+
+def test_an_operator_taking_over_cuts_a_running_turn_as_taken_over_and_nothing_waits_for_the_model():
+    machine = at(P.ANSWERING)
+    machine.waiting = True
+
+    move = machine.step(E.TAKEN_OVER)
+
+    assert move.do == (Do.STOP_VOICE, Do.CANCEL)
+    assert (machine.cut, machine.waiting) == (TAKEN_OVER, False)
+
+
+def test_an_operator_taking_over_an_idle_or_already_cut_turn_changes_how_it_was_cut_in_neither():
+    idle, cut = at(P.IDLE), at(P.CUT)
+    cut.cut = DISCONNECTED
+
+    assert idle.step(E.TAKEN_OVER).do == () and idle.cut == CANCELLED
+    assert cut.step(E.TAKEN_OVER).do == () and cut.cut == DISCONNECTED
+
+
+def test_the_next_turn_after_a_takeover_is_cut_as_cancelled_again():
+    machine = at(P.ANSWERING)
+    machine.step(E.TAKEN_OVER)
+    machine.step(E.DONE)
+
+    machine.step(E.TYPED)
+
+    assert machine.cut == CANCELLED
