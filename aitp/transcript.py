@@ -20,6 +20,15 @@ agent's words a barge-in cut (stored as far as they were said). It is read
 into ``Block.voice``; a block without it was typed or written.
 ``action_words`` names a recorded operator action ("session_end") in words.
 
+While an operator is in charge of the chat in the agent's place
+(operators.handover), the stored text blocks carry ``human``
+(agent.conversation.human_block): "taken_over" and "handed_back" mark the
+moments (a hand back's text is the operator's note to the agent),
+"to_operator" holds the page user's words read by the operator, "operator"
+the operator's words, which the page user was shown as the agent's. Every
+one is stored as a user message, for the model; ``operator`` names who.
+It is read into ``Block.human`` and ``Block.operator``.
+
 A turn that failed leaves a ``turn_error`` block (its error code and the
 sentence the page was shown; agent.loop) on the stored copy of its last
 message: read as a block of kind "error", so the record shows why the
@@ -42,10 +51,14 @@ class Block:
     ref: str = ""  # the tool_use id (tool_use, tool_result), the page's url (page)
     is_error: bool = False
     voice: str = ""  # text of a voice turn: "heard", "said" or "interrupted"
+    human: str = ""  # text of an operator's time in charge: one of HUMAN_TITLES
+    operator: str = ""  # the operator's name, as the page user was told it
 
     @property
     def title(self) -> str:
         """A one-line heading, for pages that show every kind of block alike."""
+        if self.human:
+            return HUMAN_TITLES[self.human].format(operator=self.operator or "an operator")
         if self.voice:
             return VOICE_TITLES[self.voice]
         if self.kind == "tool_use":
@@ -69,6 +82,13 @@ VOICE_TITLES = {
     "heard": "heard (spoken by the page user)",
     "said": "said aloud",
     "interrupted": "said aloud until the page user interrupted",
+}
+# What a block of an operator's time in charge is, as its heading.
+HUMAN_TITLES = {
+    "taken_over": "{operator} took the chat over",
+    "to_operator": "to the operator",
+    "operator": "operator {operator}",
+    "handed_back": "{operator} handed the chat back",
 }
 # Shown where the voice stopped, after the text of an "interrupted" block.
 INTERRUPTED_NOTE = "the page user spoke over the agent here; the rest of the answer was not said"
@@ -179,6 +199,9 @@ def content_block(item: Any) -> Block:
     kind = item.get("type")
     if kind == "text":
         text = str(item.get("text", ""))
+        human = item.get("human")
+        if isinstance(human, str) and human in HUMAN_TITLES:
+            return Block(kind="text", text=text, human=human, operator=str(item.get("operator") or ""))
         voice = item.get("voice")
         return page_block(text) or Block(kind="text", text=text,
                                          voice=voice if isinstance(voice, str) and voice in VOICE_TITLES else "")
@@ -226,6 +249,9 @@ ACTION_LABELS = {
     "tenant_updated": "Tenant changed",
     "tenant_budget_updated": "Budget or alert webhook changed",
     "visitor_secret_rotated": "Visitor secret rotated",
+    "session_take_over": "Took the chat over",
+    "session_operator_says": "Wrote to the page user",
+    "session_hand_back": "Handed the chat back",
 }
 
 
@@ -240,20 +266,45 @@ MAX_HISTORY_ENTRIES = 200
 
 def visible_history(messages: Iterable[Any], *, limit: int = MAX_HISTORY_ENTRIES) -> tuple[list[dict], bool]:
     """What a shopper saw of a conversation, for a page drawing it again
-    (docs/protocol.md §3b): the user's words and the agent's, a line per
-    tool the agent called and the sentence a failed turn showed; never the
-    page descriptions, tool arguments or results. ``ConversationMessage``
-    rows in order; the newest ``limit`` entries, and whether older ones
-    were left out."""
+    (docs/protocol.md §3b): the user's words and the agent's (an operator's
+    in charge among them), a line per tool the agent called and the
+    sentence a failed turn showed; never the page descriptions, tool
+    arguments or results. ``ConversationMessage`` rows in order; the newest
+    ``limit`` entries, and whether older ones were left out."""
     entries: list[dict] = []
     for message in messages:
         blocks = message_blocks(message.content)
-        words = "\n\n".join(block.text for block in blocks if block.kind == "text" and block.text)
+        words = "\n\n".join(block.text for block in blocks
+                             if block.kind == "text" and not block.human and block.text)
         if words:
             entries.append({"role": message.role, "text": words, "turn": message.turn,
                             **({"voice": True} if any(block.voice for block in blocks) else {})})
+        for block in blocks:
+            if block.human and (entry := _human_entry(block, message.turn)) is not None:
+                entries.append(entry)
         entries.extend({"role": "tool", "name": block.name, "turn": message.turn}
                        for block in blocks if block.kind == "tool_use")
         entries.extend({"role": "error", "code": block.name, "text": block.text, "turn": message.turn}
                        for block in blocks if block.kind == "error")
     return entries[-limit:], len(entries) > limit
+
+
+# What the page user was shown, as the agent's text, when an operator took
+# the chat over and when they handed it back (connection.turns sends them).
+OPERATOR_JOINED = "{operator} has joined the chat and answers you now."
+OPERATOR_LEFT = "{operator} has handed the chat back to the assistant."
+
+
+def _human_entry(block: Block, turn: int) -> dict | None:
+    """A block of an operator's time in charge as the page user saw it: the
+    operator's words as the agent's (``operator`` says whose), their own
+    words as theirs, the take over and the hand back as the sentence the
+    page was shown. Never the hand back's note: it was for the agent."""
+    if block.human in ("to_operator", "operator"):
+        if not block.text:
+            return None
+        if block.human == "to_operator":
+            return {"role": "user", "text": block.text, "turn": turn}
+        return {"role": "assistant", "text": block.text, "turn": turn, "operator": block.operator}
+    shown = OPERATOR_JOINED if block.human == "taken_over" else OPERATOR_LEFT
+    return {"role": "assistant", "text": shown.format(operator=block.operator or "An operator"), "turn": turn}

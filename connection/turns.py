@@ -41,6 +41,7 @@ from aitp.session import (
     VoiceInterrupted,
 )
 from aitp.tools import ToolSurface
+from aitp.transcript import OPERATOR_JOINED, OPERATOR_LEFT
 from aitp.turn import TAKEN_OVER, Do, Move, TurnEvent
 from runtime import metrics
 from runtime.config import config
@@ -48,9 +49,6 @@ from speech.utterance import AudioBudget
 
 logger = logging.getLogger(__name__)
 
-# What the page user is told when an operator takes the chat over, and hands it back.
-OPERATOR_JOINED = "{operator} has joined the chat and answers you now."
-OPERATOR_LEFT = "{operator} has handed the chat back to the assistant."
 OPERATOR_READS_TEXT = "operator_reads_text"
 OPERATOR_READS_TEXT_MESSAGE = "A person is answering this chat now and reads typed messages only."
 

@@ -6,6 +6,7 @@ from urllib.parse import urlsplit
 from django import forms
 
 from aitp.services import SESSION_COMMANDS
+from operators.handover import MAX_TEXT_CHARS
 
 MAX_MESSAGE_CHARS = 500
 MAX_URL_CHARS = 2000
@@ -44,4 +45,18 @@ class SessionCommandForm(forms.Form):
         return data
 
 
+class OperatorMessageForm(forms.Form):
+    """The words of the operator in charge, to the page user."""
 
+    text = forms.CharField(max_length=MAX_TEXT_CHARS, strip=True, error_messages={
+        "required": "write a message first",
+        "max_length": "a message has at most %(limit_value)d characters",
+    })
+
+
+class HandBackForm(forms.Form):
+    """What the agent is told as it takes the chat back (optional)."""
+
+    note = forms.CharField(required=False, max_length=MAX_TEXT_CHARS, strip=True, error_messages={
+        "max_length": "a note has at most %(limit_value)d characters",
+    })

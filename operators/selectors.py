@@ -68,6 +68,9 @@ def session_row(session: Session) -> dict:
         "input_tokens": session.input_tokens,
         "output_tokens": session.output_tokens,
         "total_tokens": session.total_tokens,
+        # The operator answering in the agent's place (operators.handover): "" while the agent answers.
+        "operator_name": session.operator_name,
+        "taken_over_at": _iso(session.taken_over_at),
         "live": bool(getattr(session, "live_now", session.is_live)),
         "detail_url": reverse("operators:live_session", args=[session.id]),
     }

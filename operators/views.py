@@ -1,6 +1,8 @@
 """The live pages in the admin: the list of open sessions and one session's
-page, plus the operator's actions on it (each one recorded by the service
-it goes through).
+page, plus the operator's actions on it: commands to the page, approval
+decisions, and taking the chat over from the agent, writing to the page
+user and handing the chat back (each one recorded by the service it goes
+through).
 
 Every view is wrapped in ``admin.site.admin_view`` (operators/urls.py): staff
 only, CSRF-protected, never cached. Tenancy is checked here on top: a session
@@ -12,6 +14,7 @@ import logging
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.forms import Form
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.response import TemplateResponse
@@ -22,8 +25,8 @@ from aitp import services
 from aitp.models import Session
 from approvals.forms import decide_from_post
 from approvals.models import Approval
-from operators import selectors
-from operators.forms import SessionCommandForm
+from operators import handover, selectors
+from operators.forms import HandBackForm, OperatorMessageForm, SessionCommandForm
 from operators.routing import WATCH_PATH
 from runtime.config import config
 from tenants.selectors import may_change_tenant
@@ -37,6 +40,7 @@ COMMAND_SENTENCES = {
     "reload": "The page user's page is reloading.",
     "redirect": "The page user's page is being sent to the address you gave.",
 }
+NOT_SENT_ENDED = "Not sent: the session has already ended."
 
 
 def _visible_session(request: HttpRequest, session_id: str) -> Session:
@@ -84,10 +88,15 @@ def _session_context(session: Session, user) -> dict:
     may_act = may_change_tenant(user, session.tenant_id)
     if not may_act:
         record["pending_approvals"] = []
+    in_charge = session.operator_id is not None and session.operator_id == user.pk
     return {
         **record,
         "row": selectors.session_row(session),
         "may_act": may_act,
+        "in_charge": in_charge,
+        # A superuser may hand back a chat another operator left in charge.
+        "may_hand_back": may_act and (in_charge or user.is_superuser),
+        "max_text_chars": handover.MAX_TEXT_CHARS,
     }
 
 
@@ -121,11 +130,10 @@ def live_session_command(request: HttpRequest, session_id: str) -> HttpResponse:
     session = _changeable_session(request, session_id)
     form = SessionCommandForm(request.POST)
     if not form.is_valid():
-        errors = "; ".join(e for field_errors in form.errors.values() for e in field_errors)
-        messages.error(request, f"Not sent: {errors}.")
+        messages.error(request, f"Not sent: {_form_errors(form)}.")
         return HttpResponseRedirect(_session_url(session))
     if session.ended_at is not None:
-        messages.error(request, "Not sent: the session has already ended.")
+        messages.error(request, NOT_SENT_ENDED)
         return HttpResponseRedirect(_session_url(session))
     command = form.cleaned_data["command"]
     services.session_command(
@@ -134,6 +142,68 @@ def live_session_command(request: HttpRequest, session_id: str) -> HttpResponse:
     )
     logger.info("session %s: operator %s sent %s", session.pk, request.user.get_username(), command)
     messages.success(request, COMMAND_SENTENCES[command])
+    return HttpResponseRedirect(_session_url(session))
+
+
+def _form_errors(form: Form) -> str:
+    return "; ".join(e for field_errors in form.errors.values() for e in field_errors)
+
+
+def _not_in_charge(session: Session) -> str:
+    """Why the user may not speak for, or hand back, a chat they are not in charge of."""
+    if session.operator_id is None:
+        return "nobody is in charge of this chat: the agent answers it"
+    return f"{session.operator_name} is in charge of this chat, not you"
+
+
+@require_POST
+def live_session_take_over(request: HttpRequest, session_id: str) -> HttpResponse:
+    session = _changeable_session(request, session_id)
+    if session.ended_at is not None:
+        messages.error(request, NOT_SENT_ENDED)
+        return HttpResponseRedirect(_session_url(session))
+    outcome = handover.session_take_over(session=session, user=request.user, channel="admin")
+    if outcome.taken:
+        logger.info("session %s: operator %s took the chat over", session.pk, request.user.get_username())
+        messages.success(request, "You are in charge of this chat: the agent stops answering, the page "
+                                  "user's messages come to you and yours reach them as the assistant's.")
+    elif outcome.name:
+        messages.error(request, f"{outcome.name} has already taken this chat over.")
+    else:
+        messages.error(request, NOT_SENT_ENDED)
+    return HttpResponseRedirect(_session_url(session))
+
+
+@require_POST
+def live_session_say(request: HttpRequest, session_id: str) -> HttpResponse:
+    session = _changeable_session(request, session_id)
+    form = OperatorMessageForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not sent: {_form_errors(form)}.")
+    elif session.ended_at is not None:
+        messages.error(request, NOT_SENT_ENDED)
+    elif handover.session_operator_says(session=session, user=request.user, text=form.cleaned_data["text"],
+                                        channel="admin"):
+        messages.success(request, "Sent to the page user.")
+    else:
+        messages.error(request, f"Not sent: {_not_in_charge(session)}.")
+    return HttpResponseRedirect(_session_url(session))
+
+
+@require_POST
+def live_session_hand_back(request: HttpRequest, session_id: str) -> HttpResponse:
+    session = _changeable_session(request, session_id)
+    form = HandBackForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not handed back: {_form_errors(form)}.")
+    elif session.ended_at is not None:
+        messages.error(request, NOT_SENT_ENDED)
+    elif handover.session_hand_back(session=session, user=request.user, note=form.cleaned_data["note"],
+                                    channel="admin"):
+        logger.info("session %s: operator %s handed the chat back", session.pk, request.user.get_username())
+        messages.success(request, "The chat is handed back: the agent answers the page user's next message.")
+    else:
+        messages.error(request, f"Not handed back: {_not_in_charge(session)}.")
     return HttpResponseRedirect(_session_url(session))
 
 

@@ -18,7 +18,8 @@ from django.contrib.auth import get_user_model
 
 from agent.conversation import HANDED_BACK, OPERATOR, TAKEN_OVER, TO_OPERATOR
 from aitp.models import ConversationMessage, Session, ToolCall
-from connection.turns import OPERATOR_JOINED, OPERATOR_LEFT, OPERATOR_READS_TEXT
+from aitp.transcript import OPERATOR_JOINED, OPERATOR_LEFT
+from connection.turns import OPERATOR_READS_TEXT
 from operators import handover
 from tests.aitp.conftest import ADD_TO_CART, api_key, connect, tenant  # noqa: F401 (fixtures)
 from tests.aitp.test_agent import fake, llm, open_shop, until_done  # noqa: F401 (fixtures)

@@ -13,9 +13,9 @@ from django.db import connection
 
 from agent.conversation import HANDED_BACK, OPERATOR, TAKEN_OVER, TO_OPERATOR
 from aitp.models import OperatorAction, Session
+from aitp.transcript import OPERATOR_JOINED, OPERATOR_LEFT
 from aitp_client import AitpClient
 from aitp_client.frames import turn_done
-from connection.turns import OPERATOR_JOINED, OPERATOR_LEFT
 from operators import handover
 from tests.aitp.test_resume_processes import ORIGIN, SOON, raw_key  # noqa: F401 (fixture)
 from tests.aitp.test_takeover import hand_back, operator_says, stored_human, take_over
