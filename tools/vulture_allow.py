@@ -52,7 +52,7 @@ _ = _Names()
 
 # Columns and choices that the database, the admin and the templates read.
 (_.updated_at, _.max_keys, _.token_hash, _.accepted_by, _.decided_at, _.user_decided_at,
- _.operator, _.operator_note, _.operator_decided_at, _.review_note, _.reviewed_by,
+ _.operator_note, _.operator_decided_at, _.review_note, _.reviewed_by,
  _.reviewed_at, _.resumes, _.sockets)
 (_.ASSISTANT, _.ADMIN, _.CONSOLE)
 

@@ -49,6 +49,17 @@ async def continued_on(server, raw_key: str, ack: dict) -> AitpClient:
     return page
 
 
+async def ended_row(session_id: str) -> Session:
+    """The session's row once the process that held it has recorded its end:
+    the page is sent the close first, the row is written after."""
+    for _ in range(int(SOON / 0.1)):
+        row = await Session.objects.aget(id=session_id)
+        if row.ended_at is not None:
+            return row
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"session {session_id} was never recorded as ended")
+
+
 async def numbered(session_id: str) -> list[tuple[int, int]]:
     return [(m.seq, m.turn) async for m in
             ConversationMessage.objects.filter(session_id=session_id).order_by("seq")]
@@ -135,8 +146,8 @@ async def test_a_relayed_session_ends_on_the_page_when_an_operator_ends_it(daphn
     assert (code, reason) == (1008, "ended by operator")
     goodbye = [f for f in again.history if f["type"] == "SYSTEM_EVENT" and f["payload"]["kind"] == "disconnect"]
     assert goodbye[0]["payload"]["message"] == "Goodbye."
-    row = await Session.objects.aget(id=ack["sessionId"])
-    assert row.ended_at is not None and row.close_code == 1008
+    row = await ended_row(ack["sessionId"])
+    assert row.close_code == 1008
 
 
 async def test_a_session_the_drain_of_a_stopping_process_closed_goes_on_on_the_one_that_stays(
