@@ -93,7 +93,8 @@ TAKEN_OVER = "taken_over"
 TO_OPERATOR = "to_operator"  # the page user's words, read by the operator
 OPERATOR = "operator"  # the operator's words, shown to the page user as the agent's
 HANDED_BACK = "handed_back"
-HUMAN_KINDS = (TAKEN_OVER, TO_OPERATOR, OPERATOR, HANDED_BACK)
+NO_OPERATOR = "no_operator"  # the agent asked for a person, and none was free in time
+HUMAN_KINDS = (TAKEN_OVER, TO_OPERATOR, OPERATOR, HANDED_BACK, NO_OPERATOR)
 
 
 def human_block(kind: str, text: str = "", *, operator: str = "") -> dict:
@@ -116,6 +117,9 @@ def _human_words(block: dict) -> str:
         return f"[The user, to the human operator:] {text}"
     if kind == OPERATOR:
         return f"[The human operator {name}, to the user:] {text}"
+    if kind == NO_OPERATOR:
+        return ("[No human operator was free to join the chat in time, and the user was told so. "
+                "Go on helping them yourself.]")
     note = f" with this note: {text}" if text else ""
     return f"[The human operator {name} handed the chat back to you{note}. You answer the user again.]"
 

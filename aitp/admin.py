@@ -1,5 +1,6 @@
-"""Django admin for sessions, the ledger, usage and operator actions (read only),
-and the tenant scoping every admin of the product builds on.
+"""Django admin for sessions, the ledger, usage, operator actions and alert
+deliveries (read only), and the tenant scoping every admin of the product
+builds on.
 
 Tenants, their members and their keys are changed in ``console.admin``,
 through ``aitp.tenancy`` as the console's pages are.
@@ -23,6 +24,7 @@ from django.template.loader import render_to_string
 from django.utils.html import format_html
 
 from aitp.models import (
+    AlertDelivery,
     ApiKey,
     ConversationMessage,
     DailyUsage,
@@ -379,3 +381,35 @@ class OperatorActionAdmin(RecordAdmin):
     @admin.display(description="action", ordering="action")
     def action_shown(self, obj: OperatorAction) -> str:
         return action_words(obj.action)
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(RecordAdmin):
+    """The alerts POSTed to tenants' webhooks (``aitp.alerts``). Open, as the
+    approval screens are, to the staff members of a tenant without model
+    permissions: they check here that their receiver takes the alerts."""
+
+    list_display = ["created_at", "tenant", "kind", "status", "attempts", "status_code", "error", "finished_at"]
+    list_select_related = ["tenant"]
+    list_filter = ["status", "kind", ("tenant", VisibleTenantFilter)]
+    changelist_title = "Alert deliveries: each alert POSTed to a tenant's webhook"
+    date_hierarchy = "created_at"
+    readonly_fields = [f.name for f in AlertDelivery._meta.fields]
+
+    def has_module_permission(self, request) -> bool:
+        return _tenant_staff(request.user)
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return _tenant_staff(request.user)
+
+    @admin.display(description="last error", ordering="last_error")
+    def error(self, obj: AlertDelivery) -> str:
+        return shortened(obj.last_error, 40)
+
+
+def _tenant_staff(user) -> bool:
+    """Superusers, and staff members of a tenant (they see its rows only)."""
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        return False
+    tenant_ids = tenant_ids_for_user(user)
+    return tenant_ids is None or bool(tenant_ids)

@@ -9,8 +9,9 @@ the monthly token quota is the hard stop.
 OWLLAYER_BUDGET_CHECK_INTERVAL) and from the ``check_budgets`` command. The
 ``BudgetAlert`` row of (tenant, month, threshold) is unique: the check whose
 insert made it sends the alert, so processes checking at once tell the tenant
-once. The row is kept even when sending failed (logged): an alert is tried
-once, never repeated every minute.
+once. The row is kept even when sending failed (logged): an alert is sent
+once (``aitp.alerts`` tries its webhook up to three times), never repeated
+every minute.
 """
 from __future__ import annotations
 
@@ -119,4 +120,4 @@ def _send(due: Due) -> None:
     alerts.notify_tenant(tenant, KIND, subject, text, {
         "month": due.month, "threshold": due.threshold,
         "spent_usd": round(due.spent / 1_000_000, 6), "budget_usd": round(due.budget / 1_000_000, 6),
-    })
+    }, line=f"{subject}: US${usd(due.spent)} of US${usd(due.budget)}.")

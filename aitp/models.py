@@ -1,7 +1,7 @@
 """The protocol's records: publishable keys, sessions, the conversation, the
 tool-call ledger, daily usage, the tokens reserved against a tenant's quota
-while a model request runs, server processes, and the operator actions
-taken on keys and sessions.
+while a model request runs, server processes, the operator actions
+taken on keys and sessions, and the alerts POSTed to tenants' webhooks.
 
 Tenants and their members live one floor down, in ``tenants.models``.
 """
@@ -36,6 +36,9 @@ class ApiKey(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     expires_at = models.DateTimeField(null=True, blank=True)
     max_sessions = models.PositiveIntegerField("session cap", default=10)
+    # The agent of its sessions may hand the chat to a person (the built-in
+    # server tool ``ask_for_a_person``, connection.handoff).
+    handoff = models.BooleanField("agent may ask for a person", default=False)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -126,6 +129,10 @@ class Session(AudioSeconds, models.Model):
                                  related_name="+", verbose_name="operator in charge")
     operator_name = models.CharField(max_length=150, blank=True, default="")
     taken_over_at = models.DateTimeField(null=True, blank=True)
+    # The agent asked for a person and none has taken the chat over yet
+    # (None: nobody is waited for), and why it asked.
+    handoff_requested_at = models.DateTimeField(null=True, blank=True)
+    handoff_reason = models.CharField(max_length=500, blank=True, default="")
 
     class Meta:
         ordering = ["-started_at"]
@@ -335,3 +342,37 @@ class OperatorAction(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+
+class AlertDelivery(models.Model):
+    """One alert POSTed to a tenant's alert webhook (``aitp.alerts``): the
+    attempts it took and how it ended, for the tenant's staff to check that
+    their receiver takes them. Written by the notifier, never edited."""
+
+    class Status(models.TextChoices):
+        SENDING = "sending", "Sending"
+        OK = "ok", "Delivered"
+        FAILED = "failed", "Failed"
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_deliveries")
+    kind = models.CharField(max_length=40)
+    url = models.CharField("URL", max_length=500)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SENDING)
+    # The last refusal's words, as the server's log has them ("webhook answered 500").
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    # The receiver's answer to the last attempt that got one outside 2xx
+    # (None: delivered, or no answer at all).
+    status_code = models.PositiveSmallIntegerField("status code", null=True, blank=True)
+    created_at = models.DateTimeField("started", default=timezone.now)
+    finished_at = models.DateTimeField("finished", null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "alert delivery"
+        verbose_name_plural = "alert deliveries"
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="alert_delivery_tenant_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} to {self.tenant_id} ({self.status})"

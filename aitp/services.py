@@ -145,3 +145,23 @@ def session_command(*, session: Session, user, command: str, url: str = "", mess
         lambda: notify.session_command(session.id, command, url=url, message=message)
     )
     return action
+
+
+# --- asking for a person ----------------------------------------------------------
+
+
+def session_handoff_requested(*, session_id: str, reason: str) -> bool:
+    """The agent asked for a person: the live session waits for an operator
+    from now on. False when one is in charge already, or the session has
+    ended; asking again while waited for keeps the first time and reason."""
+    return bool(Session.objects.filter(
+        pk=session_id, ended_at__isnull=True, operator__isnull=True, handoff_requested_at__isnull=True,
+    ).update(handoff_requested_at=timezone.now(), handoff_reason=reason[:500]))
+
+
+def session_handoff_unanswered(*, session_id: str) -> bool:
+    """Nobody took the chat over in time: the session is no longer waited
+    for. False when an operator took it meanwhile (or nothing was waited for)."""
+    return bool(Session.objects.filter(
+        pk=session_id, handoff_requested_at__isnull=False, operator__isnull=True,
+    ).update(handoff_requested_at=None, handoff_reason=""))

@@ -161,12 +161,14 @@ def key_create(
     allowed_origins: list[str] | tuple[str, ...] = (),
     max_sessions: int | None = None,
     expires_at: datetime | None = None,
+    handoff: bool = False,
 ) -> tuple[ApiKey, str]:
     """Create a key, active; returns the row and the plaintext key, which is
     never stored (nor logged). Raises KeyCeilingReached when the tenant
     already holds ``max_keys`` keys that are not revoked (counted under the
     tenant's row lock, so two creations at once cannot both take the last
-    one). ``max_sessions`` None: the default cap of a new key."""
+    one). ``max_sessions`` None: the default cap of a new key; ``handoff``:
+    its sessions' agent may ask for a person (``connection.handoff``)."""
     raw_key = KEY_PREFIX + secrets.token_urlsafe(24).replace("-", "x").replace("_", "y")
     with transaction.atomic():
         refusal = key_ceiling_refusal(tenant.pk, lock=True)
@@ -180,6 +182,7 @@ def key_create(
             allowed_origins=list(allowed_origins),
             max_sessions=max_sessions or config().store.default_session_cap,
             expires_at=expires_at,
+            handoff=handoff,
         )
         if by is not None:
             OperatorAction.objects.create(
@@ -188,24 +191,26 @@ def key_create(
                     "prefix": key.prefix, "name": name, "allowed_origins": list(allowed_origins),
                     "max_sessions": key.max_sessions,
                     "expires_at": expires_at.isoformat() if expires_at else None,
+                    "handoff": handoff,
                 },
             )
     return key, raw_key
 
 
-KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at", "status")
+KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at", "handoff", "status")
 
 
 def key_update(*, key: ApiKey, changes: dict, by=None) -> ApiKey:
-    """Change a key's name, origins, cap, expiry or status, recording who did
-    and what changed (a value the key already has is no change);
-    ``expires_at=None`` clears the expiry. A revoked key is never made usable
-    again (ValueError).
+    """Change a key's name, origins, cap, expiry, hand-off or status,
+    recording who did and what changed (a value the key already has is no
+    change); ``expires_at=None`` clears the expiry. A revoked key is never
+    made usable again (ValueError).
 
     The key's live sessions see the change at once, on every process: when
     its origins or expiry changed they check the key again (a page from a
     removed origin, or past the new expiry, closes), and when it was disabled
-    or revoked they close."""
+    or revoked they close. ``handoff`` is offered to the agent as a session
+    opens: a change reaches the sessions opened after it."""
     unknown = set(changes) - set(KEY_FIELDS)
     if unknown:
         raise ValueError(f"not a key field: {', '.join(sorted(unknown))}")

@@ -89,6 +89,7 @@ HUMAN_TITLES = {
     "to_operator": "to the operator",
     "operator": "operator {operator}",
     "handed_back": "{operator} handed the chat back",
+    "no_operator": "the agent asked for a person; none took the chat over in time",
 }
 # Shown where the voice stopped, after the text of an "interrupted" block.
 INTERRUPTED_NOTE = "the page user spoke over the agent here; the rest of the answer was not said"
@@ -299,7 +300,10 @@ def _human_entry(block: Block, turn: int) -> dict | None:
     """A block of an operator's time in charge as the page user saw it: the
     operator's words as the agent's (``operator`` says whose), their own
     words as theirs, the take over and the hand back as the sentence the
-    page was shown. Never the hand back's note: it was for the agent."""
+    page was shown. Never the hand back's note: it was for the agent, nor
+    the end of a wait for a person (the page was told it as a notice)."""
+    if block.human == "no_operator":
+        return None
     if block.human in ("to_operator", "operator"):
         if not block.text:
             return None

@@ -31,7 +31,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent.approvals import NOT_APPROVED_MESSAGE
-from aitp import calls, liveness, notify
+from aitp import alerts, calls, liveness, notify
 from aitp.calls import CallEvent, CallStatus
 from aitp.ledger import (
     CANCELLED_MESSAGE,
@@ -358,12 +358,23 @@ def _request(*, tool_call: ToolCall, tool_name: str, args: dict, risk: str, mess
             ).update(status=CallStatus.AWAITING_APPROVAL.value)
             _audit(approval, Action.REQUESTED, actor_kind=actor_kind, actor=actor, channel=channel,
                    data={"policy": policy, "risk": approval.risk})
+            if needs_operator:
+                _tell_tenant_approval_waits(approval)
             return approval
     if mismatch:
         logger.warning("session %s: approval arguments differ from call %s", session_id,
                        tool_call.call_id)
         raise ApprovalError("approval_mismatch")
     raise AssertionError("unreachable")
+
+
+def _tell_tenant_approval_waits(approval: Approval) -> None:
+    """The tenant's alert (``aitp.alerts``), once the approval is committed,
+    on a thread of its own: the turn never waits for the mail server or the
+    webhook."""
+    facts = (approval.tenant_id, approval.session_id, approval.pk, approval.tool_name, approval.risk,
+             approval.deadline)
+    transaction.on_commit(lambda: alerts.send_in_background(alerts.approval_waiting, *facts), robust=True)
 
 
 # --- requests -----------------------------------------------------------------

@@ -35,7 +35,7 @@ from aitp.session import (
     State,
 )
 from aitp.watch_feed import WatcherFeed
-from connection import holding, opening, relay
+from connection import handoff, holding, opening, relay
 from connection.turns import TurnOwner
 from runtime import logs, metrics
 from runtime.config import config
@@ -164,7 +164,8 @@ class ConnectionRunner:
         logs.bind_session(session.id, session.tenant_id)
         if await self._handshake_abandoned():
             return
-        server_tools = await opening.load_server_tools(session.tenant_id)
+        server_tools = handoff.offered(await opening.load_server_tools(session.tenant_id), session.api_key,
+                                       self.turns)
         self.machine.set_server_tools(tuple(tool.spec for tool in server_tools))
         if session.api_key_id != known_key_id:
             key_group = notify.key_group(session.api_key_id)

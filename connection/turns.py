@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from agent.conversation import HANDED_BACK, OPERATOR, TO_OPERATOR, human_block
 from agent.conversation import TAKEN_OVER as TOOK_OVER
@@ -53,6 +53,12 @@ OPERATOR_READS_TEXT = "operator_reads_text"
 OPERATOR_READS_TEXT_MESSAGE = "A person is answering this chat now and reads typed messages only."
 
 
+class Waiting(Protocol):
+    """A wait for an operator the agent asked for (``connection.handoff``)."""
+
+    def stop(self) -> None: ...
+
+
 class TurnOwner:
     def __init__(self, machine: SessionMachine, *, rate_limits: ConnectionLimits,
                  row_writer: SessionRowWriter, flush: Callable[[], Awaitable[None]],
@@ -74,6 +80,8 @@ class TurnOwner:
         self.operator: str | None = None
         # The writes of an operator's time in charge, one at a time, in order.
         self._human_writes = asyncio.Lock()
+        # The agent's way to ask for a person, when the key offers it (connection.handoff).
+        self.handoff: Waiting | None = None
 
     def open(self, agent: Agent, *, tenant_id: int, owner: int, audio_budget: AudioBudget | None,
              operator: str | None = None) -> None:
@@ -89,6 +97,9 @@ class TurnOwner:
         """The page is gone: a running turn is cut (its calls end
         'disconnected') and awaited to its end."""
         self._turn(TurnEvent.LEFT)
+        if self.handoff is not None:
+            self.handoff.stop()
+            self.handoff = None
         task = self.task
         if task is not None and not task.done():
             with contextlib.suppress(asyncio.CancelledError):
@@ -213,12 +224,14 @@ class TurnOwner:
         if self.operator == operator:
             return
         self.operator = operator
+        if self.handoff is not None:
+            self.handoff.stop()  # the person asked for is here
         self._turn(TurnEvent.TAKEN_OVER)
         task = self.task
         if task is not None and not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._human(human_block(TOOK_OVER, operator=operator))
+        await self.human(human_block(TOOK_OVER, operator=operator))
         self.machine.send(p.agent_response(OPERATOR_JOINED.format(operator=operator), True))
         await self._flush()
 
@@ -226,7 +239,7 @@ class TurnOwner:
         """The operator's words, to the page as the agent's: a whole answer, done."""
         if self.operator is None:
             return  # handed back meanwhile: the agent answers
-        await self._human(human_block(OPERATOR, text, operator=operator))
+        await self.human(human_block(OPERATOR, text, operator=operator))
         self.machine.send(p.agent_response(text, True))
         await self._flush()
 
@@ -235,7 +248,7 @@ class TurnOwner:
         if self.operator is None:
             return
         self.operator = None
-        await self._human(human_block(HANDED_BACK, note, operator=operator))
+        await self.human(human_block(HANDED_BACK, note, operator=operator))
         self.machine.send(p.agent_response(OPERATOR_LEFT.format(operator=operator), True))
         await self._flush()
 
@@ -245,7 +258,7 @@ class TurnOwner:
         the page's turn closes at once, so no page waits on a person."""
         try:
             if voice is None:
-                await self._human(human_block(TO_OPERATOR, text))
+                await self.human(human_block(TO_OPERATOR, text))
             else:
                 self.machine.error(OPERATOR_READS_TEXT, OPERATOR_READS_TEXT_MESSAGE)
         except asyncio.CancelledError:
@@ -256,7 +269,7 @@ class TurnOwner:
         self._turn(TurnEvent.REFUSED, done=p.agent_response("", True))
         await self._flush()
 
-    async def _human(self, block: dict) -> None:
+    async def human(self, block: dict) -> None:
         """Store a block of the operator's time in charge, in order. A write
         that fails is logged; the page and the operator go on (the
         operator's own words are in their recorded action as well)."""

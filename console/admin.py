@@ -192,7 +192,7 @@ class ApiKeyAdminForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["tenant", "name", "status", "allowed_origins", "max_sessions", "expires_at"]
+        fields = ["tenant", "name", "status", "allowed_origins", "max_sessions", "expires_at", "handoff"]
 
     def clean_allowed_origins(self):
         value = self.cleaned_data["allowed_origins"] or []
@@ -250,13 +250,13 @@ class ApiKeyAdmin(TenantScopedAdmin):
     search_fields = ["prefix", "name", "tenant__slug"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     fields = [
-        "tenant", "name", "prefix", "status", "allowed_origins", "max_sessions", "expires_at",
+        "tenant", "name", "prefix", "status", "allowed_origins", "max_sessions", "expires_at", "handoff",
         "created_at", "last_used_at", "revoked_at",
     ]
     # A new key is active: revoked, disabled, used or made earlier it cannot
     # be, so the add form shows none of those fields, and a status posted
     # to it is never read (the service makes every key active).
-    add_fields = ["tenant", "name", "allowed_origins", "max_sessions", "expires_at"]
+    add_fields = ["tenant", "name", "allowed_origins", "max_sessions", "expires_at", "handoff"]
     actions = ["revoke_keys", "disable_keys"]
 
     def get_fields(self, request, obj=None):
@@ -292,7 +292,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
             key, raw = tenancy.key_create(
                 tenant=data["tenant"], by=request.user, name=data["name"],
                 allowed_origins=data["allowed_origins"], max_sessions=data["max_sessions"],
-                expires_at=data["expires_at"],
+                expires_at=data["expires_at"], handoff=data["handoff"],
             )
             obj.pk, obj.prefix, obj.created_at = key.pk, key.prefix, key.created_at
             # Kept on this request only: response_add shows it in its answer, so

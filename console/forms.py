@@ -53,6 +53,17 @@ def _cap_field() -> forms.IntegerField:
     )
 
 
+def _handoff_field() -> forms.BooleanField:
+    return forms.BooleanField(
+        label="The agent may hand the chat to a person",
+        required=False,
+        help_text="When the page user asks for a person, or the agent cannot help, it asks an "
+                  "operator to take the chat over on the admin's live pages, and the tenant's "
+                  "alerts go out (owners' e-mail, the alert webhook). Applies to chats started "
+                  "after saving.",
+    )
+
+
 class ApiKeyCreateForm(forms.Form):
     name = forms.CharField(max_length=200, help_text="For you: where the key is used.")
     allowed_origins = OriginsField()
@@ -64,6 +75,7 @@ class ApiKeyCreateForm(forms.Form):
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
         help_text="Optional. After this moment the key is refused.",
     )
+    handoff = _handoff_field()
 
     def clean_expires_at(self):
         expires_at = self.cleaned_data["expires_at"]
@@ -76,6 +88,7 @@ class ApiKeyEditForm(forms.Form):
     name = forms.CharField(max_length=200)
     allowed_origins = OriginsField()
     max_sessions = _cap_field()
+    handoff = _handoff_field()
 
 
 class InviteForm(forms.Form):

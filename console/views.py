@@ -26,7 +26,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from aitp import budgets, selectors, tenancy
-from aitp.models import ApiKey, OperatorAction, Session, ToolCall
+from aitp.models import AlertDelivery, ApiKey, OperatorAction, Session, ToolCall
 from aitp.quota import tenant_quota_status
 from aitp.store import admission
 from aitp.transcript import message_blocks, pretty_json
@@ -204,6 +204,7 @@ def key_create(request: HttpRequest, access: Access) -> HttpResponse:
                 allowed_origins=form.cleaned_data["allowed_origins"],
                 max_sessions=form.cleaned_data["max_sessions"],
                 expires_at=form.cleaned_data["expires_at"],
+                handoff=form.cleaned_data["handoff"],
             )
         except tenancy.KeyCeilingReached as refused:
             form.add_error(None, str(refused))
@@ -268,13 +269,14 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
     if key.status == ApiKey.Status.REVOKED:
         messages.error(request, "A revoked key cannot be changed.")
         return redirect("console:keys", slug=access.tenant.slug)
-    initial = {"name": key.name, "allowed_origins": key.allowed_origins, "max_sessions": key.max_sessions}
+    initial = {"name": key.name, "allowed_origins": key.allowed_origins, "max_sessions": key.max_sessions,
+               "handoff": key.handoff}
     form = ApiKeyEditForm(request.POST or None, initial=initial)
     ending = 0
     if request.method == "POST" and form.is_valid():
         changes = {
             field: form.cleaned_data[field]
-            for field in ("name", "allowed_origins", "max_sessions")
+            for field in initial
             if form.cleaned_data[field] != initial[field]
         }
         if "allowed_origins" in changes:
@@ -361,6 +363,7 @@ def budget(request: HttpRequest, access: Access) -> HttpResponse:
         month=month, spent_usd=budgets.usd(spent), budget_usd=budgets.usd(budget_micros) if budget_micros else "",
         percent=round(spent * 100 / budget_micros) if budget_micros else None,
         alerts=BudgetAlert.objects.filter(tenant=tenant).order_by("-month", "-threshold")[:12],
+        deliveries=AlertDelivery.objects.filter(tenant=tenant).order_by("-created_at", "-pk")[:12],
     )
 
 

@@ -47,7 +47,8 @@ def session_take_over(*, session: Session, user, channel: str = "admin") -> InCh
     name = operator_name(user)
     with transaction.atomic():
         taken = Session.objects.filter(pk=session.pk, operator__isnull=True, ended_at__isnull=True).update(
-            operator=user, operator_name=name, taken_over_at=timezone.now())
+            operator=user, operator_name=name, taken_over_at=timezone.now(),
+            handoff_requested_at=None, handoff_reason="")
         if not taken:
             row = Session.objects.filter(pk=session.pk).values("operator_id", "operator_name", "ended_at").first()
             if row is None or row["ended_at"] is not None:

@@ -440,6 +440,9 @@ OWLLAYER_HANDSHAKE_TIMEOUT = env_float("OWLLAYER_HANDSHAKE_TIMEOUT", 10.0, minim
 # process) can be continued this many seconds by a client that offers its
 # resume token (docs/protocol.md §3a); 0: never.
 OWLLAYER_RESUME_WINDOW_SECONDS = env_float("OWLLAYER_RESUME_WINDOW_SECONDS", 600.0)
+# How long a chat whose agent asked for a person waits for an operator to
+# take it over; then the page user is told none is free, and the agent goes on.
+OWLLAYER_HANDOFF_WAIT_SECONDS = env_float("OWLLAYER_HANDOFF_WAIT_SECONDS", 120.0, minimum=1.0)
 # When such a socket drops (any close but the page's own 1000), the process
 # holding the session keeps it, its turn running and its frames numbered, for
 # the client's next socket on this process: while the turn runs (at most the

@@ -44,6 +44,7 @@ class ProtocolConfig:
     handshake_timeout: float
     resume_window: float
     resume_hold: float
+    handoff_wait: float
     max_message_bytes: int
     max_active_tools: int
     max_context_bytes: int
@@ -305,6 +306,7 @@ def build(s: Any) -> Config:
             handshake_timeout=s.OWLLAYER_HANDSHAKE_TIMEOUT,
             resume_window=s.OWLLAYER_RESUME_WINDOW_SECONDS,
             resume_hold=s.OWLLAYER_RESUME_HOLD_SECONDS,
+            handoff_wait=s.OWLLAYER_HANDOFF_WAIT_SECONDS,
             max_message_bytes=s.OWLLAYER_MAX_MESSAGE_BYTES,
             max_active_tools=s.OWLLAYER_MAX_ACTIVE_TOOLS,
             max_context_bytes=s.OWLLAYER_MAX_CONTEXT_BYTES,

@@ -15,8 +15,8 @@ from tests.support.people import acme, make_session, make_user, root  # noqa: F4
 pytestmark = pytest.mark.django_db
 
 EXPECTED = {
-    "Sessions and keys": ["API keys", "Conversation messages", "Daily usage", "Operator actions", "Sessions",
-                          "Tool calls"],
+    "Sessions and keys": ["API keys", "Alert deliveries", "Conversation messages", "Daily usage",
+                          "Operator actions", "Sessions", "Tool calls"],
     "Approvals and tools": ["Approvals", "Approvals to review", "Audit events", "Pending approvals",
                             "Server tools"],
     "Tenants": ["Tenants"],

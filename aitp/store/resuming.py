@@ -56,7 +56,7 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
             transaction.set_rollback(True)
             return ResumeOutcome(refusal=refusal)
         session = Session.objects.get(id=token.session_id)
-    session.tenant = locked.tenant
+    session.tenant, session.api_key = locked.tenant, locked
     return ResumeOutcome(session=session)
 
 

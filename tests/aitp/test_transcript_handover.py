@@ -7,7 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.conversation import HANDED_BACK, HUMAN_KINDS, OPERATOR, TAKEN_OVER, TO_OPERATOR, human_block
+from agent.conversation import (
+    HANDED_BACK,
+    HUMAN_KINDS,
+    NO_OPERATOR,
+    OPERATOR,
+    TAKEN_OVER,
+    TO_OPERATOR,
+    human_block,
+)
 from aitp.transcript import (
     HUMAN_TITLES,
     Block,
@@ -83,3 +91,11 @@ def test_empty_words_of_the_time_in_charge_draw_nothing():
     entries, _ = visible_history(stored([human_block(TO_OPERATOR, "")], [human_block(OPERATOR, "", operator="J")]))
     assert entries == []
 
+
+
+def test_the_end_of_a_wait_for_a_person_reads_as_such_in_the_record_and_is_not_drawn_again_on_the_page():
+    block = human_block(NO_OPERATOR)
+    entries, _ = visible_history(stored([block]))
+
+    assert entries == []
+    assert content_block(block).title == "the agent asked for a person; none took the chat over in time"

@@ -230,7 +230,7 @@ def new_key_form(acme, **changes) -> dict:
 def test_the_admin_add_form_for_a_key_has_no_status_and_no_revocation(admin_client):
     form = admin_client.get(reverse("admin:aitp_apikey_add")).context["adminform"].form
 
-    assert set(form.fields) == {"tenant", "name", "allowed_origins", "max_sessions", "expires_at"}
+    assert set(form.fields) == {"tenant", "name", "allowed_origins", "max_sessions", "expires_at", "handoff"}
     html = admin_client.get(reverse("admin:aitp_apikey_add")).content.decode()
     assert 'name="status"' not in html and "Revoked at" not in html
 

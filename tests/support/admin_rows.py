@@ -50,14 +50,14 @@ def _session(tenant, key, index: int):
 
 def admin_rows() -> Rows:
     """Two tenants, each with keys, sessions, calls, messages, usage, actions,
-    approvals (pending, decided, reviewed), audit events, server tools and
+    alert deliveries, approvals (pending, decided, reviewed), audit events, server tools and
     orders; users and groups; login attempts of every kind the admin lists."""
     from axes.models import AccessAttempt, AccessFailureLog, AccessLog
     from django.contrib.auth.models import Group
     from django.utils import timezone
 
     from aitp import tenancy
-    from aitp.models import ConversationMessage, DailyUsage, OperatorAction, ToolCall
+    from aitp.models import AlertDelivery, ConversationMessage, DailyUsage, OperatorAction, ToolCall
     from approvals import services as approval_services
     from approvals.models import ServerTool
     from demo.models import DemoOrder
@@ -119,6 +119,10 @@ def admin_rows() -> Rows:
                 input_tokens=12_345_678, output_tokens=1_234_567, cache_read_tokens=9_876_543,
                 cache_write_tokens=123_456, audio_heard_ms=3_600_000, audio_spoken_ms=7_200_000,
             )
+        for status, code, error in (("ok", None, ""), ("failed", 503, "webhook answered 503 Service Unavailable")):
+            AlertDelivery.objects.create(tenant=tenant, kind="handoff_requested", url=LONG_URL, attempts=3,
+                                         status=status, status_code=code, last_error=error, created_at=MOMENT,
+                                         finished_at=MOMENT + timedelta(seconds=4))
         for number in ("A1001", "A1002", "A1003"):
             DemoOrder.objects.create(tenant=tenant, number=f"{slug[:4].upper()}-{number}", status="shipped",
                                      total=Decimal("1299.99"),
