@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
-from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.db.models import BooleanField, CharField, Count, ExpressionWrapper, Q, QuerySet, Value
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -18,7 +18,8 @@ from aitp.selectors import session_conversation
 from aitp.store.admission import live_sessions_filter
 from aitp.transcript import conversation_rows, pretty_json
 from approvals.models import Approval, AuditEvent
-from tenants.selectors import scope_to_user
+from approvals.selectors import awaiting_operator
+from tenants.selectors import scope_to_user, tenant_ids_for_user
 
 
 def is_watcher(user) -> bool:
@@ -71,6 +72,9 @@ def session_row(session: Session) -> dict:
         # The operator answering in the agent's place (operators.handover): "" while the agent answers.
         "operator_name": session.operator_name,
         "taken_over_at": _iso(session.taken_over_at),
+        # The agent asked for a person and none has taken the chat over yet: None otherwise.
+        "handoff_requested_at": _iso(session.handoff_requested_at),
+        "handoff_reason": session.handoff_reason,
         "live": bool(getattr(session, "live_now", session.is_live)),
         "detail_url": reverse("operators:live_session", args=[session.id]),
     }
@@ -78,6 +82,35 @@ def session_row(session: Session) -> dict:
 
 def live_session_rows(user) -> list[dict]:
     return [session_row(session) for session in live_sessions(user)]
+
+
+def _counted(queryset: QuerySet, name: str) -> QuerySet:
+    """``(name, how many rows)``: always one row, zero included, so two of
+    them are read together in one query (a UNION ALL)."""
+    return (queryset.order_by().annotate(kind=Value(name, output_field=CharField()))
+            .values("kind").annotate(rows=Count("pk")).values_list("kind", "rows"))
+
+
+def alert_counts(user, now: datetime | None = None) -> dict[str, int]:
+    """What waits for a person in the tenants the user may see (viewers
+    included: they see what waits, even if they cannot act on it).
+
+    ``waiting``: live sessions whose agent asked for a person that no
+    operator has taken over yet. ``approvals``: approvals waiting for an
+    operator's decision, as the pending approvals queue lists them. One
+    query for the user's tenants (none for a superuser), one for both counts."""
+    now = now or timezone.now()
+    waiting = Session.objects.filter(
+        **live_sessions_filter(now), handoff_requested_at__isnull=False, operator__isnull=True)
+    approvals = awaiting_operator(Approval.objects.all())
+    tenant_ids = tenant_ids_for_user(user)
+    if tenant_ids is not None:
+        if not tenant_ids:
+            return {"waiting": 0, "approvals": 0}
+        waiting = waiting.filter(tenant_id__in=tenant_ids)
+        approvals = approvals.filter(tenant_id__in=tenant_ids)
+    counts = dict(_counted(waiting, "waiting").union(_counted(approvals, "approvals"), all=True))
+    return {"waiting": counts["waiting"], "approvals": counts["approvals"]}
 
 
 def watcher(user_id: int):

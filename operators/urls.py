@@ -12,6 +12,8 @@ wrap = admin.site.admin_view
 
 urlpatterns = [
     path("", wrap(views.live_list), name="live_list"),
+    # Before the session pages: "alerts" would be taken for a session id.
+    path("alerts/", wrap(views.live_alerts), name="live_alerts"),
     path("<str:session_id>/", wrap(views.live_session), name="live_session"),
     path("<str:session_id>/panel/", wrap(views.live_session_panel), name="live_session_panel"),
     path("<str:session_id>/command/", wrap(views.live_session_command),

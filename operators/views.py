@@ -1,5 +1,6 @@
 """The live pages in the admin: the list of open sessions and one session's
-page, plus the operator's actions on it: commands to the page, approval
+page, the counts of what waits for a person (in every admin page's header),
+plus the operator's actions on a session: commands to the page, approval
 decisions, and taking the chat over from the agent, writing to the page
 user and handing the chat back (each one recorded by the service it goes
 through).
@@ -15,7 +16,7 @@ import logging
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.forms import Form
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -81,6 +82,17 @@ def live_list(request: HttpRequest) -> HttpResponse:
         ),
     }
     return TemplateResponse(request, "operators/live_list.html", context)
+
+
+@require_GET
+def live_alerts(request: HttpRequest) -> JsonResponse:
+    """The counts in every admin page's header (read again every few
+    seconds by static/owllayer/admin-alerts.js), and where each is dealt with."""
+    return JsonResponse({
+        **selectors.alert_counts(request.user),
+        "live_url": reverse("operators:live_list"),
+        "approvals_url": reverse("admin:approvals_pendingapproval_changelist"),
+    })
 
 
 def _session_context(session: Session, user) -> dict:
@@ -174,37 +186,40 @@ def live_session_take_over(request: HttpRequest, session_id: str) -> HttpRespons
     return HttpResponseRedirect(_session_url(session))
 
 
-@require_POST
-def live_session_say(request: HttpRequest, session_id: str) -> HttpResponse:
+def _in_charge_step(request: HttpRequest, session_id: str, form_class: type[Form], step, *,
+                    done: str, refused: str) -> HttpResponse:
+    """One step of the operator in charge (``step(session, **the form's
+    data)`` says whether it was taken), told to them either way."""
     session = _changeable_session(request, session_id)
-    form = OperatorMessageForm(request.POST)
+    form = form_class(request.POST)
     if not form.is_valid():
-        messages.error(request, f"Not sent: {_form_errors(form)}.")
+        messages.error(request, f"{refused}: {_form_errors(form)}.")
     elif session.ended_at is not None:
         messages.error(request, NOT_SENT_ENDED)
-    elif handover.session_operator_says(session=session, user=request.user, text=form.cleaned_data["text"],
-                                        channel="admin"):
-        messages.success(request, "Sent to the page user.")
+    elif step(session, **form.cleaned_data):
+        logger.info("session %s: operator %s: %s", session.pk, request.user.get_username(), step.__name__)
+        messages.success(request, done)
     else:
-        messages.error(request, f"Not sent: {_not_in_charge(session)}.")
+        messages.error(request, f"{refused}: {_not_in_charge(session)}.")
     return HttpResponseRedirect(_session_url(session))
+
+
+@require_POST
+def live_session_say(request: HttpRequest, session_id: str) -> HttpResponse:
+    def says(session: Session, text: str) -> bool:
+        return handover.session_operator_says(session=session, user=request.user, text=text, channel="admin")
+
+    return _in_charge_step(request, session_id, OperatorMessageForm, says,
+                           done="Sent to the page user.", refused="Not sent")
 
 
 @require_POST
 def live_session_hand_back(request: HttpRequest, session_id: str) -> HttpResponse:
-    session = _changeable_session(request, session_id)
-    form = HandBackForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not handed back: {_form_errors(form)}.")
-    elif session.ended_at is not None:
-        messages.error(request, NOT_SENT_ENDED)
-    elif handover.session_hand_back(session=session, user=request.user, note=form.cleaned_data["note"],
-                                    channel="admin"):
-        logger.info("session %s: operator %s handed the chat back", session.pk, request.user.get_username())
-        messages.success(request, "The chat is handed back: the agent answers the page user's next message.")
-    else:
-        messages.error(request, f"Not handed back: {_not_in_charge(session)}.")
-    return HttpResponseRedirect(_session_url(session))
+    def hands_back(session: Session, note: str) -> bool:
+        return handover.session_hand_back(session=session, user=request.user, note=note, channel="admin")
+
+    return _in_charge_step(request, session_id, HandBackForm, hands_back, refused="Not handed back",
+                           done="The chat is handed back: the agent answers the page user's next message.")
 
 
 @require_POST
