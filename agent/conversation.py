@@ -94,7 +94,8 @@ TO_OPERATOR = "to_operator"  # the page user's words, read by the operator
 OPERATOR = "operator"  # the operator's words, shown to the page user as the agent's
 HANDED_BACK = "handed_back"
 NO_OPERATOR = "no_operator"  # the agent asked for a person, and none was free in time
-HUMAN_KINDS = (TAKEN_OVER, TO_OPERATOR, OPERATOR, HANDED_BACK, NO_OPERATOR)
+OPERATOR_TOOL = "operator_tool"  # a page tool the operator ran: "name {arguments}: what it answered"
+HUMAN_KINDS = (TAKEN_OVER, TO_OPERATOR, OPERATOR, HANDED_BACK, NO_OPERATOR, OPERATOR_TOOL)
 
 
 def human_block(kind: str, text: str = "", *, operator: str = "") -> dict:
@@ -117,6 +118,8 @@ def _human_words(block: dict) -> str:
         return f"[The user, to the human operator:] {text}"
     if kind == OPERATOR:
         return f"[The human operator {name}, to the user:] {text}"
+    if kind == OPERATOR_TOOL:
+        return f"[The human operator {name} ran the page tool {text}]"
     if kind == NO_OPERATOR:
         return ("[No human operator was free to join the chat in time, and the user was told so. "
                 "Go on helping them yourself.]")

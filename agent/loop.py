@@ -57,6 +57,7 @@ from aitp.ledger import (
     ERROR,
     INVALID_ARGS,
     LEFT_MESSAGE,
+    OPERATOR_CALL,
     UNAVAILABLE,
     Ledger,
     Outcome,
@@ -302,6 +303,23 @@ class Agent:
         the model is sent once the chat is handed back."""
         self._append("user", [block])
         await self._checkpoint()
+
+    async def operator_call(self, call_id: str, name: str, args: dict) -> Outcome:
+        """A page tool the operator in charge of the chat runs from the admin
+        (``PageTools.run_for_operator``), in the session's ledger: its row is
+        written first, marked as the operator's, and ends with its outcome
+        whatever happens (the page leaving cuts it)."""
+        call = PendingCall(call_id=call_id, tool_use_id=OPERATOR_CALL + call_id, name=name, args=args,
+                           spec=self.io.surface().get(name))
+        await self._checkpoint(calls=[call])
+        outcome = Outcome(DISCONNECTED, error=LEFT_MESSAGE)
+        try:
+            outcome = await self.page_tools.run_for_operator(call)
+        finally:
+            call.finish(outcome)
+            await self.store.finish_call(call, outcome)
+            await asyncio.shield(self._checkpoint())
+        return outcome
 
     # --- tools -----------------------------------------------------------------
 

@@ -9,6 +9,7 @@ call the turn waits on. A risky call must be approved in the page first
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from agent.approvals import Approvals
 from agent.parts import TurnParts, unknown_call
@@ -18,19 +19,46 @@ from aitp.ledger import (
     DISCONNECTED,
     ERROR,
     EXPIRED,
+    INVALID_ARGS,
     SUCCESS,
     TIMEOUT,
+    UNAVAILABLE,
     USER_EXPIRED_MESSAGE,
     Outcome,
     PendingCall,
     wait_until_deadline,
 )
+from aitp.tools import Risk
 from aitp.turn import TurnEvent
 from runtime import tracing
 
 # What the model is told of a call lost with its page's socket (see ``calls_lost``).
 LOST_MESSAGE = ("The page's connection dropped after the call reached it, and no answer came: "
                 "it may or may not have run.")
+
+
+# The page tools an operator in charge of the chat may run from the admin:
+# those nobody is asked to approve.
+OPERATOR_RISKS = frozenset({Risk.NONE, Risk.LOW})
+NOT_FOR_OPERATORS = "Only the page's tools of risk none or low can be run by an operator."
+
+
+class _OutsideTurn:
+    """The connection's port for a call no turn runs (an operator's): its
+    frames go out; no turn phase is reported, as no turn is running."""
+
+    def __init__(self, io) -> None:
+        self._io = io
+
+    async def send(self, item) -> None:
+        if isinstance(item, p.Message):
+            await self._io.send(item)
+
+    def surface(self):
+        return self._io.surface()
+
+    def page(self):
+        return self._io.page()
 
 
 class PageTools:
@@ -76,6 +104,21 @@ class PageTools:
             if call.approval_asked_at is not None:
                 # From the page's APPROVAL_REQUEST to its answer (or the call's end).
                 tracing.record("approval_wait", since=call.approval_asked_at, asked_by="page")
+
+    async def run_for_operator(self, call: PendingCall) -> Outcome:
+        """A page tool the operator in charge runs: one of risk none or low
+        the page offers now, with arguments its schema takes; sent and
+        answered as a model's call is (the page cannot tell them apart)."""
+        spec = call.spec
+        if spec is None or spec.origin == "server":
+            return Outcome(UNAVAILABLE, error=f"The tool {call.name} is not available on this page.")
+        if spec.risk not in OPERATOR_RISKS:
+            return Outcome(UNAVAILABLE, error=NOT_FOR_OPERATORS)
+        problems = spec.argument_problems(call.args)
+        if problems:
+            return Outcome(INVALID_ARGS, error="Invalid arguments: " + "; ".join(problems[:10]))
+        outside = dataclasses.replace(self.parts, io=_OutsideTurn(self.parts.io))
+        return await PageTools(outside, self.approvals).run(call)
 
     async def on_tool_result(self, payload: p.ToolResult) -> p.Message | None:
         """Returns an error event to send back, or None when accepted."""

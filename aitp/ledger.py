@@ -98,6 +98,11 @@ def checked_error(text: str) -> str:
     return UNUSABLE_ERROR if p.text_problem(text) is not None else text
 
 
+# The row of a call an operator ran (``Agent.operator_call``) carries this
+# and its call id in place of a model's tool_use id.
+OPERATOR_CALL = "operator_"
+
+
 def new_call_id() -> str:
     # Unguessable: only the connection that got the call can answer it, and
     # nobody else can even name it.

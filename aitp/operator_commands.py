@@ -7,8 +7,9 @@ as a channel-layer ``session.command``; the connection's runner hands it here. `
 tells the page and closes with 1008, ``reload`` and ``redirect`` become
 SYSTEM_EVENTs, ``approval_decided`` makes a waiting turn re-read the row,
 ``watchers`` turns the watcher feed's frames on or off; ``take_over``,
-``operator_says`` and ``hand_back`` put an operator in charge of the chat
-and back (``operators.handover``, carried out by ``connection.turns``). ``superseded``
+``operator_says``, ``operator_tool`` and ``hand_back`` put an operator in
+charge of the chat, let them write and run the page's tools, and hand it
+back (``operators.handover``, carried out by ``connection.turns``). ``superseded``
 comes from a newer socket that offered the session's resume token: this one
 says goodbye and closes with 4409, and the newer one continues the session.
 """
@@ -28,6 +29,7 @@ RELAY = "relay"
 TAKE_OVER = "take_over"
 OPERATOR_SAYS = "operator_says"
 HAND_BACK = "hand_back"
+OPERATOR_TOOL = "operator_tool"
 CONTINUED_ELSEWHERE = "This conversation goes on in another tab or window."
 
 
@@ -65,3 +67,6 @@ class OperatorCommands:
             await turns.operator_says(str(event["operator"]), str(event["text"]))
         elif command == HAND_BACK and agent is not None:
             await turns.hand_back(str(event["operator"]), str(event.get("note") or ""))
+        elif command == OPERATOR_TOOL and agent is not None and isinstance(event.get("arguments"), dict):
+            turns.operator_tool(str(event["operator"]), str(event["call_id"]), str(event["tool"]),
+                                event["arguments"])

@@ -90,6 +90,7 @@ HUMAN_TITLES = {
     "operator": "operator {operator}",
     "handed_back": "{operator} handed the chat back",
     "no_operator": "the agent asked for a person; none took the chat over in time",
+    "operator_tool": "{operator} ran a page tool",
 }
 # Shown where the voice stopped, after the text of an "interrupted" block.
 INTERRUPTED_NOTE = "the page user spoke over the agent here; the rest of the answer was not said"
@@ -252,6 +253,7 @@ ACTION_LABELS = {
     "visitor_secret_rotated": "Visitor secret rotated",
     "session_take_over": "Took the chat over",
     "session_operator_says": "Wrote to the page user",
+    "session_operator_tool": "Ran a page tool",
     "session_hand_back": "Handed the chat back",
 }
 
@@ -301,8 +303,9 @@ def _human_entry(block: Block, turn: int) -> dict | None:
     operator's words as the agent's (``operator`` says whose), their own
     words as theirs, the take over and the hand back as the sentence the
     page was shown. Never the hand back's note: it was for the agent, nor
-    the end of a wait for a person (the page was told it as a notice)."""
-    if block.human == "no_operator":
+    the end of a wait for a person (the page was told it as a notice), nor
+    a page tool the operator ran (the page ran it)."""
+    if block.human in ("no_operator", "operator_tool"):
         return None
     if block.human in ("to_operator", "operator"):
         if not block.text:

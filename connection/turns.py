@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from agent.conversation import HANDED_BACK, OPERATOR, TO_OPERATOR, human_block
+from agent.conversation import HANDED_BACK, OPERATOR, OPERATOR_TOOL, TO_OPERATOR, human_block
 from agent.conversation import TAKEN_OVER as TOOK_OVER
 from agent.loop import Agent, PageSnapshot, TurnOver
 from agent.voice import Listening
@@ -82,6 +83,8 @@ class TurnOwner:
         self._human_writes = asyncio.Lock()
         # The agent's way to ask for a person, when the key offers it (connection.handoff).
         self.handoff: Waiting | None = None
+        # The page tools the operator in charge is running (``operator_tool``).
+        self._operator_calls: set[asyncio.Task] = set()
 
     def open(self, agent: Agent, *, tenant_id: int, owner: int, audio_budget: AudioBudget | None,
              operator: str | None = None) -> None:
@@ -100,6 +103,8 @@ class TurnOwner:
         if self.handoff is not None:
             self.handoff.stop()
             self.handoff = None
+        for call in list(self._operator_calls):
+            call.cancel()  # each ends 'disconnected' in its row
         task = self.task
         if task is not None and not task.done():
             with contextlib.suppress(asyncio.CancelledError):
@@ -252,6 +257,21 @@ class TurnOwner:
         self.machine.send(p.agent_response(OPERATOR_LEFT.format(operator=operator), True))
         await self._flush()
 
+    def operator_tool(self, operator: str, call_id: str, name: str, args: dict) -> None:
+        """Run a page tool for the operator in charge (``Agent.operator_call``),
+        beside the conversation: the operator goes on writing meanwhile. The
+        model is told of it at the hand back, when it ended before then."""
+        if self.operator is None:
+            return
+        task = self._own(asyncio.create_task(self._operator_tool(operator, call_id, name, args)), "operator tool")
+        self._operator_calls.add(task)
+        task.add_done_callback(self._operator_calls.discard)
+
+    async def _operator_tool(self, operator: str, call_id: str, name: str, args: dict) -> None:
+        outcome = await self.agent.operator_call(call_id, name, args)
+        told = f"{name} {json.dumps(args, ensure_ascii=False)[:500]}: {outcome.content_for_model()[:1000]}"
+        await self.human(human_block(OPERATOR_TOOL, told, operator=operator), while_in_charge=True)
+
     async def _to_operator(self, text: str, *, voice: Listening | None, live: bool) -> None:
         """The page user's message while an operator is in charge: typed
         words are stored for the operator (the watchers see the frame), and
@@ -269,11 +289,15 @@ class TurnOwner:
         self._turn(TurnEvent.REFUSED, done=p.agent_response("", True))
         await self._flush()
 
-    async def human(self, block: dict) -> None:
-        """Store a block of the operator's time in charge, in order. A write
-        that fails is logged; the page and the operator go on (the
-        operator's own words are in their recorded action as well)."""
+    async def human(self, block: dict, *, while_in_charge: bool = False) -> None:
+        """Store a block of the operator's time in charge, in order (with
+        ``while_in_charge``, only if the chat is not handed back by then: the
+        agent's turns write from then on). A write that fails is logged; the
+        page and the operator go on (the operator's own words are in their
+        recorded action as well)."""
         async with self._human_writes:
+            if while_in_charge and self.operator is None:
+                return
             try:
                 await self.agent.human_said(block)
             except Exception:

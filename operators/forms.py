@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 from django import forms
 
 from aitp.services import SESSION_COMMANDS
-from operators.handover import MAX_TEXT_CHARS
+from operators.handover import MAX_ARGUMENTS_CHARS, MAX_TEXT_CHARS
 
 MAX_MESSAGE_CHARS = 500
 MAX_URL_CHARS = 2000
@@ -60,3 +60,25 @@ class HandBackForm(forms.Form):
     note = forms.CharField(required=False, max_length=MAX_TEXT_CHARS, strip=True, error_messages={
         "max_length": "a note has at most %(limit_value)d characters",
     })
+
+
+class OperatorToolForm(forms.Form):
+    """A page tool the operator in charge runs, and its arguments (a JSON
+    object; empty for none). ``tools``: the names the page offers for it."""
+
+    tool = forms.ChoiceField(error_messages={"invalid_choice": "the page offers no such tool to run"})
+    arguments = forms.JSONField(required=False, max_length=MAX_ARGUMENTS_CHARS, error_messages={
+        "invalid": "the arguments are not JSON",
+    })
+
+    def __init__(self, *args, tools: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tool"].choices = [(name, name) for name in tools]
+
+    def clean_arguments(self) -> dict:
+        arguments = self.cleaned_data.get("arguments")
+        if arguments in (None, ""):
+            return {}
+        if not isinstance(arguments, dict):
+            raise forms.ValidationError("the arguments are a JSON object, e.g. {\"id\": \"p1\"}")
+        return arguments

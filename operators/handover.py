@@ -9,8 +9,9 @@ and handing back are events of the audit chain too) and then carried out by
 the process holding the session, as a ``session.command``
 (``aitp.operator_commands``): the running turn is cut, the page user's
 messages go to the operator instead of the model, the operator's reach the
-page as the agent's text, and at the hand back the model is given what was
-said meanwhile (``agent.conversation.human_block``).
+page as the agent's text, the page's tools of risk none or low run for the
+operator through the session's own ledger, and at the hand back the model is
+given what was said and done meanwhile (``agent.conversation.human_block``).
 
 Sync functions, one transaction each; the notice goes out once it commits.
 """
@@ -22,11 +23,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from aitp import notify
+from aitp.ledger import new_call_id
 from aitp.models import OperatorAction, Session
-from aitp.operator_commands import HAND_BACK, OPERATOR_SAYS, TAKE_OVER
+from aitp.operator_commands import HAND_BACK, OPERATOR_SAYS, OPERATOR_TOOL, TAKE_OVER
 from approvals.audit import append_event
 
 MAX_TEXT_CHARS = 2000
+# The page tools an operator may run: those nobody is asked to approve.
+OPERATOR_TOOL_RISKS = ("none", "low")
+MAX_ARGUMENTS_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,34 @@ def session_operator_says(*, session: Session, user, text: str, channel: str = "
         _record(session, user, "session_operator_says", {"text": text, "channel": channel})
     transaction.on_commit(lambda: notify.session_command(session.pk, OPERATOR_SAYS, operator=name, text=text))
     return True
+
+
+def operator_tools(session: Session) -> list[dict]:
+    """The page tools the operator in charge may run, as the page declared
+    them last (risk none or low)."""
+    return [tool for tool in session.tools or []
+            if isinstance(tool, dict) and tool.get("risk", "none") in OPERATOR_TOOL_RISKS and tool.get("name")]
+
+
+def session_operator_runs_tool(*, session: Session, user, tool: str, arguments: dict,
+                               channel: str = "admin") -> str | None:
+    """Have the page run ``tool`` for the operator in charge, through the
+    session's own ledger (``Agent.operator_call``, which checks it against
+    the tools the page offers then); the call's id, or None when ``user`` is
+    not in charge of the live session. Raises ValueError for a tool the
+    operator may not run."""
+    if tool not in {t["name"] for t in operator_tools(session)}:
+        raise ValueError(f"the page offers no tool {tool} of risk none or low")
+    call_id = new_call_id()
+    with transaction.atomic():
+        if not in_charge(session.pk, user):
+            return None
+        name = operator_name(user)
+        _record(session, user, "session_operator_tool",
+                {"tool": tool, "arguments": arguments, "call_id": call_id, "channel": channel})
+    transaction.on_commit(lambda: notify.session_command(
+        session.pk, OPERATOR_TOOL, operator=name, call_id=call_id, tool=tool, arguments=arguments))
+    return call_id
 
 
 def session_hand_back(*, session: Session, user, note: str = "", channel: str = "admin") -> bool:

@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from aitp.ledger import OPERATOR_CALL
 from aitp.models import OperatorAction, Session
 from aitp.selectors import session_conversation
 from aitp.store.admission import live_sessions_filter
@@ -144,7 +145,8 @@ def _tool_calls(session: Session) -> list[dict]:
     for call in session.tool_calls.order_by("created_at", "pk"):
         # An error says more than whatever result came with it.
         outcome = call.error or pretty_json(call.result)
-        calls.append({"call": call, "arguments": pretty_json(call.arguments), "outcome": outcome})
+        calls.append({"call": call, "arguments": pretty_json(call.arguments), "outcome": outcome,
+                      "by_operator": call.tool_use_id.startswith(OPERATOR_CALL)})
     return calls
 
 

@@ -20,6 +20,7 @@ urlpatterns = [
          name="live_session_command"),
     path("<str:session_id>/takeover/", wrap(views.live_session_take_over), name="live_session_take_over"),
     path("<str:session_id>/say/", wrap(views.live_session_say), name="live_session_say"),
+    path("<str:session_id>/tool/", wrap(views.live_session_run_tool), name="live_session_run_tool"),
     path("<str:session_id>/handback/", wrap(views.live_session_hand_back), name="live_session_hand_back"),
     path("<str:session_id>/approvals/<int:approval_id>/decide/",
          wrap(views.live_approval_decide), name="live_approval_decide"),

@@ -2,7 +2,7 @@
 page, the counts of what waits for a person (in every admin page's header),
 plus the operator's actions on a session: commands to the page, approval
 decisions, and taking the chat over from the agent, writing to the page
-user and handing the chat back (each one recorded by the service it goes
+user, running the page's tools and handing the chat back (each one recorded by the service it goes
 through).
 
 Every view is wrapped in ``admin.site.admin_view`` (operators/urls.py): staff
@@ -12,6 +12,7 @@ of another tenant is a 404, whatever id is guessed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -27,7 +28,7 @@ from aitp.models import Session
 from approvals.forms import decide_from_post
 from approvals.models import Approval
 from operators import handover, selectors
-from operators.forms import HandBackForm, OperatorMessageForm, SessionCommandForm
+from operators.forms import HandBackForm, OperatorMessageForm, OperatorToolForm, SessionCommandForm
 from operators.routing import WATCH_PATH
 from runtime.config import config
 from tenants.selectors import may_change_tenant
@@ -109,6 +110,8 @@ def _session_context(session: Session, user) -> dict:
         # A superuser may hand back a chat another operator left in charge.
         "may_hand_back": may_act and (in_charge or user.is_superuser),
         "max_text_chars": handover.MAX_TEXT_CHARS,
+        "max_arguments_chars": handover.MAX_ARGUMENTS_CHARS,
+        "operator_tools": handover.operator_tools(session) if in_charge and may_act else [],
     }
 
 
@@ -186,12 +189,12 @@ def live_session_take_over(request: HttpRequest, session_id: str) -> HttpRespons
     return HttpResponseRedirect(_session_url(session))
 
 
-def _in_charge_step(request: HttpRequest, session_id: str, form_class: type[Form], step, *,
+def _in_charge_step(request: HttpRequest, session_id: str, form_for: Callable[[Session], Form], step, *,
                     done: str, refused: str) -> HttpResponse:
-    """One step of the operator in charge (``step(session, **the form's
-    data)`` says whether it was taken), told to them either way."""
+    """One step of the operator in charge (``step(session, **the data of
+    form_for(session))`` says whether it was taken), told to them either way."""
     session = _changeable_session(request, session_id)
-    form = form_class(request.POST)
+    form = form_for(session)
     if not form.is_valid():
         messages.error(request, f"{refused}: {_form_errors(form)}.")
     elif session.ended_at is not None:
@@ -209,7 +212,7 @@ def live_session_say(request: HttpRequest, session_id: str) -> HttpResponse:
     def says(session: Session, text: str) -> bool:
         return handover.session_operator_says(session=session, user=request.user, text=text, channel="admin")
 
-    return _in_charge_step(request, session_id, OperatorMessageForm, says,
+    return _in_charge_step(request, session_id, lambda session: OperatorMessageForm(request.POST), says,
                            done="Sent to the page user.", refused="Not sent")
 
 
@@ -218,8 +221,22 @@ def live_session_hand_back(request: HttpRequest, session_id: str) -> HttpRespons
     def hands_back(session: Session, note: str) -> bool:
         return handover.session_hand_back(session=session, user=request.user, note=note, channel="admin")
 
-    return _in_charge_step(request, session_id, HandBackForm, hands_back, refused="Not handed back",
+    return _in_charge_step(request, session_id, lambda session: HandBackForm(request.POST), hands_back,
+                           refused="Not handed back",
                            done="The chat is handed back: the agent answers the page user's next message.")
+
+
+@require_POST
+def live_session_run_tool(request: HttpRequest, session_id: str) -> HttpResponse:
+    def runs(session: Session, tool: str, arguments: dict) -> bool:
+        return handover.session_operator_runs_tool(session=session, user=request.user, tool=tool,
+                                                   arguments=arguments, channel="admin") is not None
+
+    def form_for(session: Session) -> Form:
+        return OperatorToolForm(request.POST, tools=[tool["name"] for tool in handover.operator_tools(session)])
+
+    return _in_charge_step(request, session_id, form_for, runs, refused="Not run",
+                           done="Sent to the page: its answer shows under Tool calls.")
 
 
 @require_POST

@@ -40,7 +40,7 @@ _ = _Names()
 (_.verbose_name_plural, _.constraints, _.default_permissions)
 # Form fields read by their name (cleaned_data, the posted data, the templates).
 (_.budget_usd,)
-(_.widget, _.clean_user, _.clean_allowed_origins, _.clean_expires_at, _.clean_status, _.clean_tenant)
+(_.widget, _.clean_user, _.clean_allowed_origins, _.clean_expires_at, _.clean_status, _.clean_tenant, _.clean_arguments)
 # The admin's options and hooks (methods shown in lists are @admin.display,
 # which vulture is told to skip).
 (_.list_display, _.list_display_links, _.list_filter, _.list_select_related, _.search_fields,

@@ -4,6 +4,7 @@ on another process does), carried over the channel layer; and two operators
 taking over the same chat at once."""
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -12,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from agent.conversation import HANDED_BACK, OPERATOR, TAKEN_OVER, TO_OPERATOR
-from aitp.models import OperatorAction, Session
+from aitp.models import OperatorAction, Session, ToolCall
 from aitp.transcript import OPERATOR_JOINED, OPERATOR_LEFT
 from aitp_client import AitpClient
 from aitp_client.frames import turn_done
@@ -52,6 +53,39 @@ async def test_an_operator_on_another_process_takes_over_writes_and_hands_back(d
     assert left["payload"]["chunk"] == OPERATOR_LEFT.format(operator="Jane")
     assert answered[-1]["payload"]["chunk"]  # the model answers again
     assert [b["human"] for b in await stored_human(session_id)] == [TAKEN_OVER, TO_OPERATOR, OPERATOR, HANDED_BACK]
+
+
+async def test_an_operator_on_another_process_runs_a_page_tool_through_the_process_that_holds_the_session(
+        daphne_factory, raw_key):
+    server = daphne_factory()
+    jane = await sync_to_async(staff)("jane")
+    page = AitpClient(server.ws_url(), api_key=raw_key, origin=ORIGIN)
+    ack = await page.connect(timeout=SOON)
+    tool = {"name": "open_product", "description": "Open a product's page", "risk": "none",
+            "parameters": {"type": "OBJECT", "properties": {"id": {"type": "STRING"}}, "required": ["id"]}}
+    await page.context_update(url="/", title="Home", tools=[tool])
+    session_id = ack["sessionId"]
+    for _ in range(int(SOON / 0.05)):
+        if (await Session.objects.aget(pk=session_id)).tools:
+            break
+        await asyncio.sleep(0.05)
+    await take_over(session_id, jane)
+    await page.recv_until(turn_done, SOON)
+
+    session = await Session.objects.aget(pk=session_id)
+    call_id = await sync_to_async(handover.session_operator_runs_tool)(
+        session=session, user=jane, tool="open_product", arguments={"id": "p1"})
+    call = await page.recv_until("TOOL_CALL", SOON)
+    await page.tool_result(call_id, result={"opened": "p1"})
+    for _ in range(int(SOON / 0.05)):
+        row = await ToolCall.objects.aget(call_id=call_id)
+        if row.status == "success":
+            break
+        await asyncio.sleep(0.05)
+    await page.close()
+
+    assert call["payload"] == {"callId": call_id, "name": "open_product", "args": {"id": "p1"}}
+    assert (row.status, row.result) == ("success", {"opened": "p1"})
 
 
 def test_two_operators_taking_over_the_same_chat_at_once_leave_exactly_one_in_charge(db):

@@ -12,6 +12,7 @@ from agent.conversation import (
     HUMAN_KINDS,
     NO_OPERATOR,
     OPERATOR,
+    OPERATOR_TOOL,
     TAKEN_OVER,
     TO_OPERATOR,
     human_block,
@@ -99,3 +100,12 @@ def test_the_end_of_a_wait_for_a_person_reads_as_such_in_the_record_and_is_not_d
 
     assert entries == []
     assert content_block(block).title == "the agent asked for a person; none took the chat over in time"
+
+
+def test_a_page_tool_the_operator_ran_reads_as_such_in_the_record_and_is_not_drawn_again_on_the_page():
+    block = human_block(OPERATOR_TOOL, 'open_product {"id": "p1"}: {"opened":true}', operator="Jane Doe")
+    entries, _ = visible_history(stored([block]))
+
+    assert entries == []
+    assert content_block(block).title == "Jane Doe ran a page tool"
+    assert content_block(block).text == 'open_product {"id": "p1"}: {"opened":true}'

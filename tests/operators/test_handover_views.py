@@ -8,8 +8,8 @@ from django.urls import reverse
 
 from agent.conversation import HANDED_BACK, OPERATOR, TAKEN_OVER, TO_OPERATOR, human_block
 from aitp import notify, store
-from aitp.models import ConversationMessage, OperatorAction, Session
-from aitp.operator_commands import HAND_BACK, OPERATOR_SAYS, TAKE_OVER
+from aitp.models import ConversationMessage, OperatorAction, Session, ToolCall
+from aitp.operator_commands import HAND_BACK, OPERATOR_SAYS, OPERATOR_TOOL, TAKE_OVER
 from approvals.audit import verify_chain
 from approvals.models import AuditEvent
 from operators import handover
@@ -133,7 +133,7 @@ def test_a_session_that_ended_meanwhile_is_not_taken_over(olivia, acme_session, 
     assert not OperatorAction.objects.exists()
 
 
-@pytest.mark.parametrize("step", ["take_over", "say", "hand_back"])
+@pytest.mark.parametrize("step", ["take_over", "say", "run_tool", "hand_back"])
 def test_a_viewer_can_neither_take_over_nor_write_nor_hand_back(client, vera, acme_session, sent, step):
     client.force_login(vera)
 
@@ -143,17 +143,132 @@ def test_a_viewer_can_neither_take_over_nor_write_nor_hand_back(client, vera, ac
     assert not OperatorAction.objects.exists() and sent == []
 
 
-@pytest.mark.parametrize("step", ["take_over", "say", "hand_back"])
+@pytest.mark.parametrize("step", ["take_over", "say", "run_tool", "hand_back"])
 def test_another_tenants_session_is_not_found(client, olivia, globex_session, sent, step):
     client.force_login(olivia)
     assert client.post(url(step, globex_session), {"text": "hello"}).status_code == 404
     assert Session.objects.get(pk=globex_session.pk).operator is None
 
 
-@pytest.mark.parametrize("step", ["take_over", "say", "hand_back"])
+@pytest.mark.parametrize("step", ["take_over", "say", "run_tool", "hand_back"])
 def test_the_steps_are_posts_only(client, olivia, acme_session, step):
     client.force_login(olivia)
     assert client.get(url(step, acme_session)).status_code == 405
+
+
+
+# --- running the page's tools ---------------------------------------------------------
+
+PAGE_TOOLS = [{"name": "open_product", "description": "Open a product's page", "risk": "none"},
+              {"name": "add_to_cart", "description": "Add to the cart", "risk": "low"},
+              {"name": "checkout", "description": "Start the checkout", "risk": "high"},
+              {"name": "pay", "description": "Pay", "risk": "critical"}]
+
+
+@pytest.fixture
+def tooled_session(acme_session) -> Session:
+    acme_session.tools = PAGE_TOOLS
+    acme_session.save(update_fields=["tools"])
+    return acme_session
+
+
+def test_the_operator_in_charge_runs_a_page_tool_and_its_process_is_told_with_the_call_id(
+    client, olivia, tooled_session, sent, django_capture_on_commit_callbacks
+):
+    taken_over_by(tooled_session, olivia)
+    client.force_login(olivia)
+    sent.clear()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(url("run_tool", tooled_session),
+                               {"tool": "open_product", "arguments": '{"id": "p1"}'}, follow=True)
+
+    assert "Sent to the page: its answer shows under Tool calls." in shown(response)
+    action = OperatorAction.objects.get(action="session_operator_tool")
+    call_id = action.data["call_id"]
+    assert (action.user, action.data) == (olivia, {"tool": "open_product", "arguments": {"id": "p1"},
+                                                   "call_id": call_id, "channel": "admin"})
+    assert call_id.startswith("tc_")
+    assert sent == [("ses_acme", OPERATOR_TOOL, {"operator": "olivia", "call_id": call_id, "tool": "open_product",
+                                                  "arguments": {"id": "p1"}})]
+
+
+def test_a_page_tool_runs_with_no_arguments_when_none_are_written(client, olivia, tooled_session, sent):
+    taken_over_by(tooled_session, olivia)
+    client.force_login(olivia)
+
+    client.post(url("run_tool", tooled_session), {"tool": "add_to_cart", "arguments": ""})
+
+    assert OperatorAction.objects.get(action="session_operator_tool").data["arguments"] == {}
+
+
+@pytest.mark.parametrize("tool", ["checkout", "pay", "delete_account"])
+def test_a_tool_the_page_does_not_offer_to_operators_is_not_run(client, olivia, tooled_session, sent, tool):
+    taken_over_by(tooled_session, olivia)
+    client.force_login(olivia)
+    sent.clear()
+
+    response = client.post(url("run_tool", tooled_session), {"tool": tool, "arguments": "{}"}, follow=True)
+
+    assert "Not run: the page offers no such tool to run." in shown(response)
+    assert not OperatorAction.objects.filter(action="session_operator_tool").exists() and sent == []
+
+
+@pytest.mark.parametrize("arguments, error", [("{not json", "the arguments are not JSON"),
+                                              ('["p1"]', "the arguments are a JSON object")])
+def test_arguments_that_are_not_a_json_object_are_not_sent(client, olivia, tooled_session, sent, arguments, error):
+    taken_over_by(tooled_session, olivia)
+    client.force_login(olivia)
+    sent.clear()
+
+    response = client.post(url("run_tool", tooled_session), {"tool": "open_product", "arguments": arguments},
+                           follow=True)
+
+    assert f"Not run: {error}" in shown(response)
+    assert sent == []
+
+
+def test_an_operator_not_in_charge_runs_no_page_tool(client, olivia, otto, tooled_session, sent):
+    taken_over_by(tooled_session, olivia)
+    client.force_login(otto)
+    sent.clear()
+
+    response = client.post(url("run_tool", tooled_session), {"tool": "open_product", "arguments": "{}"},
+                           follow=True)
+
+    assert "Not run: olivia is in charge of this chat, not you." in shown(response)
+    assert sent == []
+
+
+def test_the_operator_in_charge_is_offered_only_the_page_tools_of_risk_none_or_low(
+        client, olivia, tooled_session, sent):
+    taken_over_by(tooled_session, olivia)
+    client.force_login(olivia)
+
+    content = shown(client.get(url("panel", tooled_session)))
+
+    assert f'action="{url("run_tool", tooled_session)}"' in content
+    assert '<option value="open_product">' in content and '<option value="add_to_cart">' in content
+    assert 'value="checkout"' not in content and 'value="pay"' not in content
+
+
+def test_the_agent_answering_offers_no_page_tool_to_run(client, olivia, tooled_session):
+    client.force_login(olivia)
+    assert 'id="operator-tool"' not in shown(client.get(url("panel", tooled_session)))
+
+
+def test_a_call_an_operator_ran_is_marked_so_among_the_tool_calls(client, olivia, tooled_session):
+    ToolCall.objects.create(session=tooled_session, call_id="tc_op1", tool_use_id="operator_tc_op1",
+                            name="open_product", arguments={"id": "p1"}, status="success")
+    ToolCall.objects.create(session=tooled_session, call_id="tc_model1", tool_use_id="toolu_1",
+                            name="open_product", arguments={"id": "p2"}, status="success")
+    client.force_login(olivia)
+
+    content = shown(client.get(url("panel", tooled_session)))
+
+    assert content.count("run by an operator") == 1
+    operator_row = content[content.index('id="tool-call-tc_op1"'):content.index('id="tool-call-tc_model1"')]
+    assert "run by an operator" in operator_row
 
 
 # --- writing to the page user --------------------------------------------------------
