@@ -1,45 +1,71 @@
-"""In Chromium, against a real daphne process: a shopper in the demo store
-asks for a person, an operator in the admin's live page takes the chat over,
-they write to each other, and the operator hands the chat back to the agent,
-which answers knowing what was said."""
+"""In Chromium, against real daphne processes: a shopper in the demo store
+asks for a person, the admin's header counts the chat as waiting for one, an
+operator goes from that count to the chat's live page and takes it over (the
+count goes back down), they write to each other, and the operator hands the
+chat back to the agent, which answers knowing what was said. Once with the
+shopper and the operator on the same process, once on two processes that
+share the database and the Redis channel layer."""
 from __future__ import annotations
+
+import re
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.urls import reverse
-from playwright.async_api import expect
+from playwright.async_api import Browser, Page, expect
 
+from tests.browser.conftest import Store
 from tests.browser.store_support import answers, open_store, send
 from tests.browser.test_admin_widths import superuser_tab
-from tests.support.fake_anthropic import text_response, tool_use_response
+from tests.support.daphne import DaphneServer
+from tests.support.fake_anthropic import FakeAnthropicServer, text_response, tool_use_response
 from tests.support.people import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+# The class of the header's count of chats waiting for a person while there are any
+# (templates/admin/base_site.html, static/owllayer/admin-alerts.js).
+ACTIVE = re.compile(r"(^|\s)alert-active(\s|$)")
 
 
 def notes(page):
     return page.locator(".owl-msg-note")
 
 
-async def test_a_person_asked_for_takes_the_chat_over_writes_both_ways_and_hands_it_back_to_the_agent(
-        llm_store, model, page, browser):
-    llm_store.key.handoff = True
-    await sync_to_async(llm_store.key.save)(update_fields=["handoff"])
+async def a_person_is_asked_for_takes_over_writes_both_ways_and_hands_back(
+        store: Store, model: FakeAnthropicServer, page: Page, browser: Browser,
+        admin_server: DaphneServer) -> None:
+    """The whole flow: the shopper's page on ``store.server``, the operator's
+    admin tab on ``admin_server`` (the same process or another one)."""
+    store.key.handoff = True
+    await sync_to_async(store.key.save)(update_fields=["handoff"])
     model.enqueue(tool_use_response([("ask_for_a_person", {"reason": "wants a refund"})]),
                   text_response("I have asked a colleague to join; they will answer here."))
-    await open_store(page, llm_store)
+    await open_store(page, store)
     await send(page, "Can I talk to a person, please?")
     await expect(notes(page).last).to_contain_text("An operator has been asked to join this chat")
     await expect(answers(page).last).to_have_text("I have asked a colleague to join; they will answer here.")
     session_id = await page.evaluate("window.__owl.sessionId")
 
-    operator = await sync_to_async(make_user)("jane", tenant=llm_store.key.tenant, superuser=True)
-    context, tab, errors = await superuser_tab(browser, llm_store.server, operator)
+    operator = await sync_to_async(make_user)("jane", tenant=store.key.tenant, superuser=True)
+    context, tab, errors = await superuser_tab(browser, admin_server, operator)
     try:
-        await tab.goto(llm_store.server.http_url + reverse("operators:live_session", args=[session_id]))
+        # Any admin page's header counts the chat; its count leads to the
+        # live list, whose row says why the chat waits and leads to its page.
+        await tab.goto(admin_server.http_url + "/admin/")
+        waiting = tab.locator("#alert-waiting")
+        await expect(waiting).to_have_text("1 waiting for a person")
+        await expect(waiting).to_have_class(ACTIVE)
+        await waiting.click()
+        row = tab.locator(f"#session-{session_id}")
+        await expect(row.locator("td.state")).to_contain_text("waits for a person: wants a refund")
+        await row.get_by_role("link", name=session_id).click()
+
         await tab.locator("#take-over").get_by_role("button", name="Take over").click()
         await expect(tab.locator("#operator-in-charge")).to_contain_text("You are in charge")
         await expect(answers(page).last).to_have_text("jane has joined the chat and answers you now.")
+        # Taken over: nobody waits for a person any more.
+        await expect(waiting).to_have_text("0 waiting for a person")
+        await expect(waiting).not_to_have_class(ACTIVE)
 
         await tab.fill("#operator-text", "Hello, I am Jane. Which order is it?")
         await tab.locator("#operator-say").get_by_role("button", name="Send to the page user").click()
@@ -62,3 +88,19 @@ async def test_a_person_asked_for_takes_the_chat_over_writes_both_ways_and_hands
     assert "[The human operator jane, to the user:] Hello, I am Jane. Which order is it?" in told
     assert "[The user, to the human operator:] Order A1, the headphones." in told
     assert any("Refund for A1 issued." in text for text in told)
+
+
+async def test_a_chat_waiting_for_a_person_is_counted_in_the_admin_until_an_operator_takes_it_over_and_hands_it_back(
+        llm_store, model, page, browser):
+    await a_person_is_asked_for_takes_over_writes_both_ways_and_hands_back(
+        llm_store, model, page, browser, llm_store.server)
+
+
+@pytest.mark.redis
+async def test_an_operator_on_another_server_process_sees_the_waiting_chat_takes_it_over_and_hands_it_back(
+        llm_store, model, page, browser):
+    # The same settings, so the same fake Messages API: whichever process
+    # holds the chat after the hand back asks `model`.
+    operators_server = llm_store.factory(llm_store.env)
+    await a_person_is_asked_for_takes_over_writes_both_ways_and_hands_back(
+        llm_store, model, page, browser, operators_server)
