@@ -252,6 +252,20 @@ def test_the_operator_in_charge_is_offered_only_the_page_tools_of_risk_none_or_l
     assert 'value="checkout"' not in content and 'value="pay"' not in content
 
 
+def test_the_session_page_says_the_agent_asked_for_a_person_and_why_until_an_operator_takes_over(
+        client, olivia, acme_session, sent):
+    from aitp import services
+
+    services.session_handoff_requested(session_id=acme_session.pk, reason="wants a refund")
+    client.force_login(olivia)
+    waiting = shown(client.get(url("panel", acme_session)))
+    taken_over_by(acme_session, olivia)
+    taken = shown(client.get(url("panel", acme_session)))
+
+    assert 'id="handoff-waiting"' in waiting and "“wants a refund”" in waiting
+    assert 'id="handoff-waiting"' not in taken
+
+
 def test_the_agent_answering_offers_no_page_tool_to_run(client, olivia, tooled_session):
     client.force_login(olivia)
     assert 'id="operator-tool"' not in shown(client.get(url("panel", tooled_session)))
