@@ -178,6 +178,9 @@ class ApprovalResponse(Payload):
 class AgentResponse(Payload):
     chunk: str
     done: bool
+    # Whose words these are when a person answers in the agent's place
+    # (protocol.md section 5b): the operator's display name.
+    operator: str | None = None
 
 
 class AudioStream(Payload):

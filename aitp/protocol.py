@@ -436,8 +436,8 @@ def handshake_ack(session_id: str, server_version: str, capabilities: list[str] 
     ))
 
 
-def agent_response(chunk: str, done: bool) -> Message:
-    return make_message(MessageType.AGENT_RESPONSE, AgentResponse(chunk=chunk, done=done))
+def agent_response(chunk: str, done: bool, *, operator: str | None = None) -> Message:
+    return make_message(MessageType.AGENT_RESPONSE, AgentResponse(chunk=chunk, done=done, operator=operator))
 
 
 def tool_call(call_id: str, name: str, args: dict[str, Any]) -> Message:

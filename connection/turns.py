@@ -245,7 +245,7 @@ class TurnOwner:
         if self.operator is None:
             return  # handed back meanwhile: the agent answers
         await self.human(human_block(OPERATOR, text, operator=operator))
-        self.machine.send(p.agent_response(text, True))
+        self.machine.send(p.agent_response(text, True, operator=operator))
         await self._flush()
 
     async def hand_back(self, operator: str, note: str) -> None:

@@ -6,7 +6,7 @@
  *   const client = new OwlLayerClient({ apiKey, endpoint });
  *   client.registerTool({ name, description, parameters, risk }, handler);
  *   client.setContext({ page: "product_detail" });
- *   client.on("agent", ({ text, done }) => ...);
+ *   client.on("agent", ({ text, done, operator }) => ...);  // operator: a person's name, when one answers
  *   client.on("activity", ({ activity, tool, callId }) => ...);
  *   client.connect();
  *
@@ -160,7 +160,9 @@ const PAYLOAD_SCHEMAS = {
     risk: ["required", check.oneOf(RISKS)], args: ["required", check.object],
     message: ["required", check.nonEmptyString],
   },
-  AGENT_RESPONSE: { chunk: ["required", check.string], done: ["required", check.boolean] },
+  AGENT_RESPONSE: {
+    chunk: ["required", check.string], done: ["required", check.boolean], operator: ["optional", check.string],
+  },
   AUDIO_STREAM: { data: ["required", check.string], mimeType: ["optional", check.string] },
   VOICE_STATE_EVENT: {
     event: ["required", check.oneOf(["turn_complete", "interrupted", "waiting_for_input"])],
@@ -1130,7 +1132,8 @@ export class OwlLayerClient {
       if (payload.chunk) this.agentText = payload.chunk;
       const text = this.agentText;
       this.agentText = "";
-      this.emit("agent", { text, done: true });
+      // A person answering in the agent's place says who (protocol.md §5b).
+      this.emit("agent", payload.operator ? { text, done: true, operator: payload.operator } : { text, done: true });
       if (this.wire.state === "thinking") this.setState("connected");
       this.rest();
       return;

@@ -149,15 +149,15 @@ async def test_a_spoken_message_while_an_operator_is_in_charge_is_refused_as_tex
     assert llm.requests == []
 
 
-async def test_the_operators_words_reach_the_page_as_one_whole_answer_with_done(
+async def test_the_operators_words_reach_the_page_as_one_whole_answer_with_done_saying_whose_they_are(
         llm, connect, api_key, operator):
     page = await in_charge_of_idle_page(connect, api_key, operator)
 
     assert await operator_says(page.session_id, operator, "Hi, I am Jane. How can I help?")
     frames = await until_done(page, timeout=SOON)
 
-    assert [(f["payload"]["chunk"], f["payload"]["done"]) for f in frames] == [
-        ("Hi, I am Jane. How can I help?", True)]
+    assert [f["payload"] for f in frames] == [
+        {"chunk": "Hi, I am Jane. How can I help?", "done": True, "operator": "Jane Doe"}]
     assert (await stored_human(page.session_id))[-1] == {
         "type": "text", "text": "Hi, I am Jane. How can I help?", "human": OPERATOR, "operator": "Jane Doe"}
 

@@ -70,6 +70,9 @@ async def a_person_is_asked_for_takes_over_writes_both_ways_and_hands_back(
         await tab.fill("#operator-text", "Hello, I am Jane. Which order is it?")
         await tab.locator("#operator-say").get_by_role("button", name="Send to the page user").click()
         await expect(answers(page).last).to_have_text("Hello, I am Jane. Which order is it?")
+        await expect(answers(page).last).to_have_attribute("data-operator", "jane")
+        label = await answers(page).last.evaluate("e => getComputedStyle(e, '::before').content")
+        assert label == '"jane (a person from the store)"'
         await send(page, "Order A1, the headphones.")
         await expect(tab.locator("body")).to_contain_text("Order A1, the headphones.")
         await expect(page.locator("#owl-status")).to_have_text("connected")

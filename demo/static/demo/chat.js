@@ -3,7 +3,7 @@
  *
  * Entries are user messages (typed, or spoken: what the assistant heard),
  * the agent's answers (Markdown, see markdown.js; a spoken one the shopper
- * talked over is marked as cut), one line per tool call, notes and errors. Each is drawn as DOM nodes, never
+ * talked over is marked as cut; one an operator wrote carries their name), one line per tool call, notes and errors. Each is drawn as DOM nodes, never
  * from HTML, and the visible transcript is kept in sessionStorage, so a
  * reload shows it again. The server's session goes on after a reload (the
  * assistant remembers what was said; a note says whether it did).
@@ -140,6 +140,8 @@ export class ChatPanel {
       if (entry.done) element.dataset.done = "true";
       // A spoken answer the shopper talked over: it ends where the voice stopped.
       if (entry.cut) element.dataset.cut = "true";
+      // A person wrote it in the assistant's place: the bubble says who (CSS draws the label).
+      if (entry.operator) element.dataset.operator = entry.operator;
     } else {
       element.textContent = entry.text;
     }

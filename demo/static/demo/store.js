@@ -365,6 +365,7 @@ function showAnswer(event) {
   if (agentEntry) {
     agentEntry.text = text;
     agentEntry.done = event.done;
+    if (event.operator) agentEntry.operator = event.operator;
     if (event.done) delete agentEntry.streaming;
     chat.update(agentEntry);
   }
@@ -687,7 +688,9 @@ async function showLastVisit() {
 
 function earlierEntry(message) {
   if (message.role === "user") return { kind: "user", text: message.text, ...(message.voice ? { voice: true } : {}) };
-  if (message.role === "assistant") return { kind: "agent", text: message.text, done: true };
+  if (message.role === "assistant") {
+    return { kind: "agent", text: message.text, done: true, ...(message.operator ? { operator: message.operator } : {}) };
+  }
   if (message.role === "tool") {
     return { kind: "tool", tool: message.name, callId: "", status: "earlier", summary: message.name,
              text: "→ " + message.name };
