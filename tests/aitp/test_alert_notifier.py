@@ -10,7 +10,7 @@ import json
 import logging
 import threading
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.core import mail
@@ -25,6 +25,7 @@ from approvals.models import ServerTool
 from tenants.models import TenantMembership
 from tests.approvals.conftest import make_call
 from tests.support.people import make_session, make_user
+from tests.support.receiver import serving
 
 DEADLINE = datetime(2026, 12, 4, 12, 30, tzinfo=UTC)
 # As shipped; the receiver fixture makes the retries wait nothing.
@@ -62,16 +63,8 @@ def receiver(settings, monkeypatch):
         statuses = [204]
         received: list[dict] = []
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield Handler, f"http://127.0.0.1:{server.server_address[1]}/alerts"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield Handler, url + "/alerts"
 
 
 @pytest.fixture

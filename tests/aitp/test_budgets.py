@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from unittest import mock
 
 import pytest
@@ -18,6 +18,7 @@ from aitp import alerts, budgets, tenancy
 from aitp.models import Session, TurnRecord
 from approvals.webhooks import sign
 from tenants.models import BudgetAlert, TenantMembership
+from tests.support.receiver import serving
 
 NOW = datetime(2026, 12, 15, 12, 0, tzinfo=UTC)
 NEXT_MONTH = datetime(2027, 1, 2, 9, 0, tzinfo=UTC)
@@ -49,16 +50,8 @@ def receiver(settings):
     class Handler(Receiver):
         received: list[dict] = []
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield Handler, f"http://127.0.0.1:{server.server_address[1]}/alerts"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield Handler, url + "/alerts"
 
 
 @pytest.fixture(autouse=True)

@@ -40,6 +40,15 @@ async def opened(connect, raw_key: str, resume: dict, *, origin: str = ORIGIN, t
     return page, ack
 
 
+async def mid_answer(llm, connect, api_key, question: str, *, frames: int):
+    """A page asked ``question`` and got the first ``frames`` frames of a long
+    streamed answer: (page, ack, those frames)."""
+    llm.enqueue(text_response(ANSWER, chunks=12, event_delay=0.05))
+    page, ack = await opened(connect, api_key.raw, {})
+    await page.send("USER_INPUT", {"modality": "text", "content": question})
+    return page, ack, [await page.recv_until("AGENT_RESPONSE", SOON) for _ in range(frames)]
+
+
 async def held_after(page, session_id: str, *, code: int = 1006) -> None:
     await page.ws.disconnect(code=code, timeout=SOON)
     assert holding.holding(session_id)
@@ -86,11 +95,8 @@ async def test_the_deployed_client_gets_no_numbers_and_its_session_ends_with_its
 
 
 async def test_an_answer_streaming_when_the_socket_drops_completes_once_on_the_next(llm, connect, api_key):
-    llm.enqueue(text_response(ANSWER, chunks=12, event_delay=0.05))
-    first, ack = await opened(connect, api_key.raw, {})
+    first, ack, seen = await mid_answer(llm, connect, api_key, "Add the headphones.", frames=3)
     session_id = ack["payload"]["sessionId"]
-    await first.send("USER_INPUT", {"modality": "text", "content": "Add the headphones."})
-    seen = [await first.recv_until("AGENT_RESPONSE", SOON) for _ in range(3)]
     await held_after(first, session_id)
 
     second, again = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"],
@@ -389,11 +395,8 @@ async def test_a_session_that_cannot_be_held_closes_with_its_socket_as_before(co
 
 async def test_a_newer_socket_while_the_older_still_looks_open_is_told_and_the_newer_gets_what_it_missed(
         llm, connect, api_key):
-    llm.enqueue(text_response(ANSWER, chunks=12, event_delay=0.05))
-    first, ack = await opened(connect, api_key.raw, {})
+    first, ack, seen = await mid_answer(llm, connect, api_key, "Hello", frames=2)
     session_id = ack["payload"]["sessionId"]
-    await first.send("USER_INPUT", {"modality": "text", "content": "Hello"})
-    seen = [await first.recv_until("AGENT_RESPONSE", SOON) for _ in range(2)]
     # The network dropped, but the server has not seen the first socket close.
 
     second, again = await opened(connect, api_key.raw, {"token": ack["payload"]["resumeToken"],
@@ -452,11 +455,8 @@ async def relay_asked(session_id: str, token: str, raw_key: str, *, last_seq: in
 
 async def test_a_held_session_relayed_elsewhere_sends_there_what_the_page_missed_and_is_held_again_after(
         llm, connect, api_key):
-    llm.enqueue(text_response(ANSWER, chunks=12, event_delay=0.05))
-    first, ack = await opened(connect, api_key.raw, {})
+    first, ack, seen = await mid_answer(llm, connect, api_key, "Add the headphones.", frames=3)
     session_id = ack["payload"]["sessionId"]
-    await first.send("USER_INPUT", {"modality": "text", "content": "Add the headphones."})
-    seen = [await first.recv_until("AGENT_RESPONSE", SOON) for _ in range(3)]
     await held_after(first, session_id)
     layer = get_channel_layer()
     reply, relayed = await layer.new_channel(), await layer.new_channel()

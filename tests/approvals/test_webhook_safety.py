@@ -31,6 +31,7 @@ from approvals.webhooks import (
     tool_networks,
 )
 from tests.approvals.webhook_receiver import SECRET, Receiver
+from tests.support.receiver import serving
 
 LOOPBACK_ONLY = (ipaddress.ip_network("127.0.0.1/32"),)
 
@@ -368,19 +369,8 @@ async def call_as(tool: ServerTool, path: str = "/echo"):
 @pytest.fixture
 def second_receiver():
     """Another receiver on another port of 127.0.0.1 (same handler, same record)."""
-    from http.server import ThreadingHTTPServer
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Receiver) as url:
+        yield url
 
 
 @pytest.mark.django_db(transaction=True)

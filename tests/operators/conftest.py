@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from aitp import notify
+
 # Also helpers for the tests, which import them from here.
 from tests.support.people import acme, globex, make_session, make_tool_call, make_user, mallory, olivia, root  # noqa: F401 (fixtures)
 
@@ -118,3 +120,12 @@ def watch():
         return Watcher(communicator)
 
     return _watch
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple]:
+    """Session commands handed to the channel layer: (session_id, command, fields)."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(notify, "session_command",
+                        lambda session_id, command, **fields: calls.append((session_id, command, fields)))
+    return calls

@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from aitp import notify, store
+from aitp import store
 from aitp.models import OperatorAction
 from approvals.models import Approval, AuditEvent
 from operators.forms import redirect_target_error
@@ -20,15 +20,6 @@ def command_url(session) -> str:
 
 def decide_url(session, approval) -> str:
     return reverse("operators:live_approval_decide", args=[session.pk, approval.pk])
-
-
-@pytest.fixture
-def sent(monkeypatch) -> list[tuple]:
-    """Session commands handed to the channel layer: (session_id, command, fields)."""
-    calls: list[tuple] = []
-    monkeypatch.setattr(notify, "session_command",
-                        lambda session_id, command, **fields: calls.append((session_id, command, fields)))
-    return calls
 
 
 def test_ending_a_session_records_an_operator_action_and_notifies_its_process(

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from agent.conversation import HANDED_BACK, OPERATOR, TAKEN_OVER, TO_OPERATOR, human_block
-from aitp import notify, store
+from aitp import store
 from aitp.models import ConversationMessage, OperatorAction, Session, ToolCall
 from aitp.operator_commands import HAND_BACK, OPERATOR_SAYS, OPERATOR_TOOL, TAKE_OVER
 from approvals.audit import verify_chain
@@ -28,15 +28,6 @@ def shown(response) -> str:
 
 
 @pytest.fixture
-def sent(monkeypatch) -> list[tuple]:
-    """Session commands handed to the channel layer: (session_id, command, fields)."""
-    calls: list[tuple] = []
-    monkeypatch.setattr(notify, "session_command",
-                        lambda session_id, command, **fields: calls.append((session_id, command, fields)))
-    return calls
-
-
-@pytest.fixture
 def otto(acme):
     """A second operator of Acme."""
     return make_user("otto", tenant=acme)
@@ -51,6 +42,14 @@ def vera(acme):
 def taken_over_by(session, user) -> Session:
     assert handover.session_take_over(session=session, user=user).taken
     return Session.objects.get(pk=session.pk)
+
+
+def in_charge_as(client, user, session, sent: list, *, by=None) -> None:
+    """``client`` signed in as ``user``; ``session`` taken over by ``by``
+    (``user`` when not given); nothing sent so far."""
+    taken_over_by(session, by or user)
+    client.force_login(user)
+    sent.clear()
 
 
 # --- taking over ----------------------------------------------------------------
@@ -175,9 +174,7 @@ def tooled_session(acme_session) -> Session:
 def test_the_operator_in_charge_runs_a_page_tool_and_its_process_is_told_with_the_call_id(
     client, olivia, tooled_session, sent, django_capture_on_commit_callbacks
 ):
-    taken_over_by(tooled_session, olivia)
-    client.force_login(olivia)
-    sent.clear()
+    in_charge_as(client, olivia, tooled_session, sent)
 
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(url("run_tool", tooled_session),
@@ -204,9 +201,7 @@ def test_a_page_tool_runs_with_no_arguments_when_none_are_written(client, olivia
 
 @pytest.mark.parametrize("tool", ["checkout", "pay", "delete_account"])
 def test_a_tool_the_page_does_not_offer_to_operators_is_not_run(client, olivia, tooled_session, sent, tool):
-    taken_over_by(tooled_session, olivia)
-    client.force_login(olivia)
-    sent.clear()
+    in_charge_as(client, olivia, tooled_session, sent)
 
     response = client.post(url("run_tool", tooled_session), {"tool": tool, "arguments": "{}"}, follow=True)
 
@@ -217,9 +212,7 @@ def test_a_tool_the_page_does_not_offer_to_operators_is_not_run(client, olivia, 
 @pytest.mark.parametrize("arguments, error", [("{not json", "the arguments are not JSON"),
                                               ('["p1"]', "the arguments are a JSON object")])
 def test_arguments_that_are_not_a_json_object_are_not_sent(client, olivia, tooled_session, sent, arguments, error):
-    taken_over_by(tooled_session, olivia)
-    client.force_login(olivia)
-    sent.clear()
+    in_charge_as(client, olivia, tooled_session, sent)
 
     response = client.post(url("run_tool", tooled_session), {"tool": "open_product", "arguments": arguments},
                            follow=True)
@@ -229,9 +222,7 @@ def test_arguments_that_are_not_a_json_object_are_not_sent(client, olivia, toole
 
 
 def test_an_operator_not_in_charge_runs_no_page_tool(client, olivia, otto, tooled_session, sent):
-    taken_over_by(tooled_session, olivia)
-    client.force_login(otto)
-    sent.clear()
+    in_charge_as(client, otto, tooled_session, sent, by=olivia)
 
     response = client.post(url("run_tool", tooled_session), {"tool": "open_product", "arguments": "{}"},
                            follow=True)
@@ -291,9 +282,7 @@ def test_a_call_an_operator_ran_is_marked_so_among_the_tool_calls(client, olivia
 def test_the_operator_in_charge_writes_to_the_page_user(
     client, olivia, acme_session, sent, django_capture_on_commit_callbacks
 ):
-    taken_over_by(acme_session, olivia)
-    client.force_login(olivia)
-    sent.clear()
+    in_charge_as(client, olivia, acme_session, sent)
 
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(url("say", acme_session), {"text": "  I have refunded order A1.  "}, follow=True)
@@ -305,9 +294,7 @@ def test_the_operator_in_charge_writes_to_the_page_user(
 
 
 def test_an_operator_not_in_charge_is_told_who_is_and_nothing_is_sent(client, olivia, otto, acme_session, sent):
-    taken_over_by(acme_session, olivia)
-    client.force_login(otto)
-    sent.clear()
+    in_charge_as(client, otto, acme_session, sent, by=olivia)
 
     response = client.post(url("say", acme_session), {"text": "Hello from Otto"}, follow=True)
 
@@ -327,9 +314,7 @@ def test_writing_while_the_agent_answers_is_refused(client, olivia, acme_session
 @pytest.mark.parametrize("text, error", [("   ", "write a message first"),
                                          ("x" * (MAX_TEXT_CHARS + 1), f"at most {MAX_TEXT_CHARS} characters")])
 def test_an_empty_or_overlong_message_is_not_sent(client, olivia, acme_session, sent, text, error):
-    taken_over_by(acme_session, olivia)
-    client.force_login(olivia)
-    sent.clear()
+    in_charge_as(client, olivia, acme_session, sent)
 
     response = client.post(url("say", acme_session), {"text": text}, follow=True)
 
@@ -355,9 +340,7 @@ def test_a_message_to_an_ended_session_is_not_sent(client, olivia, acme_session,
 def test_the_operator_in_charge_hands_the_chat_back_with_a_note(
     client, olivia, acme_session, sent, django_capture_on_commit_callbacks
 ):
-    taken_over_by(acme_session, olivia)
-    client.force_login(olivia)
-    sent.clear()
+    in_charge_as(client, olivia, acme_session, sent)
 
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(url("hand_back", acme_session), {"note": "Refund done, be kind."}, follow=True)
@@ -374,9 +357,7 @@ def test_the_operator_in_charge_hands_the_chat_back_with_a_note(
 def test_a_superuser_hands_back_a_chat_another_operator_left_in_charge(
     client, olivia, root, acme_session, sent, django_capture_on_commit_callbacks
 ):
-    taken_over_by(acme_session, olivia)
-    client.force_login(root)
-    sent.clear()
+    in_charge_as(client, root, acme_session, sent, by=olivia)
 
     with django_capture_on_commit_callbacks(execute=True):
         client.post(url("hand_back", acme_session), {"note": ""})
@@ -388,9 +369,7 @@ def test_a_superuser_hands_back_a_chat_another_operator_left_in_charge(
 
 
 def test_another_operator_cannot_hand_the_chat_back(client, olivia, otto, acme_session, sent):
-    taken_over_by(acme_session, olivia)
-    client.force_login(otto)
-    sent.clear()
+    in_charge_as(client, otto, acme_session, sent, by=olivia)
 
     response = client.post(url("hand_back", acme_session), {"note": "mine now"}, follow=True)
 
