@@ -117,6 +117,7 @@ def render_page(request: HttpRequest, template: str, *, cart: Cart, title: str, 
         "title": title,
         "has_key": bool(config["apiKey"]),
         "offline_agent": current_config().llm.name == "offline",
+        "demo_agent": current_config().llm.name == "demo",
         "cart": cart,
         **(extra or {}),
     })

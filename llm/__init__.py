@@ -2,7 +2,7 @@
 quotas count a request's tokens), above that app and below the agent.
 
 get_backend() makes the backend the configuration names (``config().llm.backend``,
-a dotted path; OWLLAYER_LLM=anthropic or offline stand for the two here). Django
+a dotted path; OWLLAYER_LLM=anthropic, demo or offline stand for the three here). Django
 and the SDK are imported only when a backend is asked for, so importing the
 shapes from here stays cheap and works without settings.
 """

@@ -488,13 +488,16 @@ OWLLAYER_FLOOD_LOG_INTERVAL = env_float("OWLLAYER_FLOOD_LOG_INTERVAL", 60.0, min
 # --- The agent turn -------------------------------------------------------
 ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
 ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
-# The backends OWLLAYER_LLM may name (else it is a dotted path of one's own).
+# The backends OWLLAYER_LLM may name (else it is a dotted path of one's own):
+# Claude; without a key, the scripted demo assistant (llm/demo.py); and
+# "offline", which runs the tools typed as "/tool <name> {json}".
 OWLLAYER_LLM_BACKENDS = {
     "anthropic": "llm.anthropic_backend.AnthropicBackend",
+    "demo": "llm.demo.DemoBackend",
     "offline": "llm.offline.OfflineBackend",
 }
 OWLLAYER_LLM = env_choice(
-    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "offline", OWLLAYER_LLM_BACKENDS,
+    "OWLLAYER_LLM", "anthropic" if ANTHROPIC_API_KEY else "demo", OWLLAYER_LLM_BACKENDS,
     or_dotted_path=True,
 )
 if OWLLAYER_LLM == "anthropic" and not ANTHROPIC_API_KEY:

@@ -78,7 +78,7 @@ _ = _Names()
 # Named by a dotted path in the settings, or by name in an engine table.
 (_.ResilientRedisChannelLayer, _.LoginThrottlingHandler, _.lockout_response, _.probes)
 (_.JsonFormatter, _.SessionFields, _.model_access_problem)
-(_.AnthropicBackend, _.OfflineBackend)
+(_.AnthropicBackend, _.DemoBackend, _.OfflineBackend)
 
 # Hooks of libraries: the Anthropic SDK's middleware, autobahn's protocol
 # attributes, and parameters a signature we implement must take.

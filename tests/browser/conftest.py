@@ -127,6 +127,17 @@ def store(daphne_factory) -> Iterator[Store]:
 
 
 @pytest.fixture
+def demo_store(daphne_factory) -> Iterator[Store]:
+    """The store as a server without a model key runs it: no OWLLAYER_LLM, no
+    ANTHROPIC_API_KEY, so the demo assistant (llm/demo.py) answers."""
+    # None removes a variable from the server's environment (DaphneFactory).
+    no_model: dict = {"OWLLAYER_LLM": None, "ANTHROPIC_API_KEY": None}
+    started = start_store(daphne_factory, no_model)
+    yield started
+    print_logs(started)
+
+
+@pytest.fixture
 def model() -> Iterator[FakeAnthropicServer]:
     """The fake Messages API; tests script its answers with enqueue()."""
     with FakeAnthropicServer(api_key=MODEL_API_KEY) as server:

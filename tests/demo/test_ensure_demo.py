@@ -177,6 +177,15 @@ def test_the_demo_store_gets_its_server_tools_and_says_which_agent_answers(tmp_p
     assert "agent:        offline" in output
 
 
+def test_without_a_model_key_it_says_the_demo_assistant_answers_and_which_variable_connects_claude(
+    tmp_path, settings
+):
+    settings.OWLLAYER_LLM = "demo"
+    output = run(tmp_path / ".demo-key")
+    assert "agent:        demo (no ANTHROPIC_API_KEY): a scripted demo assistant" in output
+    assert "set ANTHROPIC_API_KEY and restart for Claude" in output
+
+
 def the_saved_key(key_file) -> ApiKey:
     return keys.api_key_lookup(key_file.read_text().strip())
 

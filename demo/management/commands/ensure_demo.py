@@ -43,6 +43,13 @@ DEMO_NAME = "Demo Store"
 DEMO_KEY_NAME = "demo"
 ADMIN_USERNAME = "admin"
 OWNER_USERNAME = "demo-owner"
+# What `make run` says of the agent without a model (OWLLAYER_LLM names it).
+AGENT_LINES = {
+    "demo": "demo (no ANTHROPIC_API_KEY): a scripted demo assistant answers a few plain requests "
+            "and runs the page's tools; set ANTHROPIC_API_KEY and restart for Claude",
+    "offline": "offline (OWLLAYER_LLM=offline): no model answers, but page and server tools run on "
+               'request, e.g. /tool add_to_cart {"quantity": 2}',
+}
 
 
 @dataclass(frozen=True)
@@ -206,13 +213,9 @@ class Command(BaseCommand):
         self.stdout.write(f"demo tenant:  {demo.tenant.slug} ({demo.tenant.name})")
         self.stdout.write(f"demo key:     {demo.raw_key}  ({state})")
         self.stdout.write(f"websocket:    {ws_url}")
-        if config().llm.name == "offline":
-            self.stdout.write(
-                "agent:        offline (no ANTHROPIC_API_KEY): no model answers, but page and "
-                'server tools run on request, e.g. /tool add_to_cart {"quantity": 2}'
-            )
-        else:
-            self.stdout.write(f"agent:        {config().agent.model} (Anthropic)")
+        name = config().llm.name
+        agent = f"{config().agent.model} (Anthropic)" if name == "anthropic" else AGENT_LINES.get(name, name)
+        self.stdout.write(f"agent:        {agent}")
         admin, owner = ensure_logins(tenant=demo.tenant, logins_file=Path(logins_file))
         self.stdout.write("")
         self.stdout.write(f"store:        http://{base}/demo/  (no sign-in; its chat uses the demo key)")

@@ -1,0 +1,61 @@
+"""The demo store on a server without a model key: real Chromium, a real
+daphne process with neither OWLLAYER_LLM nor ANTHROPIC_API_KEY set, so the
+scripted demo assistant answers. It answers in sentences, runs the page's
+tools, pays only once the shopper approves, and never shows a tool catalogue.
+Each step's screenshot lands in test-artifacts/."""
+from __future__ import annotations
+
+import pytest
+from playwright.async_api import expect
+
+from aitp.models import ToolCall
+from tests.browser.store_support import answers, nothing_dropped, open_store, say, send, tool_calls
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+TOOL_NAMES = ["open_product", "open_cart", "add_to_cart", "set_quantity", "apply_coupon", "process_payment"]
+
+
+async def test_without_a_model_key_the_demo_assistant_answers_adds_to_the_cart_and_pays_once_approved(
+    demo_store, page, shot
+):
+    await open_store(page, demo_store)
+    await expect(page.locator(".owl-msg-note")).to_contain_text("scripted demo assistant")
+
+    hello = await say(page, "hello")
+    assert "demo assistant" in hello and "ANTHROPIC_API_KEY" in hello
+    await shot("hello")
+
+    shown = await say(page, "show me the travel speaker")
+    await expect(page.locator("h1")).to_have_text("Travel Speaker")
+    assert shown.startswith("Here it is.")
+
+    added = await say(page, "add two to my cart")
+    await expect(page.locator("#cart-count")).to_have_text("2")
+    assert "Your cart now holds 2 items, 178.00 USD in total." in added
+    await shot("two-in-the-cart")
+
+    await send(page, "pay for my order")
+    dialog = page.get_by_role("dialog")
+    await expect(dialog.locator(".pay-amount")).to_have_text("$178.00")
+    await shot("payment-approval")
+    await dialog.get_by_role("button", name="Approve").click()
+
+    await expect(page.locator("#order-confirmation")).to_contain_text("$178.00")
+    await expect(answers(page).last).to_contain_text("Your payment went through.")
+    await expect(answers(page).last).to_contain_text("Thank you for shopping with us!")
+    await expect(page.locator("#cart-count")).to_have_text("0")
+    await expect(page.locator("#owl-activity")).to_have_attribute("data-activity", "idle")
+    await shot("paid")
+
+    refused = await say(page, "delete my account")
+    assert refused.startswith("Sorry, I can't help with that")
+
+    shown_texts = [*await answers(page).all_inner_texts(), await page.locator(".owl-msg-note").inner_text()]
+    for text in shown_texts:
+        assert "/tool" not in text and "{" not in text, text
+        assert not any(name in text for name in TOOL_NAMES), text
+    for name in ["open_product", "add_to_cart", "open_cart", "process_payment"]:
+        [call] = await tool_calls(name)
+        assert call.status == ToolCall.Status.SUCCESS, name
+    await nothing_dropped(page)
