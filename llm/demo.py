@@ -9,13 +9,12 @@ Deterministic, no network. llm/offline.py (OWLLAYER_LLM=offline) stays for calli
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
 
-from aitp.llm import LlmRequest, MessageComplete, StreamEvent, TextDelta, Usage
-from llm.offline import split_words
+from aitp.llm import LlmRequest, StreamEvent
+from llm.offline import streamed
 from runtime import ids
 
 CONNECT = ("To talk with Claude instead, set ANTHROPIC_API_KEY in the server's environment and "
@@ -58,12 +57,8 @@ class DemoBackend:
         """Made with the configuration's llm part, as every backend is; it needs none of it."""
 
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
-        content, stop_reason = answer(request)
-        text = "".join(block["text"] for block in content if block["type"] == "text")
-        for piece in split_words(text):
-            yield TextDelta(piece)
-            await asyncio.sleep(0)  # a turn of the loop between pieces, as a network stream gives
-        yield MessageComplete(content=content, stop_reason=stop_reason, usage=Usage())
+        async for event in streamed(*answer(request)):
+            yield event
 
 
 def answer(request: LlmRequest) -> tuple[list[dict], str]:

@@ -47,13 +47,19 @@ class OfflineBackend:
         """Made with the configuration's llm part, as every backend is; it needs none of it."""
 
     async def stream(self, request: LlmRequest) -> AsyncIterator[StreamEvent]:
-        content, stop_reason = answer(request)
-        text = "".join(block["text"] for block in content if block["type"] == "text")
-        for piece in split_words(text):
-            yield TextDelta(piece)
-            # Give the loop a turn between pieces, as a network stream would.
-            await asyncio.sleep(0)
-        yield MessageComplete(content=content, stop_reason=stop_reason, usage=Usage())
+        async for event in streamed(*answer(request)):
+            yield event
+
+
+async def streamed(content: list[dict], stop_reason: str) -> AsyncIterator[StreamEvent]:
+    """A scripted answer as a model's stream gives it: its text a few words at
+    a time, then the whole message."""
+    text = "".join(block["text"] for block in content if block["type"] == "text")
+    for piece in split_words(text):
+        yield TextDelta(piece)
+        # Give the loop a turn between pieces, as a network stream would.
+        await asyncio.sleep(0)
+    yield MessageComplete(content=content, stop_reason=stop_reason, usage=Usage())
 
 
 def answer(request: LlmRequest) -> tuple[list[dict], str]:
