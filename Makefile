@@ -3,6 +3,7 @@
 #   make test   the suite on SQLite + in-memory layer, then on PostgreSQL + Redis
 #   make bench  the benchmarks (bench/)
 #   make mutate mutation testing of the code that carries the promises (docs/mutation.md)
+#   make widget-release RELEASE=x.y.z   cut a release of the drop-in widget (docs/widget.md)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -74,7 +75,7 @@ MUTANTS_EDGES := \
 	'agent.approvals.xǁApprovalsǁon_approval_request__*' 'agent.approvals.xǁApprovalsǁasked__*' \
 	'agent.approvals.xǁApprovalsǁopened__*'
 
-.PHONY: help setup runtime chromium espeak nodejs nginx run test bench mutate lint lint-only clean distclean
+.PHONY: help setup runtime chromium espeak nodejs nginx run test bench mutate widget-release lint lint-only clean distclean
 
 help:
 	@echo "make setup   create .venv, install requirements-dev.txt, Chromium, eSpeak NG, Node.js and nginx"
@@ -83,6 +84,8 @@ help:
 	@echo "make test    run the suite (SQLite, then PostgreSQL + Redis when they answer)"
 	@echo "make bench   run the benchmarks (both backends; nginx for the two-process line)"
 	@echo "make mutate  mutation testing of the promise-carrying code (tens of minutes)"
+	@echo "make widget-release RELEASE=x.y.z   cut a release of the widget from static/owllayer/"
+	@echo "             (the current one stays served from widget/releases/; docs/widget.md)"
 	@echo "make lint    ruff over all Python code, mypy over the pure core, vulture for dead code"
 	@echo "make clean   remove caches and test databases"
 	@echo "make distclean   also the virtualenv, db.sqlite3, .demo-key and .demo-logins"
@@ -231,6 +234,14 @@ mutate: setup
 	$(VENV)/bin/mutmut results | grep -v ': not checked' || true; \
 	exit $$status
 
+# The widget's files changed (tests/widget says so): freeze the current
+# release under widget/releases/<release>/, where it stays served, and make
+# the sources release $(RELEASE), as recorded in widget/releases/manifest.json.
+RELEASE ?=
+widget-release: | $(PY)
+	@if [ -z "$(RELEASE)" ]; then echo "usage: make widget-release RELEASE=x.y.z" >&2; exit 2; fi
+	$(PY) -m widget.releases "$(RELEASE)"
+
 # ruff.toml chooses the rules; mypy.ini names the modules type-checked;
 # vulture reports code nothing reads (every kind it finds: 60% is its lowest
 # confidence), over the product; tools/vulture_allow.py names what only
@@ -238,7 +249,7 @@ mutate: setup
 # decorators below register what they decorate.
 # (`make test` runs the same line itself rather than a sub-make, so that
 # `make -n test` only prints what it would do.)
-VULTURE := $(VENV)/bin/vulture agent aitp aitp_client approvals bench connection console demo llm operators owllayer_site \
+VULTURE := $(VENV)/bin/vulture agent aitp aitp_client approvals bench connection console demo llm operators owllayer_site widget \
 	runtime speech tenants tools/vulture_allow.py --exclude '*/migrations/*' --min-confidence 60 \
 	--ignore-decorators '@admin.display,@admin.action,@admin.register,@register.filter,@model_validator,@register_python_tool'
 LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VULTURE)

@@ -23,12 +23,12 @@ REQUIREMENTS = PROJECT_ROOT / "requirements.txt"
 DEV_REQUIREMENTS = PROJECT_ROOT / "requirements-dev.txt"
 
 
-def dry_run(target: str, venv: Path) -> list[str]:
-    """The commands `make <target>` would run with the virtualenv at `venv`."""
+def dry_run(target: str, venv: Path, *variables: str) -> list[str]:
+    """The commands `make <target> [NAME=value...]` would run with the virtualenv at `venv`."""
     env = {name: value for name, value in os.environ.items()
            if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEFILES")}
     done = subprocess.run(
-        ["make", "--no-print-directory", "-n", target, f"VENV={venv}"],
+        ["make", "--no-print-directory", "-n", target, f"VENV={venv}", *variables],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
@@ -152,3 +152,12 @@ def test_make_lint_and_make_test_check_style_types_and_dead_code(tmp_path, targe
     for tool in (f"{venv}/bin/ruff check .", f"{venv}/bin/mypy", f"{venv}/bin/vulture "):
         assert tool in joined
     assert "tools/vulture_allow.py" in joined
+
+
+def test_make_widget_release_cuts_the_named_release_with_the_release_module_and_installs_nothing(tmp_path):
+    venv = a_virtualenv(tmp_path)
+
+    commands = dry_run("widget-release", venv, "RELEASE=1.2.3")
+
+    assert commands[-1] == f'{venv}/bin/python -m widget.releases "1.2.3"'
+    assert pip_installs(commands) == [] and apt_installs(commands) == set()

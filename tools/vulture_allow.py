@@ -96,7 +96,7 @@ _ = _Names()
 # What the tests observe or reset through: the audit chain's check, the
 # anchorer, the speech jobs and engines, the shared model client, the
 # server-frame parser, the Django state of a row written by statement.
-(_.verify_chain, _.wait_until_anchored, _.reset, _.load, _.jobs_of, _.transcribe_now,
+(_.verify_chain, _.wait_until_anchored, _.reset, _.jobs_of, _.transcribe_now,
  _.speech_end_seconds, _.close_client, _.db, _.frame_schema, _.to_wire)
 # The in-memory exporter tests read a turn's spans from (runtime.tracing).
 (_.record_in_memory,)

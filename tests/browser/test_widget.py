@@ -1,0 +1,293 @@
+"""The drop-in widget end to end: a plain page on another origin holds only
+the console's snippet and one script of its own that registers its tools
+through window.OwlLayer; a real daphne process serves the widget (the
+snippet's exact release, or /widget/v1/ for a page that pins none) and the
+socket, and the fake Messages API plays the model (docs/widget.md)."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from asgiref.sync import sync_to_async
+from axe_playwright_python.async_playwright import Axe
+from django.test import RequestFactory
+from playwright.async_api import Page, expect
+
+from aitp import tenancy
+from aitp.models import Session
+from tests.browser.conftest import eventually
+from tests.browser.store_support import result_data, tool_results
+from tests.support.fake_anthropic import text_response, tool_use_response
+from widget import releases
+from widget.assets import embed_snippet
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CURRENT = releases.load().current
+
+# The host page's own script: two tools through the API, and what it saw.
+PAGE_JS = """
+window.seen = { messages: [], errors: [], violations: [], ready: 0 };
+document.addEventListener("securitypolicyviolation", (e) => window.seen.violations.push(e.violatedDirective));
+OwlLayer.registerTool({
+  name: "look_up_order", description: "Look up where an order is", risk: "low",
+  parameters: { type: "OBJECT", properties: { orderId: { type: "STRING" } }, required: ["orderId"] },
+}, ({ orderId }) => {
+  document.getElementById("order").textContent = "looked up " + orderId;
+  return { orderId, status: "shipped" };
+});
+OwlLayer.registerTool({
+  name: "pay", description: "Pay for the cart with the saved card", risk: "critical",
+  parameters: { type: "OBJECT", properties: { amount: { type: "NUMBER" } }, required: ["amount"] },
+}, ({ amount }) => {
+  document.getElementById("paid").textContent = "paid " + amount;
+  return { paid: true, amount };
+});
+OwlLayer.setContext({ page: "cart", total: 249.99 });
+OwlLayer.on("ready", () => { window.seen.ready += 1; });
+OwlLayer.on("message", (m) => window.seen.messages.push(m));
+OwlLayer.on("error", (e) => window.seen.errors.push(e));
+"""
+
+# The host's own styles at their worst: every element of its own reset and
+# hidden, tiny text everywhere. The widget's shadow root keeps its look.
+HOSTILE_CSS = """
+body > :not(owllayer-widget) { all: unset !important; display: none !important; }
+* { all: unset !important; display: none; }
+html, body { display: block !important; }
+div, button, textarea, dialog, p, span { font-size: 1px !important; color: transparent !important; }
+owllayer-widget { display: none !important; opacity: 0 !important; }
+"""
+
+
+def host_page(snippet: str, *, hostile: bool = False) -> str:
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Plain Shop</title>'
+        + ('<link rel="stylesheet" href="/hostile.css">' if hostile else "")
+        + '</head><body><main><h1>Plain Shop</h1><p id="order">no order</p><p id="paid">not paid</p></main>\n'
+        + snippet
+        + '<script type="module" src="/page.js"></script>\n</body></html>'
+    )
+
+
+@dataclass
+class HostSite:
+    """A tiny HTTP server on its own port: the tenant's site, another origin."""
+
+    files: dict[str, tuple[str, str]] = field(default_factory=dict)
+    csp: str | None = None
+    port: int = 0
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def host_site() -> Iterator[HostSite]:
+    site = HostSite()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = site.files.get(self.path.split("?")[0])
+            if found is None:
+                self.send_error(404)
+                return
+            body, content_type = found
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Cache-Control", "no-store")
+            if site.csp and content_type.startswith("text/html"):
+                self.send_header("Content-Security-Policy", site.csp)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    site.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield site
+    server.shutdown()
+    server.server_close()
+
+
+def unpinned(snippet: str) -> str:
+    """The snippet as a page that pins no release writes it: /widget/v1/, no integrity."""
+    snippet, named = re.subn(r"/widget/\d+\.\d+\.\d+/", "/widget/v1/", snippet)
+    snippet, hashed = re.subn(r'integrity="sha384-[^"]+" ', "", snippet)
+    assert (named, hashed) == (1, 1)
+    return snippet
+
+
+def publish(site: HostSite, llm_store, *, allowed_origins: list[str], hostile: bool = False,
+            pinned: bool = True) -> str:
+    """Put the snippet of a new key (allowing `allowed_origins`) on the host's page; the key."""
+    key, raw_key = tenancy.key_create(tenant=llm_store.key.tenant, name="widget",
+                                      allowed_origins=allowed_origins)
+    request = RequestFactory().get("/", HTTP_HOST=f"127.0.0.1:{llm_store.server.port}")
+    snippet = embed_snippet(request, raw_key)
+    site.files["/"] = (host_page(snippet if pinned else unpinned(snippet), hostile=hostile),
+                       "text/html; charset=utf-8")
+    site.files["/page.js"] = (PAGE_JS, "text/javascript; charset=utf-8")
+    site.files["/hostile.css"] = (HOSTILE_CSS, "text/css; charset=utf-8")
+    return raw_key
+
+
+def agent_messages(page: Page):
+    return page.locator("owllayer-widget .msg.agent[aria-busy=false]")
+
+
+async def ask(page: Page, text: str) -> None:
+    await page.locator("owllayer-widget textarea").fill(text)
+    await page.locator("owllayer-widget textarea").press("Enter")
+
+
+async def open_widget(page: Page, site: HostSite) -> None:
+    await page.goto(site.origin + "/")
+    launcher = page.get_by_role("button", name="Open chat")
+    await expect(launcher).to_be_visible()
+    await launcher.click()
+    await expect(page.locator("owllayer-widget .status")).to_have_text("Online")
+
+
+async def no_serious_violations(page: Page) -> None:
+    results = await Axe().run(page, context={"include": [["owllayer-widget"]]})
+    serious = [(v["id"], v["impact"], v["help"]) for v in results.response["violations"]
+               if v["impact"] in ("serious", "critical")]
+    assert serious == []
+
+
+async def test_the_snippet_alone_gives_a_launcher_streamed_answers_page_tools_approvals_and_a_kept_conversation(
+        llm_store, model, host_site, page, shot):
+    await sync_to_async(publish)(host_site, llm_store, allowed_origins=[host_site.origin])
+    model.enqueue(
+        text_response("Hello! **How** can I help?", chunks=4),
+        tool_use_response([("look_up_order", {"orderId": "A-17"})]),
+        text_response("Your order A-17 has shipped."),
+        tool_use_response([("pay", {"amount": 249.99})], text="Paying now."),
+        text_response("I did not pay."),
+        tool_use_response([("pay", {"amount": 249.99})]),
+        text_response("Paid 249.99."),
+    )
+
+    await open_widget(page, host_site)
+    assert await page.evaluate("window.seen.ready") == 1
+    await shot("open")
+    await no_serious_violations(page)
+
+    # A streamed answer, drawn as Markdown (bold as <strong>, never as HTML).
+    await ask(page, "Hi there")
+    await expect(agent_messages(page).last).to_have_text("Hello! How can I help?")
+    await expect(agent_messages(page).last.locator("strong")).to_have_text("How")
+
+    # The model calls the page's tool; the handler runs in the page; its result goes back.
+    await ask(page, "Where is my order A-17?")
+    await expect(agent_messages(page).last).to_have_text("Your order A-17 has shipped.")
+    await expect(page.locator("#order")).to_have_text("looked up A-17")
+    assert result_data(tool_results(model.requests[2])[0]) == {"orderId": "A-17", "status": "shipped"}
+
+    # A critical call waits for the visitor: the dialog says what, with what, and the risk.
+    await ask(page, "Pay for my cart")
+    dialog = page.get_by_role("dialog", name="Approve this action?")
+    await expect(dialog).to_contain_text("Pay for the cart with the saved card")
+    await expect(dialog.locator("dt")).to_have_text(["Amount"])
+    await expect(dialog.locator("dd")).to_have_text(["249.99"])
+    await expect(dialog).to_contain_text("critical")
+    await no_serious_violations(page)
+    await shot("approval")
+    # Deny has the focus; Tab goes round the two buttons; Escape denies.
+    deny, approve = dialog.get_by_role("button", name="Deny"), dialog.get_by_role("button", name="Approve")
+    await expect(deny).to_be_focused()
+    await page.keyboard.press("Tab")
+    await expect(approve).to_be_focused()
+    await page.keyboard.press("Tab")
+    await expect(deny).to_be_focused()
+    await page.keyboard.press("Escape")
+    # The turn's words before the call and after it: one answer, two paragraphs.
+    await expect(agent_messages(page).last.locator("p")).to_have_text(["Paying now.", "I did not pay."])
+    await expect(page.locator("#paid")).to_have_text("not paid")
+    assert tool_results(model.requests[4])[0].get("is_error") is True
+
+    await ask(page, "Please pay, I am sure")
+    await page.get_by_role("dialog", name="Approve this action?").get_by_role("button", name="Approve").click()
+    await expect(agent_messages(page).last).to_have_text("Paid 249.99.")
+    await expect(page.locator("#paid")).to_have_text("paid 249.99")
+
+    # A reload keeps the conversation: the same session, its messages drawn again.
+    await page.reload()
+    log = page.locator("owllayer-widget .log")
+    await expect(log).to_contain_text("Where is my order A-17?")
+    await expect(log).to_contain_text("Your order A-17 has shipped.")
+    await expect(log).to_contain_text("Paid 249.99.")
+    await shot("reloaded")
+    sessions = [s async for s in Session.objects.filter(api_key__name="widget")]
+    assert len(sessions) == 1
+    # The socket's Origin is the host page's.
+    assert sessions[0].origin == host_site.origin
+    roles = [m["role"] for m in await page.evaluate("window.seen.messages")]
+    assert roles == []  # after the reload, nothing new was said
+    assert await page.evaluate("window.seen.errors") == []
+
+
+async def test_under_a_strict_csp_and_hostile_host_css_the_widget_still_looks_right_and_works(
+        llm_store, model, host_site, page, shot):
+    server = llm_store.server
+    host_site.csp = (f"default-src 'self'; script-src 'self' {server.http_url}; "
+                     f"connect-src {server.http_url} ws://127.0.0.1:{server.port}; style-src 'self'")
+    await sync_to_async(publish)(host_site, llm_store, allowed_origins=[host_site.origin], hostile=True)
+    model.enqueue(
+        tool_use_response([("look_up_order", {"orderId": "B-2"})]),
+        text_response("Order B-2 has shipped."),
+    )
+
+    await open_widget(page, host_site)
+    launcher_box = await page.locator("owllayer-widget .launcher").bounding_box()
+    assert launcher_box is not None
+    assert (launcher_box["width"], launcher_box["height"]) == (56, 56)
+    panel = page.locator("owllayer-widget .panel")
+    font_size = await panel.evaluate("(node) => getComputedStyle(node).fontSize")
+    assert font_size == "15px"
+    await ask(page, "Where is B-2?")
+    await expect(agent_messages(page).last).to_have_text("Order B-2 has shipped.")
+    await expect(page.locator("#order")).to_have_text("looked up B-2", use_inner_text=False)
+    await shot("strict-csp-hostile-css")
+    assert await page.evaluate("window.seen.violations") == []
+
+    # Under 600px the panel takes the whole screen.
+    await page.set_viewport_size({"width": 390, "height": 800})
+    await eventually(lambda: panel.bounding_box(), what="the panel's box")
+    box = await panel.bounding_box()
+    assert box is not None
+    assert (box["x"], box["y"], box["width"], box["height"]) == (0, 0, 390, 800)
+    await shot("narrow")
+
+
+async def test_a_page_from_an_origin_the_key_does_not_allow_gets_no_session_and_says_so(
+        llm_store, model, host_site, page):
+    # This page pins no release: /widget/v1/ leads it to the current one.
+    await sync_to_async(publish)(host_site, llm_store, allowed_origins=["https://shop.example"], pinned=False)
+    fetched: list[str] = []
+    page.on("request", lambda request: fetched.append(request.url))
+
+    await page.goto(host_site.origin + "/")
+    await page.get_by_role("button", name="Open chat").click()
+    await expect(page.locator("owllayer-widget [role=alert]")).to_have_text(
+        "The assistant is not set up for this site.")
+    await eventually(lambda: page.evaluate("window.seen.errors.length > 0"), what="the error event")
+    errors = await page.evaluate("window.seen.errors")
+    assert errors[0] == {"message": "The assistant is not set up for this site.", "code": "origin_not_allowed"}
+    assert not await Session.objects.filter(api_key__name="widget").aexists()
+    # The widget came by way of /widget/v1/, its imports from the release it led to.
+    widget_root = f"{llm_store.server.http_url}/widget/"
+    assert [url.removeprefix(widget_root) for url in fetched if url.startswith(widget_root)] == [
+        "v1/owllayer-widget.js", f"{CURRENT}/owllayer-widget.js",
+        f"{CURRENT}/owllayer-client.js", f"{CURRENT}/owllayer-markdown.js"]
+    assert json.dumps(await page.evaluate("Object.keys(window).filter((k) => /owl/i.test(k))")) == '["OwlLayer"]'

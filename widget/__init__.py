@@ -1,0 +1,1 @@
+"""The drop-in chat widget, served to tenants' pages (docs/widget.md)."""
