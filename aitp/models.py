@@ -19,7 +19,10 @@ from tenants.models import Tenant
 
 
 class ApiKey(models.Model):
-    """A publishable key. Only a lookup prefix and a keyed hash are stored."""
+    """A publishable key: a lookup prefix and a keyed hash, which the
+    handshake checks, and the key itself, which is public by design (every
+    page that uses it carries it; its allowed origins are what limit it), so
+    that the console shows the key's snippet at any time."""
 
     class Status(models.TextChoices):
         ACTIVE = "active", "Active"
@@ -30,6 +33,8 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=200, blank=True, default="")
     prefix = models.CharField(max_length=32, unique=True)
     key_hash = models.CharField(max_length=64)
+    # Empty for keys made before keys were kept: their snippet cannot be shown again.
+    publishable = models.CharField("key", max_length=100, blank=True, default="", editable=False)
     allowed_origins = models.JSONField(
         default=list, blank=True, help_text="Exact Origin values; an empty list accepts any origin."
     )

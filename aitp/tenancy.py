@@ -163,8 +163,8 @@ def key_create(
     expires_at: datetime | None = None,
     handoff: bool = False,
 ) -> tuple[ApiKey, str]:
-    """Create a key, active; returns the row and the plaintext key, which is
-    never stored (nor logged). Raises KeyCeilingReached when the tenant
+    """Create a key, active; returns the row and the plaintext key (kept on
+    the row, as publishable keys are public; never logged). Raises KeyCeilingReached when the tenant
     already holds ``max_keys`` keys that are not revoked (counted under the
     tenant's row lock, so two creations at once cannot both take the last
     one). ``max_sessions`` None: the default cap of a new key; ``handoff``:
@@ -179,6 +179,7 @@ def key_create(
             name=name,
             prefix=raw_key[:LOOKUP_PREFIX_LENGTH],
             key_hash=keys.key_hash(raw_key),
+            publishable=raw_key,
             allowed_origins=list(allowed_origins),
             max_sessions=max_sessions or config().store.default_session_cap,
             expires_at=expires_at,

@@ -5,7 +5,6 @@ services to write; ``console.access.tenant_view`` decides who gets in.
 """
 from __future__ import annotations
 
-import json
 import logging
 import smtplib
 from datetime import datetime, time
@@ -19,7 +18,6 @@ from django.db import IntegrityError
 from django.db.models import BooleanField, Case, Count, Q, Sum, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -42,6 +40,7 @@ from console.forms import (
 from console.usage import bar_chart, daily_usage, day_label, day_title
 from runtime.config import config
 from tenants.models import BudgetAlert, Invitation, TenantMembership
+from widget.assets import embed_snippet
 
 logger = logging.getLogger(__name__)
 
@@ -212,37 +211,13 @@ def key_create(request: HttpRequest, access: Access) -> HttpResponse:
                                section="keys", form=form, creating=True)
         logger.info("key created tenant=%s prefix=%s user=%s",
                     access.tenant.slug, key.prefix, request.user.pk)
-        # The plaintext exists only in this response (never cached): not in
-        # the session store, a cookie, a message or a URL. Reloading asks the
-        # browser to post again, which would make another key, never show
-        # this one again.
+        # The answer is never cached; reloading asks the browser to post
+        # again, which would make another key.
         return render_page(request, access, "console/key_created.html", title=f"Key {key.prefix}",
                            section="keys", key=key, raw_key=raw_key,
                            embed_snippet=embed_snippet(request, raw_key))
     return render_page(request, access, "console/key_form.html", title="New key", section="keys",
                        form=form, creating=True)
-
-
-def embed_snippet(request: HttpRequest, raw_key: str) -> str:
-    """The lines a page needs to talk to this server with the new key: the
-    browser client from this server and the socket's address, filled in."""
-    scheme = "wss" if request.is_secure() else "ws"
-    endpoint = f"{scheme}://{request.get_host()}{config().protocol.ws_path}"
-    script = request.build_absolute_uri(static("owllayer/owllayer-client.js"))
-    return (
-        '<script type="module">\n'
-        f'  import {{ OwlLayerClient }} from {json.dumps(script)};\n'
-        "\n"
-        "  const client = new OwlLayerClient({\n"
-        f"    apiKey: {json.dumps(raw_key)},\n"
-        f"    endpoint: {json.dumps(endpoint)},\n"
-        "  });\n"
-        "  client.on(\"agent\", ({ text, done }) => {\n"
-        "    // the answer so far; done: the complete text\n"
-        "  });\n"
-        "  client.connect();\n"
-        "</script>\n"
-    )
 
 
 def _ended_by_origins(key: ApiKey, origins: list[str]) -> int:
@@ -256,11 +231,18 @@ def _ended_by_origins(key: ApiKey, origins: list[str]) -> int:
 @never_cache
 @tenant_view(owner_only=True)
 def key_created(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
-    # The plaintext was shown in the answer to the form that made the key;
-    # this page only says it cannot be shown again.
+    # A publishable key is public by design: its page shows it and its
+    # snippet at any time (a key made before keys were kept says it cannot).
     key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
+    raw_key = _published(key)
     return render_page(request, access, "console/key_created.html", title=f"Key {key.prefix}",
-                       section="keys", key=key, raw_key=None)
+                       section="keys", key=key, raw_key=raw_key,
+                       embed_snippet=embed_snippet(request, raw_key) if raw_key else None)
+
+
+def _published(key: ApiKey) -> str | None:
+    """The key itself (None for a key made before keys were kept)."""
+    return key.publishable or None
 
 
 @tenant_view(owner_only=True)
@@ -295,9 +277,11 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
         else:
             messages.info(request, "Nothing changed.")
         return redirect("console:keys", slug=access.tenant.slug)
+    raw_key = _published(key)
     return render_page(request, access, "console/key_form.html", title=f"Edit key {key.prefix}",
                        section="keys", form=form, key=key, creating=False,
-                       live_sessions=Session.objects.filter(_live_q(), api_key=key).count())
+                       live_sessions=Session.objects.filter(_live_q(), api_key=key).count(),
+                       embed_snippet=embed_snippet(request, raw_key) if raw_key else None)
 
 
 @tenant_view(owner_only=True)

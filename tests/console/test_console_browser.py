@@ -19,6 +19,7 @@ from aitp import tenancy
 from aitp.models import ApiKey, DailyUsage, Session
 from tenants.models import TenantMembership
 from tests.browser.conftest import ARTIFACTS
+from widget import releases
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -76,10 +77,10 @@ async def test_a_new_key_is_copied_with_its_snippet_and_narrowing_its_origins_wa
 
     raw_key = (await tab.text_content("[data-new-key]")).strip()
     snippet = await tab.text_content("[data-embed-snippet]")
-    assert snippet.startswith('<script type="module">')
-    assert f'apiKey: "{raw_key}"' in snippet
-    assert f'endpoint: "ws://127.0.0.1:{server.port}/owllayer"' in snippet
-    assert f'from "{server.http_url}/static/owllayer/owllayer-client.js"' in snippet
+    release = releases.load().current
+    assert snippet.startswith(f'<script type="module" src="{server.http_url}/widget/{release}/owllayer-widget.js"')
+    assert 'integrity="sha384-' in snippet and 'crossorigin="anonymous"' in snippet
+    assert f'data-api-key="{raw_key}"></script>' in snippet
 
     await tab.click("button[data-copy=embed-snippet]")
     await tab.wait_for_selector("button[data-copy=embed-snippet] >> text=Copied")

@@ -1,6 +1,8 @@
 """Keys in the console: create (shown once), list, edit, revoke."""
 from __future__ import annotations
 
+import base64
+import hashlib
 from datetime import timedelta
 
 import pytest
@@ -11,6 +13,7 @@ from aitp import notify, services, tenancy
 from aitp.models import ApiKey, OperatorAction
 from aitp.store import keys
 from tests.console.conftest import make_session
+from widget import assets, releases
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +29,8 @@ def create_key(client, **overrides):
     return client.post(reverse("console:key_create", args=["acme"]), {**NEW_KEY, **overrides})
 
 
-def test_an_owner_creates_a_key_and_sees_the_plaintext_once(owner_client, acme):
+def test_an_owner_creates_a_key_and_sees_it_again_on_its_page_while_the_key_record_holds_only_its_hash(
+        owner_client, acme):
     response = create_key(owner_client)
     key = ApiKey.objects.get(tenant=acme)
     assert response.status_code == 200
@@ -36,10 +40,11 @@ def test_an_owner_creates_a_key_and_sees_the_plaintext_once(owner_client, acme):
     assert keys.api_key_lookup(raw_key) == key
     assert "no-store" in response["Cache-Control"]
 
+    # A publishable key is public by design: its page shows it again.
     later = owner_client.get(reverse("console:key_created", args=["acme", key.pk]))
-    assert later.context["raw_key"] is None
-    assert raw_key.encode() not in later.content
-    assert b"already shown once" in later.content
+    assert later.context["raw_key"] == raw_key
+    assert raw_key.encode() in later.content
+    assert raw_key not in key.key_hash and key.key_hash == keys.key_hash(raw_key)
 
 
 def test_a_new_key_is_never_stored_in_the_session_or_a_cookie(owner_client, acme):
@@ -80,7 +85,7 @@ def test_creating_a_key_is_recorded_with_who_did_it_and_without_the_plaintext(ow
 def test_the_plaintext_of_one_key_is_not_shown_on_another_keys_page(owner_client, acme, acme_key):
     raw_key = create_key(owner_client).context["raw_key"]
     response = owner_client.get(reverse("console:key_created", args=["acme", acme_key.pk]))
-    assert response.context["raw_key"] is None
+    assert response.context["raw_key"] == acme_key.raw
     assert raw_key.encode() not in response.content
 
 
@@ -224,20 +229,40 @@ def test_a_revoked_key_cannot_be_edited(owner_client, acme_key):
     assert not OperatorAction.objects.filter(action="key_updated").exists()
 
 
-def test_a_new_key_comes_with_an_embed_snippet_holding_the_key_and_the_endpoint(owner_client, acme):
+def test_a_new_key_comes_with_the_widget_snippet_holding_the_key_and_the_integrity_hash(owner_client, acme):
     response = create_key(owner_client)
     raw_key = response.context["raw_key"]
     snippet = response.context["embed_snippet"]
-    assert snippet.startswith('<script type="module">') and snippet.rstrip().endswith("</script>")
-    assert 'from "http://testserver/static/owllayer/owllayer-client.js"' in snippet
-    assert f'apiKey: "{raw_key}"' in snippet
-    assert 'endpoint: "ws://testserver/owllayer"' in snippet
+    integrity = assets.asset("owllayer-widget.js").integrity
+    release = releases.load().current
+    assert snippet.startswith(f'<script type="module" src="http://testserver/widget/{release}/owllayer-widget.js"')
+    assert f'integrity="{integrity}" crossorigin="anonymous"' in snippet
+    assert f'data-api-key="{raw_key}"></script>' in snippet
     html = response.content.decode()
-    assert 'data-embed-snippet>&lt;script type=&quot;module&quot;&gt;' in html
+    assert 'data-embed-snippet>&lt;script type=&quot;module&quot; src=' in html
     assert 'data-copy="new-key"' in html and 'data-copy="embed-snippet"' in html
 
-    later = owner_client.get(reverse("console:key_created", args=["acme", ApiKey.objects.get().pk]))
-    assert "embed-snippet" not in later.content.decode()
+
+def test_the_keys_page_shows_its_snippet_any_time_later_with_the_integrity_of_the_served_file(
+        owner_client, acme):
+    create_key(owner_client)
+    key = ApiKey.objects.get()
+    served = owner_client.get(reverse("widget:asset", args=[releases.load().current, "owllayer-widget.js"]))
+    integrity = "sha384-" + base64.b64encode(hashlib.sha384(served.content).digest()).decode()
+
+    for page in ("console:key_edit", "console:key_created"):
+        later = owner_client.get(reverse(page, args=["acme", key.pk]))
+        snippet = later.context["embed_snippet"]
+        assert f'integrity="{integrity}"' in snippet, page
+        assert f'data-api-key="{key.publishable}"' in snippet, page
+        assert "data-embed-snippet" in later.content.decode(), page
+
+
+def test_a_key_made_before_keys_were_kept_says_its_snippet_cannot_be_shown(owner_client, acme_key):
+    ApiKey.objects.filter(pk=acme_key.pk).update(publishable="")
+    page = owner_client.get(reverse("console:key_edit", args=["acme", acme_key.pk]))
+    assert page.context["embed_snippet"] is None
+    assert "cannot be shown" in page.content.decode()
 
 
 def live_session_from(key, origin: str):
