@@ -1,7 +1,6 @@
 /*
  * A safe subset of Markdown for the agent's answers, built as DOM nodes
- * (the widget's renderer; the demo store has kept its own copy in
- * demo/static/demo/markdown.js).
+ * (the widget's renderer, and the demo store's).
  *
  * The model's text is never parsed as HTML: every piece of it reaches the
  * page as a text node (textContent), inside elements this module creates.

@@ -2,7 +2,7 @@
  * The store's chat panel: what it shows and how it is kept.
  *
  * Entries are user messages (typed, or spoken: what the assistant heard),
- * the agent's answers (Markdown, see markdown.js; a spoken one the shopper
+ * the agent's answers (Markdown, see owllayer-markdown.js; a spoken one the shopper
  * talked over is marked as cut; one an operator wrote carries their name), one line per tool call, notes and errors. Each is drawn as DOM nodes, never
  * from HTML, and the visible transcript is kept in sessionStorage, so a
  * reload shows it again. The server's session goes on after a reload (the
@@ -24,7 +24,7 @@
  * The panel can be minimised to a launcher button; the choice is kept too.
  * On a narrow screen it floats over the page and starts minimised.
  */
-import { renderMarkdown } from "./markdown.js";
+import { renderMarkdown } from "../owllayer/owllayer-markdown.js";
 
 const TRANSCRIPT_KEY = "owl-demo-transcript";
 const TURN_KEY = "owl-demo-turn";
