@@ -88,7 +88,8 @@ class Tenant(models.Model):
         "alert webhook",
         max_length=500,
         blank=True,
-        help_text="Alerts (the monthly budget's) are also POSTed here as signed JSON. Empty: e-mail only.",
+        help_text="Alerts (a chat asking for a person, an approval waiting for an operator, the monthly "
+        "budget) are also POSTed here as signed JSON. Empty: e-mail only.",
     )
     alert_webhook_secret = models.CharField(
         max_length=128, default=generate_alert_secret,
