@@ -735,10 +735,12 @@ async def test_a_server_tool_that_ran_as_the_turn_was_cut_keeps_its_outcome_and_
     assert runs.calls == [{"number": "A1003"}]
     assert turn.tool_result() == {"type": "tool_result", "tool_use_id": approval.tool_call.tool_use_id,
                                   "content": '{"cancelled":"A1003"}'}
-    call = await ToolCall.objects.aget(name="cancel_order")
-    assert (call.status, call.result) == ("success", {"cancelled": "A1003"})
+    # The call's end is written with its audit event, in the write the cut
+    # turn left running: it lands whole, after the turn's task is over.
     assert await audit_actions_become(approval.pk, ["requested", "approved", "executed"]) == [
         "requested", "approved", "executed"]
+    call = await ToolCall.objects.aget(name="cancel_order")
+    assert (call.status, call.result) == ("success", {"cancelled": "A1003"})
 
 
 # --- a decided call's end is written with its audit event ---------------------------
