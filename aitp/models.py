@@ -44,6 +44,10 @@ class ApiKey(models.Model):
     # The agent of its sessions may hand the chat to a person (the built-in
     # server tool ``ask_for_a_person``, connection.handoff).
     handoff = models.BooleanField("agent may ask for a person", default=False)
+    # How the drop-in widget looks and speaks on pages using this key
+    # (widget.appearance.clean's dict; empty: the widget's defaults). Public:
+    # GET /widget/appearance answers it to any page.
+    widget_appearance = models.JSONField("appearance of the widget", default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -198,11 +198,11 @@ def key_create(
     return key, raw_key
 
 
-KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at", "handoff", "status")
+KEY_FIELDS = ("name", "allowed_origins", "max_sessions", "expires_at", "handoff", "widget_appearance", "status")
 
 
 def key_update(*, key: ApiKey, changes: dict, by=None) -> ApiKey:
-    """Change a key's name, origins, cap, expiry, hand-off or status,
+    """Change a key's name, origins, cap, expiry, hand-off, widget appearance or status,
     recording who did and what changed (a value the key already has is no
     change); ``expires_at=None`` clears the expiry. A revoked key is never
     made usable again (ValueError).
@@ -211,7 +211,10 @@ def key_update(*, key: ApiKey, changes: dict, by=None) -> ApiKey:
     its origins or expiry changed they check the key again (a page from a
     removed origin, or past the new expiry, closes), and when it was disabled
     or revoked they close. ``handoff`` is offered to the agent as a session
-    opens: a change reaches the sessions opened after it."""
+    opens: a change reaches the sessions opened after it.
+    ``widget_appearance`` is kept whole, as given: it comes checked from
+    ``widget.services.key_set_appearance`` (the widget reads it as it
+    starts, docs/widget.md, appearance)."""
     unknown = set(changes) - set(KEY_FIELDS)
     if unknown:
         raise ValueError(f"not a key field: {', '.join(sorted(unknown))}")

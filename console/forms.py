@@ -12,6 +12,7 @@ from django.utils import timezone
 from console.origins import parse_origin_lines
 from runtime.config import config
 from tenants.models import TenantMembership
+from widget import appearance
 
 MAX_SESSION_CAP = 10_000
 
@@ -89,6 +90,60 @@ class ApiKeyEditForm(forms.Form):
     allowed_origins = OriginsField()
     max_sessions = _cap_field()
     handoff = _handoff_field()
+
+
+class WidgetAppearanceForm(forms.Form):
+    """How the key's widget looks and speaks; widget.appearance checks it
+    (its lengths and forms), so that the form, the service and the widget's
+    endpoint agree. ``read_only``: a viewer's, shown and never posted."""
+
+    name = forms.CharField(
+        label="Assistant's name", required=False,
+        widget=forms.TextInput(attrs={"maxlength": appearance.MAX_NAME, "placeholder": "Assistant"}),
+        help_text=f"The panel's heading, at most {appearance.MAX_NAME} characters. Empty: \"Assistant\".")
+    greeting = forms.CharField(
+        label="Greeting", required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 50, "maxlength": appearance.MAX_GREETING}),
+        help_text=f"The assistant's first message, shown by the widget (the model does not see it), "
+                  f"at most {appearance.MAX_GREETING} characters. Empty: none.")
+    accent = forms.CharField(
+        label="Accent colour", required=False,
+        widget=forms.TextInput(attrs={"placeholder": "#1f5fd1", "size": 9, "spellcheck": "false"}),
+        help_text="The launcher's and header's colour, written #rrggbb; their text is white or "
+                  "near-black, whichever reads better on it. Empty: the widget's own colours, "
+                  "light or dark as the visitor's setting.")
+    position = forms.ChoiceField(
+        label="Corner", choices=[("right", "Bottom right"), ("left", "Bottom left")], initial="right",
+        widget=forms.RadioSelect)
+    language = forms.ChoiceField(
+        label="Language", choices=list(appearance.LANGUAGES.items()), initial="en",
+        help_text="Of the widget's own words: buttons, status, the approval dialog and errors. "
+                  "The assistant answers in the visitor's language whatever this says.")
+    prompts = forms.CharField(
+        label="Suggested prompts", required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 50}),
+        help_text=f"One per line, up to {appearance.MAX_PROMPTS}, at most {appearance.MAX_PROMPT} "
+                  "characters each: buttons under the greeting that send their text, gone after the "
+                  "first message.")
+
+    def __init__(self, *args, read_only: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():
+            field.disabled = read_only
+
+    @staticmethod
+    def initial_of(stored: dict) -> dict:
+        shown = appearance.public(stored)
+        return {**shown, "prompts": "\n".join(shown["prompts"])}
+
+    def clean(self):
+        data = super().clean()
+        try:
+            data["appearance"] = appearance.clean({field: data.get(field) for field in appearance.FIELDS})
+        except appearance.AppearanceError as refused:
+            for field, message in refused.errors.items():
+                self.add_error(None if field == "__all__" else field, message[:1].upper() + message[1:])
+        return data
 
 
 class InviteForm(forms.Form):

@@ -26,6 +26,7 @@ urlpatterns = [
     path(tenant + "keys/new/", views.key_create, name="key_create"),
     path(tenant + "keys/<int:key_id>/created/", views.key_created, name="key_created"),
     path(tenant + "keys/<int:key_id>/edit/", views.key_edit, name="key_edit"),
+    path(tenant + "keys/<int:key_id>/appearance/", views.key_appearance, name="key_appearance"),
     path(tenant + "keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
     path(tenant + "keys/visitor-secret/rotate/", views.visitor_secret_rotate, name="visitor_secret_rotate"),
     path(tenant + "budget/", views.budget, name="budget"),

@@ -36,11 +36,13 @@ from console.forms import (
     InvitationSignUpForm,
     InviteForm,
     MemberRoleForm,
+    WidgetAppearanceForm,
 )
 from console.usage import bar_chart, daily_usage, day_label, day_title
 from runtime.config import config
 from tenants.models import BudgetAlert, Invitation, TenantMembership
 from widget.assets import embed_snippet
+from widget.services import key_set_appearance
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +283,31 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
     return render_page(request, access, "console/key_form.html", title=f"Edit key {key.prefix}",
                        section="keys", form=form, key=key, creating=False,
                        live_sessions=Session.objects.filter(_live_q(), api_key=key).count(),
-                       embed_snippet=embed_snippet(request, raw_key) if raw_key else None)
+                       embed_snippet=embed_snippet(request, raw_key) if raw_key else None,
+                       appearance_form=WidgetAppearanceForm(initial=WidgetAppearanceForm.initial_of(
+                           key.widget_appearance)))
+
+
+@tenant_view()
+def key_appearance(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
+    """How the key's widget looks and speaks: owners change it (the key edit
+    page's form posts here), viewers read it; tenant_view refuses a viewer's post."""
+    key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
+    if request.method == "POST" and key.status == ApiKey.Status.REVOKED:
+        messages.error(request, "A revoked key cannot be changed.")
+        return redirect("console:keys", slug=access.tenant.slug)
+    initial = WidgetAppearanceForm.initial_of(key.widget_appearance)
+    form = WidgetAppearanceForm(request.POST or None, initial=initial, read_only=not access.is_owner)
+    if request.method == "POST" and form.is_valid():
+        if key_set_appearance(key=key, look=form.cleaned_data["appearance"], by=request.user):
+            messages.success(request, f"Appearance of the widget of key {key.prefix} saved: pages "
+                                      "using it show it within a minute.")
+        else:
+            messages.info(request, "Nothing changed.")
+        return redirect("console:key_edit", slug=access.tenant.slug, key_id=key.pk)
+    return render_page(request, access, "console/key_appearance.html",
+                       title=f"Appearance of the widget of key {key.prefix}", section="keys", key=key,
+                       appearance_form=form)
 
 
 @tenant_view(owner_only=True)

@@ -39,7 +39,9 @@ _ = _Names()
 (_.Command, _.help, _.add_arguments)
 (_.verbose_name_plural, _.constraints, _.default_permissions)
 # Form fields read by their name (cleaned_data, the posted data, the templates).
-(_.budget_usd,)
+(_.budget_usd, _.greeting, _.accent, _.language)
+# A form field's flag that Django's forms read (a viewer's read-only form).
+(_.disabled,)
 (_.widget, _.clean_user, _.clean_allowed_origins, _.clean_expires_at, _.clean_status, _.clean_tenant, _.clean_arguments)
 # The admin's options and hooks (methods shown in lists are @admin.display,
 # which vulture is told to skip).

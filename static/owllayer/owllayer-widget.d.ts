@@ -30,7 +30,8 @@ export interface StartOptions {
   apiKey: string;
   /** The AITP WebSocket; default: the widget's server at /owllayer. */
   endpoint?: string;
-  /** The panel's heading; default "Assistant". */
+  /** The panel's heading; default: the assistant's name the console set for
+   * the key, else "Assistant" (docs/widget.md, appearance). */
   title?: string;
 }
 
@@ -73,7 +74,9 @@ export declare const on: OwlLayerApi["on"];
 export declare const off: OwlLayerApi["off"];
 export declare const start: OwlLayerApi["start"];
 export declare function labelOf(name: string): string;
-export declare function valueInWords(value: unknown): string;
+/** The languages of the widget's own sentences, as a key's appearance chooses. */
+export type Language = "en" | "fr";
+export declare function valueInWords(value: unknown, language?: Language): string;
 declare const api: OwlLayerApi;
 export default api;
 

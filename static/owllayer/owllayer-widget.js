@@ -21,6 +21,12 @@
  * resume token, and the widget reads the earlier messages back from the
  * server (client.history()).
  *
+ * Before drawing anything it reads its key's appearance from this file's
+ * server (GET /widget/appearance?key=...; the defaults when that fails): the
+ * assistant's name, a greeting (shown here, never sent), the accent colour,
+ * the corner, the language of the widget's own sentences (English or
+ * French) and up to four suggested prompts.
+ *
  * The one global is window.OwlLayer, the same object as this module's
  * exports (docs/widget.md; owllayer-widget.d.ts types it). Options on the
  * script tag: data-api-key (starts the widget), data-endpoint (the AITP
@@ -31,7 +37,6 @@ import { renderMarkdown } from "./owllayer-markdown.js";
 
 export const WIDGET_VERSION = "1";
 const OPEN_KEY = "owllayer-widget-open";
-const DEFAULT_TITLE = "Assistant";
 const EVENTS = ["ready", "message", "open", "close", "error"];
 const NARROW = "(max-width: 599px)";
 
@@ -54,11 +59,12 @@ background:#d93025;color:#fff;font-size:12px;line-height:20px;text-align:center;
 .panel{position:absolute;right:0;bottom:0;width:380px;height:min(600px,calc(100vh - 40px));display:flex;
 flex-direction:column;background:var(--bg);border:1px solid var(--line);border-radius:14px;overflow:hidden;
 box-shadow:0 12px 40px rgba(0,0,0,.28);transition:opacity .15s,transform .15s}
-header{display:flex;align-items:center;gap:8px;padding:12px 14px;border-bottom:1px solid var(--line)}
+header{display:flex;align-items:center;gap:8px;padding:12px 14px;background:var(--accent);color:var(--on-accent)}
 header h2{margin:0;font-size:16px;flex:1}
-.status{font-size:12px;color:var(--muted)}
+.status{font-size:12px}
 .icon{border:0;background:none;cursor:pointer;width:32px;height:32px;border-radius:8px;font-size:20px;line-height:1}
-.icon:hover,.icon:focus-visible{background:var(--bot)}
+.icon:hover,.icon:focus-visible{background:rgba(127,127,127,.3)}
+header :focus-visible{outline-color:currentColor}
 .log{flex:1;overflow-y:auto;padding:12px 14px;display:flex;flex-direction:column;gap:8px}
 .msg{max-width:88%;padding:8px 12px;border-radius:12px;overflow-wrap:anywhere}
 .msg p{margin:0 0 6px}.msg p:last-child{margin:0}.msg ul,.msg ol{margin:4px 0;padding-left:20px}
@@ -66,6 +72,11 @@ header h2{margin:0;font-size:16px;flex:1}
 .msg a{color:var(--accent)}
 .user{align-self:flex-end;background:var(--me)}
 .agent{align-self:flex-start;background:var(--bot)}
+.greeting{white-space:pre-line}
+.prompts{display:flex;flex-wrap:wrap;gap:6px;padding:0 14px 8px}
+.prompt{border:1px solid var(--accent);background:var(--bg);color:var(--fg);border-radius:16px;padding:5px 12px;
+cursor:pointer;font-size:14px;text-align:left}
+.prompt:hover{background:var(--bot)}
 .who{display:block;font-size:12px;font-weight:600;color:var(--muted);margin-bottom:2px}
 .note{align-self:center;font-size:13px;color:var(--muted);text-align:center}
 .error{margin:0 14px 8px;padding:8px 10px;border-radius:8px;background:var(--danger-bg);color:var(--danger);font-size:14px}
@@ -85,28 +96,122 @@ dialog dt{color:var(--muted)}dialog dd{margin:0;font-weight:600;overflow-wrap:an
 .risk{display:inline-block;padding:1px 8px;border-radius:9px;background:var(--danger-bg);color:var(--danger);
 font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 .buttons{display:flex;gap:10px;justify-content:flex-end;margin-top:14px}
+:host([data-position=left]){right:auto!important;left:20px!important}
+:host([data-position=left]) .panel{right:auto;left:0}
 @media (max-width:599px){:host{right:12px!important;bottom:12px!important}
+:host([data-position=left]){right:auto!important;left:12px!important}
 .panel{position:fixed;inset:0;width:auto;height:auto;border-radius:0;border:0}}
 @media (prefers-reduced-motion:reduce){*{transition:none!important;animation:none!important;scroll-behavior:auto!important}}
 `;
 
 const ICON_PATH = "M4 4h16a2 2 0 0 1 2 2v10a2 2 0 0 1-2 2H9l-5 4v-4H4a2 2 0 0 1-2-2V6a2 2 0 0 1 2-2z";
-const RISK_WORDS = {
-  high: "it changes something for you",
-  critical: "it may spend money or cannot be undone",
+const NBSP = "\u00a0";
+
+/* Every sentence the widget says itself, in each language a key may choose
+ * (widget/appearance.py LANGUAGES). The agent's words are the model's. */
+const WORDS = {
+  en: {
+    assistant: "Assistant",
+    openChat: "Open chat",
+    unread: (count) => "Open chat (" + count + " unread)",
+    closeChat: "Close chat",
+    conversation: "Conversation",
+    message: "Message",
+    placeholder: "Ask a question\u2026",
+    send: "Send",
+    suggestions: "Suggested questions",
+    states: {
+      connecting: "Connecting\u2026", connected: "Online", thinking: "Writing\u2026",
+      reconnecting: "Reconnecting\u2026", error: "Offline", closed: "Offline",
+    },
+    working: (tool) => "Working: " + tool + "\u2026",
+    waiting: "Waiting for your answer",
+    unanswered: (text) => "Your message \u201c" + text + "\u201d was not answered. Please send it again.",
+    operator: (name) => name + " (support team)",
+    approveTitle: "Approve this action?",
+    // The client's question when the tool gives none (owllayer-client.js askBeforeRunning).
+    allow: (tool) => "Allow " + tool + "?",
+    details: "Details",
+    risk: "Risk: ",
+    riskNames: { high: "high", critical: "critical" },
+    riskWords: {
+      high: "it changes something for you",
+      critical: "it may spend money or cannot be undone",
+    },
+    approve: "Approve",
+    deny: "Deny",
+    approved: "You approved: ",
+    denied: "You denied: ",
+    yes: "yes", no: "no", none: "none",
+    somethingWrong: "Something went wrong.",
+    // The error codes a visitor may meet, in words (docs/protocol.md §9).
+    errors: {
+      origin_not_allowed: "The assistant is not set up for this site.",
+      invalid_api_key: "The assistant is not set up correctly on this site.",
+      api_key_revoked: "The assistant is no longer available on this site.",
+      api_key_disabled: "The assistant is switched off for now.",
+      api_key_expired: "The assistant is no longer available on this site.",
+      session_limit: "The assistant is busy right now. Please try again in a few minutes.",
+      tenant_session_limit: "The assistant is busy right now. Please try again in a few minutes.",
+      usage_limit_exceeded: "The assistant cannot answer any more this month.",
+      turn_in_progress: "Please wait for the answer before sending another message.",
+    },
+  },
+  fr: {
+    assistant: "Assistant",
+    openChat: "Ouvrir la discussion",
+    unread: (count) => "Ouvrir la discussion (" + count + (count === 1 ? " non lu)" : " non lus)"),
+    closeChat: "Fermer la discussion",
+    conversation: "Conversation",
+    message: "Message",
+    placeholder: "Posez une question\u2026",
+    send: "Envoyer",
+    suggestions: "Questions suggérées",
+    states: {
+      connecting: "Connexion\u2026", connected: "En ligne", thinking: "Rédaction\u2026",
+      reconnecting: "Reconnexion\u2026", error: "Hors ligne", closed: "Hors ligne",
+    },
+    working: (tool) => "En cours" + NBSP + ": " + tool + "\u2026",
+    waiting: "En attente de votre réponse",
+    unanswered: (text) => "Votre message \u00ab" + NBSP + text + NBSP + "\u00bb est resté sans réponse. "
+      + "Veuillez le renvoyer.",
+    operator: (name) => name + " (équipe d\u2019assistance)",
+    approveTitle: "Approuver cette action" + NBSP + "?",
+    allow: (tool) => "Autoriser " + tool + NBSP + "?",
+    details: "Détails",
+    risk: "Risque" + NBSP + ": ",
+    riskNames: { high: "élevé", critical: "critique" },
+    riskWords: {
+      high: "elle modifie quelque chose pour vous",
+      critical: "elle peut dépenser de l\u2019argent ou être irréversible",
+    },
+    approve: "Approuver",
+    deny: "Refuser",
+    approved: "Vous avez approuvé" + NBSP + ": ",
+    denied: "Vous avez refusé" + NBSP + ": ",
+    yes: "oui", no: "non", none: "aucun",
+    somethingWrong: "Une erreur s\u2019est produite.",
+    errors: {
+      origin_not_allowed: "L\u2019assistant n\u2019est pas configuré pour ce site.",
+      invalid_api_key: "L\u2019assistant n\u2019est pas correctement configuré sur ce site.",
+      api_key_revoked: "L\u2019assistant n\u2019est plus disponible sur ce site.",
+      api_key_disabled: "L\u2019assistant est désactivé pour le moment.",
+      api_key_expired: "L\u2019assistant n\u2019est plus disponible sur ce site.",
+      session_limit: "L\u2019assistant est occupé. Veuillez réessayer dans quelques minutes.",
+      tenant_session_limit: "L\u2019assistant est occupé. Veuillez réessayer dans quelques minutes.",
+      usage_limit_exceeded: "L\u2019assistant ne peut plus répondre ce mois-ci.",
+      turn_in_progress: "Veuillez attendre la réponse avant d\u2019envoyer un autre message.",
+    },
+  },
 };
-// The error codes a visitor may meet, in words (docs/protocol.md §9).
-const ERROR_WORDS = {
-  origin_not_allowed: "The assistant is not set up for this site.",
-  invalid_api_key: "The assistant is not set up correctly on this site.",
-  api_key_revoked: "The assistant is no longer available on this site.",
-  api_key_disabled: "The assistant is switched off for now.",
-  api_key_expired: "The assistant is no longer available on this site.",
-  session_limit: "The assistant is busy right now. Please try again in a few minutes.",
-  tenant_session_limit: "The assistant is busy right now. Please try again in a few minutes.",
-  usage_limit_exceeded: "The assistant cannot answer any more this month.",
-  turn_in_progress: "Please wait for the answer before sending another message.",
-};
+
+// A key's appearance when its server does not say (widget/appearance.py DEFAULTS).
+const DEFAULT_APPEARANCE = Object.freeze({
+  name: "", greeting: "", accent: "", position: "right", language: "en", prompts: Object.freeze([]),
+});
+const ACCENT = /^#[0-9a-f]{6}$/i;
+// How long the widget waits for its appearance before drawing with the defaults.
+const APPEARANCE_WAIT_MS = 4000;
 
 function el(tag, attributes = {}, children = []) {
   const node = document.createElement(tag);
@@ -151,16 +256,60 @@ export function labelOf(name) {
   return words.charAt(0).toUpperCase() + words.slice(1);
 }
 
-/* An argument's value in words: numbers as the visitor's locale writes them, lists joined. */
-export function valueInWords(value) {
+/* An argument's value in words: numbers as the visitor's locale writes them,
+ * lists joined; yes, no and none in the widget's language ("en" or "fr"). */
+export function valueInWords(value, language = "en") {
+  const words = WORDS[language] || WORDS.en;
   if (typeof value === "number") return value.toLocaleString(undefined, { maximumFractionDigits: 6 });
-  if (typeof value === "boolean") return value ? "yes" : "no";
-  if (value === null || value === undefined) return "none";
-  if (Array.isArray(value)) return value.map(valueInWords).join(", ") || "none";
+  if (typeof value === "boolean") return value ? words.yes : words.no;
+  if (value === null || value === undefined) return words.none;
+  if (Array.isArray(value)) return value.map((v) => valueInWords(v, language)).join(", ") || words.none;
   if (typeof value === "object") {
-    return Object.entries(value).map(([k, v]) => labelOf(k) + " " + valueInWords(v)).join(", ");
+    return Object.entries(value).map(([k, v]) => labelOf(k) + " " + valueInWords(v, language)).join(", ");
   }
   return String(value);
+}
+
+/* White or near-black, whichever reads better on the colour "#rrggbb" (WCAG's contrast ratio). */
+function textColourOn(accent) {
+  const channel = (at) => {
+    const c = parseInt(accent.slice(at, at + 2), 16) / 255;
+    return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+  };
+  const luminance = 0.2126 * channel(1) + 0.7152 * channel(3) + 0.0722 * channel(5);
+  const nearBlack = 0.0056; // #111111
+  return 1.05 / (luminance + 0.05) >= (luminance + 0.05) / (nearBlack + 0.05) ? "#ffffff" : "#111111";
+}
+
+/* What the server said of the key's appearance, each field checked again
+ * (a field it did not say, or not as expected, is the default's). */
+function appearanceOf(data) {
+  const given = data && typeof data === "object" ? data : {};
+  const text = (value, longest) => (typeof value === "string" && value.length <= longest ? value.trim() : "");
+  return {
+    name: text(given.name, 40),
+    greeting: text(given.greeting, 300),
+    accent: typeof given.accent === "string" && ACCENT.test(given.accent) ? given.accent : "",
+    position: given.position === "left" ? "left" : "right",
+    language: Object.hasOwn(WORDS, given.language) ? given.language : "en",
+    prompts: Array.isArray(given.prompts) ? given.prompts.map((p) => text(p, 80)).filter(Boolean).slice(0, 4) : [],
+  };
+}
+
+/* The key's appearance from the widget's own server; the defaults when it cannot say. */
+async function readAppearance(apiKey) {
+  const address = new URL("/widget/appearance", import.meta.url);
+  address.searchParams.set("key", apiKey);
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), APPEARANCE_WAIT_MS);
+  try {
+    const answer = await fetch(address, { credentials: "omit", signal: controller.signal });
+    return answer.ok ? appearanceOf(await answer.json()) : appearanceOf(DEFAULT_APPEARANCE);
+  } catch (err) {
+    return appearanceOf(DEFAULT_APPEARANCE);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /* The script tag that loaded this file, or null (imported by a page's own
@@ -193,6 +342,12 @@ class Widget {
     this.readyDetail = null;
     this.current = null;
     this.approval = null;
+    this.started = false;
+    this.wantOpen = false;
+    this.appearance = appearanceOf(DEFAULT_APPEARANCE);
+    this.words = WORDS.en;
+    this.greeting = null;
+    this.prompts = null;
   }
 
   // --- the API ---
@@ -235,13 +390,17 @@ class Widget {
   }
 
   open() {
-    if (!this.root) return this;
+    if (!this.root) {
+      this.wantOpen = true; // opened once drawn
+      return this;
+    }
     this.setOpen(true);
     this.input.focus();
     return this;
   }
 
   close() {
+    this.wantOpen = false;
     if (this.root) this.setOpen(false);
     return this;
   }
@@ -251,19 +410,30 @@ class Widget {
     if (!text) return false;
     if (!this.client || !this.client.acknowledged) {
       this.pendingSends.push(text);
+      this.hidePrompts();
       return true;
     }
     if (!this.client.sendText(text)) return false;
+    this.hidePrompts();
     this.addMessage("user", text);
     this.emit("message", { role: "user", text });
     return true;
   }
 
-  /* Start the widget: the script tag's data-api-key does it; a page's own code may instead. */
+  /* Start the widget: the script tag's data-api-key does it; a page's own code may instead.
+   * It draws once it has read the key's appearance (or given up on it). */
   start(options = {}) {
-    if (this.client) return this;
+    if (this.started) return this;
     if (!options.apiKey) throw new Error("OwlLayer.start needs an apiKey");
-    this.title = options.title || DEFAULT_TITLE;
+    this.started = true;
+    readAppearance(options.apiKey).then((appearance) => this.begin(options, appearance));
+    return this;
+  }
+
+  begin(options, appearance) {
+    this.appearance = appearance;
+    this.words = WORDS[appearance.language];
+    this.title = options.title || appearance.name || this.words.assistant;
     this.mount();
     this.client = new OwlLayerClient({
       apiKey: options.apiKey,
@@ -275,8 +445,8 @@ class Widget {
     if (this.context) this.client.setContext(this.context);
     this.listen(this.client);
     this.client.connect();
-    if (remembered(OPEN_KEY) === "open") this.setOpen(true);
-    return this;
+    if (this.wantOpen) this.open();
+    else if (remembered(OPEN_KEY) === "open") this.setOpen(true);
   }
 
   // --- the client's events ---
@@ -288,13 +458,13 @@ class Widget {
     client.on("state", (state) => this.onState(state));
     client.on("activity", (event) => this.onActivity(event));
     client.on("unanswered", (event) => {
-      this.addNote("Your message \u201c" + event.text + "\u201d was not answered. Please send it again.");
+      this.addNote(this.words.unanswered(event.text));
     });
   }
 
   onConnected(event) {
     this.errorBox.hidden = true;
-    if (event.resumed && !this.log.querySelector(".msg")) this.showEarlier();
+    if (event.resumed && !this.log.querySelector(".msg:not(.greeting)")) this.showEarlier();
     if (!this.readyDetail) {
       this.readyDetail = { sessionId: event.sessionId, resumed: event.resumed };
       this.emit("ready", this.readyDetail);
@@ -306,7 +476,9 @@ class Widget {
   async showEarlier() {
     const earlier = await this.client.history();
     if (!earlier) return;
-    const first = this.log.firstChild;
+    if (earlier.messages.length) this.hidePrompts();
+    // After the greeting, before whatever was said since.
+    const first = this.greeting ? this.greeting.nextSibling : this.log.firstChild;
     for (const message of earlier.messages) {
       if (message.role !== "user" && message.role !== "assistant") continue;
       const node = this.messageNode(message.role === "user" ? "user" : "agent", message.text, message.operator);
@@ -327,24 +499,20 @@ class Widget {
 
   onError({ message, data, ended }) {
     const code = data && data.code;
-    const words = ERROR_WORDS[code] || message || "Something went wrong.";
+    const words = this.words.errors[code] || message || this.words.somethingWrong;
     if (ended) this.addNote(words);
     else this.showError(words);
     this.emit("error", code ? { message: words, code } : { message: words });
   }
 
   onState(state) {
-    const words = {
-      connecting: "Connecting\u2026", connected: "Online", thinking: "Writing\u2026",
-      reconnecting: "Reconnecting\u2026", error: "Offline", closed: "Offline",
-    };
-    this.status.textContent = words[state] || "";
+    this.status.textContent = this.words.states[state] || "";
     this.sendButton.disabled = state !== "connected";
   }
 
   onActivity({ activity, tool }) {
-    if (activity === "tool") this.status.textContent = "Working: " + tool + "\u2026";
-    else if (activity === "approval") this.status.textContent = "Waiting for your answer";
+    if (activity === "tool") this.status.textContent = this.words.working(tool);
+    else if (activity === "approval") this.status.textContent = this.words.waiting;
     else this.onState(this.client.state);
   }
 
@@ -356,27 +524,50 @@ class Widget {
     const sheet = new CSSStyleSheet();
     sheet.replaceSync(CSS);
     root.adoptedStyleSheets = [sheet];
+    const { accent, position, language } = this.appearance;
+    if (accent) {
+      // The key's colour in light and dark alike, its text white or near-black as reads better.
+      const accentSheet = new CSSStyleSheet();
+      accentSheet.replaceSync(".w{--accent:" + accent + ";--on-accent:" + textColourOn(accent) + "}");
+      root.adoptedStyleSheets = [sheet, accentSheet];
+    }
+    host.setAttribute("data-position", position);
+    host.setAttribute("lang", language);
     this.host = host;
     this.root = root;
+    const words = this.words;
 
     this.badge = el("span", { class: "badge", "aria-hidden": "true", hidden: true });
     this.launcher = el("button", { type: "button", class: "launcher", "aria-expanded": "false",
-                                   "aria-controls": "owl-panel", "aria-label": "Open chat" },
+                                   "aria-controls": "owl-panel", "aria-label": words.openChat },
                        [icon(), this.badge]);
     this.status = el("span", { class: "status", role: "status" });
-    const closeButton = el("button", { type: "button", class: "icon", "aria-label": "Close chat", text: "\u00d7" });
-    this.log = el("div", { class: "log", role: "log", "aria-live": "polite", "aria-label": "Conversation",
+    const closeButton = el("button", { type: "button", class: "icon", "aria-label": words.closeChat,
+                                       text: "\u00d7" });
+    this.log = el("div", { class: "log", role: "log", "aria-live": "polite", "aria-label": words.conversation,
                            tabindex: "0" });
+    if (this.appearance.greeting) {
+      // Shown, never sent: the model does not see it.
+      this.greeting = el("div", { class: "msg agent greeting", text: this.appearance.greeting });
+      this.log.append(this.greeting);
+    }
+    this.prompts = el("div", { class: "prompts", role: "group", "aria-label": words.suggestions,
+                               hidden: !this.appearance.prompts.length },
+                      this.appearance.prompts.map((text) => {
+                        const button = el("button", { type: "button", class: "prompt", text });
+                        button.addEventListener("click", () => this.send(text));
+                        return button;
+                      }));
     this.errorBox = el("p", { class: "error", role: "alert", hidden: true });
     this.input = el("textarea", { id: "owl-input", rows: "1", maxlength: "8000",
-                                  placeholder: "Ask a question\u2026" });
-    this.sendButton = el("button", { type: "submit", class: "send", text: "Send", disabled: true });
-    const form = el("form", {}, [el("label", { for: "owl-input", class: "sr", text: "Message" }),
+                                  placeholder: words.placeholder });
+    this.sendButton = el("button", { type: "submit", class: "send", text: words.send, disabled: true });
+    const form = el("form", {}, [el("label", { for: "owl-input", class: "sr", text: words.message }),
                                  this.input, this.sendButton]);
     this.panel = el("section", { id: "owl-panel", class: "panel w", role: "dialog", "aria-modal": "false",
                                  "aria-labelledby": "owl-title", hidden: true }, [
       el("header", {}, [el("h2", { id: "owl-title", text: this.title }), this.status, closeButton]),
-      this.log, this.errorBox, form,
+      this.log, this.prompts, this.errorBox, form,
     ]);
     this.dialogSlot = el("div", { class: "w" });
     root.append(el("div", { class: "w" }, [this.launcher]), this.panel, this.dialogSlot);
@@ -424,7 +615,7 @@ class Widget {
     this.unread = count;
     this.badge.hidden = count === 0;
     this.badge.textContent = String(count);
-    this.launcher.setAttribute("aria-label", count ? "Open chat (" + count + " unread)" : "Open chat");
+    this.launcher.setAttribute("aria-label", count ? this.words.unread(count) : this.words.openChat);
   }
 
   messageNode(kind, text, operator) {
@@ -446,7 +637,7 @@ class Widget {
     const parts = [];
     if (operator) {
       node.dataset.operator = operator;
-      parts.push(el("span", { class: "who", text: operator + " (support team)" }));
+      parts.push(el("span", { class: "who", text: this.words.operator(operator) }));
     }
     node.replaceChildren(...parts, renderMarkdown(text));
     this.scrollToEnd();
@@ -462,6 +653,10 @@ class Widget {
     this.errorBox.hidden = false;
   }
 
+  hidePrompts() {
+    if (this.prompts) this.prompts.hidden = true;
+  }
+
   scrollToEnd() {
     this.log.scrollTop = this.log.scrollHeight;
   }
@@ -475,18 +670,22 @@ class Widget {
 
   /* One approval as a modal dialog; decide(approved) is called once. Escape denies. */
   showApproval(request, decide) {
+    const words = this.words;
     const rows = Object.entries(request.args || {}).flatMap(([name, value]) => [
-      el("dt", { text: labelOf(name) }), el("dd", { text: valueInWords(value) }),
+      el("dt", { text: labelOf(name) }), el("dd", { text: valueInWords(value, this.appearance.language) }),
     ]);
-    const deny = el("button", { type: "button", class: "deny", text: "Deny" });
-    const approve = el("button", { type: "button", class: "approve", text: "Approve" });
+    const deny = el("button", { type: "button", class: "deny", text: words.deny });
+    const approve = el("button", { type: "button", class: "approve", text: words.approve });
     const dialog = el("dialog", { "aria-labelledby": "owl-approval-title", "aria-describedby": "owl-approval-what",
                                   "data-call-id": request.callId }, [
-      el("h2", { id: "owl-approval-title", text: "Approve this action?" }),
+      el("h2", { id: "owl-approval-title", text: words.approveTitle }),
       el("p", { id: "owl-approval-what", text: this.describe(request) }),
-      el("p", { text: request.message }),
-      rows.length ? el("dl", { "aria-label": "Details" }, rows) : "",
-      el("p", {}, ["Risk: ", el("span", { class: "risk", text: request.risk }), " " + (RISK_WORDS[request.risk] || "")]),
+      // The client's own question is said in the widget's language; a tool's own, as it is.
+      el("p", { text: request.message === WORDS.en.allow(request.toolName) ? words.allow(request.toolName)
+                                                                           : request.message }),
+      rows.length ? el("dl", { "aria-label": words.details }, rows) : "",
+      el("p", {}, [words.risk, el("span", { class: "risk", text: words.riskNames[request.risk] || request.risk }),
+                   " " + (words.riskWords[request.risk] || "")]),
       el("div", { class: "buttons" }, [deny, approve]),
     ]);
     this.dialogSlot.append(dialog);
@@ -500,7 +699,7 @@ class Widget {
     };
     const finish = (approved) => {
       if (!dismiss()) return;
-      this.addNote((approved ? "You approved: " : "You denied: ") + request.toolName);
+      this.addNote((approved ? words.approved : words.denied) + request.toolName);
       decide(approved);
     };
     approve.addEventListener("click", () => finish(true));

@@ -19,12 +19,13 @@ from django.test import RequestFactory
 from playwright.async_api import Page, expect
 
 from aitp import tenancy
-from aitp.models import Session
+from aitp.models import ApiKey, Session
 from tests.browser.conftest import eventually
 from tests.browser.store_support import result_data, tool_results
 from tests.support.fake_anthropic import text_response, tool_use_response
 from widget import releases
 from widget.assets import embed_snippet
+from widget.services import key_set_appearance
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -287,7 +288,74 @@ async def test_a_page_from_an_origin_the_key_does_not_allow_gets_no_session_and_
     assert not await Session.objects.filter(api_key__name="widget").aexists()
     # The widget came by way of /widget/v1/, its imports from the release it led to.
     widget_root = f"{llm_store.server.http_url}/widget/"
+    raw_key = (await ApiKey.objects.aget(name="widget")).publishable
     assert [url.removeprefix(widget_root) for url in fetched if url.startswith(widget_root)] == [
         "v1/owllayer-widget.js", f"{CURRENT}/owllayer-widget.js",
-        f"{CURRENT}/owllayer-client.js", f"{CURRENT}/owllayer-markdown.js"]
+        f"{CURRENT}/owllayer-client.js", f"{CURRENT}/owllayer-markdown.js", f"appearance?key={raw_key}"]
     assert json.dumps(await page.evaluate("Object.keys(window).filter((k) => /owl/i.test(k))")) == '["OwlLayer"]'
+
+
+# A key set up in the console for French visitors (docs/widget.md, appearance).
+FRENCH_LOOK = {
+    "name": "Chouette", "greeting": "Bonjour ! Que puis-je faire pour vous ?", "accent": "#ffcc00",
+    "position": "left", "language": "fr", "prompts": ["Où est ma commande ?", "Payer mon panier"],
+}
+
+
+def set_appearance(raw_key: str, look: dict) -> None:
+    key_set_appearance(key=ApiKey.objects.get(publishable=raw_key), look=look)
+
+
+async def test_a_key_with_a_french_appearance_shows_its_name_greeting_colour_corner_and_prompts_in_french(
+        llm_store, model, host_site, page, shot):
+    raw_key = await sync_to_async(publish)(host_site, llm_store, allowed_origins=[host_site.origin])
+    await sync_to_async(set_appearance)(raw_key, FRENCH_LOOK)
+    model.enqueue(
+        tool_use_response([("pay", {"amount": 249.99})], text="Je paie votre panier."),
+        text_response("C'est payé."),
+    )
+
+    await page.goto(host_site.origin + "/")
+    widget = page.locator("owllayer-widget")
+    launcher = page.get_by_role("button", name="Ouvrir la discussion")
+    await expect(launcher).to_be_visible()
+    # Bottom left, in the key's colour, its icon near-black (yellow is too light for white).
+    box = await launcher.bounding_box()
+    assert box is not None and box["x"] < 640
+    colours = await launcher.evaluate("(b) => [getComputedStyle(b).backgroundColor, getComputedStyle(b).color]")
+    assert colours == ["rgb(255, 204, 0)", "rgb(17, 17, 17)"]
+    await launcher.click()
+
+    await expect(widget.locator("header h2")).to_have_text("Chouette")
+    await expect(widget.locator(".status")).to_have_text("En ligne")
+    header = await widget.locator("header").evaluate("(h) => getComputedStyle(h).backgroundColor")
+    assert header == "rgb(255, 204, 0)"
+    await expect(widget.locator(".msg.greeting")).to_have_text("Bonjour ! Que puis-je faire pour vous ?")
+    await expect(widget.locator(".prompt")).to_have_text(["Où est ma commande ?", "Payer mon panier"])
+    await expect(widget.locator("textarea")).to_have_attribute("placeholder", "Posez une question\u2026")
+    await expect(widget.get_by_role("button", name="Envoyer")).to_be_visible()
+    panel = await widget.locator(".panel").bounding_box()
+    assert panel is not None and panel["x"] < 640
+    await no_serious_violations(page)
+    await shot("french-open")
+
+    # A prompt sends its text; the prompts go; the model's call waits for a French dialog.
+    await widget.get_by_role("button", name="Payer mon panier").click()
+    await expect(widget.locator(".msg.user")).to_have_text(["Payer mon panier"])
+    await expect(widget.locator(".prompts")).to_be_hidden()
+    dialog = page.get_by_role("dialog", name=re.compile(r"^Approuver cette action\s\?$"))
+    await expect(dialog).to_contain_text("Pay for the cart with the saved card")
+    await expect(dialog).to_contain_text("critique")
+    await expect(dialog.locator("p").nth(1)).to_have_text(re.compile(r"^Autoriser pay\s\?$"))
+    await expect(dialog.get_by_role("button")).to_have_text(["Refuser", "Approuver"])
+    await shot("french-approval")
+    await dialog.get_by_role("button", name="Approuver").click()
+
+    await expect(agent_messages(page).last.locator("p")).to_have_text(["Je paie votre panier.", "C'est payé."])
+    await expect(page.locator("#paid")).to_have_text("paid 249.99")
+    await expect(widget.locator(".note")).to_have_text(re.compile(r"^Vous avez approuvé\s: pay$"))
+    # The prompt went to the model as the visitor's words; the greeting never did.
+    first_turn = json.dumps(model.requests[0]["messages"])
+    assert "Payer mon panier" in first_turn
+    assert "Que puis-je" not in json.dumps(model.requests)
+    assert await page.evaluate("window.seen.errors") == []
