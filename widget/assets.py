@@ -46,9 +46,21 @@ def source(name: str) -> Path:
 
 
 def manifest() -> releases.Manifest:
-    """The served releases, read again when the manifest file changed."""
-    body, _ = _read(releases.RELEASES / releases.MANIFEST_NAME)
-    return releases.manifest_of(body)
+    """The served releases, read and parsed again only when the manifest file changed."""
+    body, digest = _read(releases.RELEASES / releases.MANIFEST_NAME)
+    if _parsed is None or _parsed[0] != digest:
+        _keep_parsed(digest, releases.manifest_of(body))
+    assert _parsed is not None
+    return _parsed[1]
+
+
+# The manifest as last parsed, with the hash of the bytes it was parsed from.
+_parsed: tuple[str, releases.Manifest] | None = None
+
+
+def _keep_parsed(digest: str, parsed: releases.Manifest) -> None:
+    global _parsed
+    _parsed = (digest, parsed)
 
 
 # path -> (the file's modification time and size when read, its bytes, their hash)
