@@ -63,11 +63,12 @@ def go(folder: str, *names: str) -> None:
 
 
 def gone(pid: int) -> bool:
-    """The process ended (a zombie its parent has not reaped yet counts as ended)."""
+    """The process ended (a zombie its parent has not reaped yet counts as ended;
+    one reaped between opening its stat file and reading it, too)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
 
 
