@@ -40,6 +40,7 @@ export type MessageEvent =
   | { role: "user"; text: string }
   | { role: "assistant"; text: string }
   | { role: "operator"; text: string; operator: string };
+/** A listener added while an error is on show hears it at once. */
 export interface ErrorEvent { message: string; code?: string }
 
 export interface EventMap {

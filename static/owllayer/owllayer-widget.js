@@ -340,6 +340,7 @@ class Widget {
     this.isOpen = false;
     this.unread = 0;
     this.readyDetail = null;
+    this.shownError = null;
     this.current = null;
     this.approval = null;
     this.started = false;
@@ -355,8 +356,9 @@ class Widget {
   on(event, listener) {
     if (!EVENTS.includes(event)) throw new Error("OwlLayer: unknown event " + event);
     (this.listeners[event] = this.listeners[event] || []).push(listener);
-    // "ready" happened already: the listener hears it at once.
+    // "ready" happened already, or an error is on show: the listener hears it at once.
     if (event === "ready" && this.readyDetail) this.call(listener, this.readyDetail, event);
+    if (event === "error" && this.shownError) this.call(listener, this.shownError, event);
     return this;
   }
 
@@ -464,6 +466,7 @@ class Widget {
 
   onConnected(event) {
     this.errorBox.hidden = true;
+    this.shownError = null;
     if (event.resumed && !this.log.querySelector(".msg:not(.greeting)")) this.showEarlier();
     if (!this.readyDetail) {
       this.readyDetail = { sessionId: event.sessionId, resumed: event.resumed };
@@ -500,9 +503,13 @@ class Widget {
   onError({ message, data, ended }) {
     const code = data && data.code;
     const words = this.words.errors[code] || message || this.words.somethingWrong;
+    const detail = code ? { message: words, code } : { message: words };
     if (ended) this.addNote(words);
-    else this.showError(words);
-    this.emit("error", code ? { message: words, code } : { message: words });
+    else {
+      this.showError(words);
+      this.shownError = detail;
+    }
+    this.emit("error", detail);
   }
 
   onState(state) {

@@ -285,6 +285,10 @@ async def test_a_page_from_an_origin_the_key_does_not_allow_gets_no_session_and_
     await eventually(lambda: page.evaluate("window.seen.errors.length > 0"), what="the error event")
     errors = await page.evaluate("window.seen.errors")
     assert errors[0] == {"message": "The assistant is not set up for this site.", "code": "origin_not_allowed"}
+    # A listener added after the refusal hears it at once.
+    late = await page.evaluate(
+        "(() => { let heard = null; OwlLayer.on('error', (e) => { heard = e; }); return heard; })()")
+    assert late == errors[0]
     assert not await Session.objects.filter(api_key__name="widget").aexists()
     # The widget came by way of /widget/v1/, its imports from the release it led to.
     widget_root = f"{llm_store.server.http_url}/widget/"
