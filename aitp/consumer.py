@@ -58,7 +58,8 @@ class Runner(Protocol):
 class RunnerFactory(Protocol):
     """Builds a connection's runner and, with it, its session machine."""
 
-    def __call__(self, socket: Any, *, query_api_key: str | None, origin: str) -> Runner: ...
+    def __call__(self, socket: Any, *, query_api_key: str | None, origin: str,
+                 preview_ticket: str | None = None) -> Runner: ...
 
 
 class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
@@ -105,7 +106,8 @@ class AitpConsumer(DbCallConsumer, AsyncWebsocketConsumer):
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         headers = dict(self.scope.get("headers") or [])
         self.runner = self.new_runner(self, query_api_key=(query.get("apiKey") or [None])[0],
-                                      origin=headers.get(b"origin", b"").decode("latin-1"))
+                                      origin=headers.get(b"origin", b"").decode("latin-1"),
+                                      preview_ticket=(query.get("previewTicket") or [None])[0])
         self.machine = self.runner.machine
         # Accept first: every refusal is an AITP error frame + 1008, never an
         # HTTP 403 the browser would retry forever (protocol.md §10).

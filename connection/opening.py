@@ -13,7 +13,7 @@ import speech
 from agent.conversation import Conversation
 from agent.loop import Agent, AgentConfig, TurnIO
 from agent.store import AgentStore
-from aitp import liveness, notify, ports, processes, resume, selectors, services, store, visitors
+from aitp import liveness, notify, ports, preview, processes, resume, selectors, services, store, visitors
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_ABNORMAL
 from aitp.limits import ConnectionLimits
@@ -65,8 +65,19 @@ def new_session_id() -> str:
     return "ses_" + ids.token_hex(12)
 
 
+# A socket offering a preview ticket that is not good (aitp.preview).
+PREVIEW_REFUSAL = Refusal("preview_ticket_invalid",
+                          "This preview has expired or is not for this page: reload the console's preview.",
+                          "preview ticket invalid")
+
+
 def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, channel_name: str,
-                   token: resume.ResumeToken | None) -> store.HandshakeInfo:
+                   token: resume.ResumeToken | None, preview_ticket: str | None = None) -> store.HandshakeInfo | None:
+    """What the store is told of this open; None when the socket offered a
+    preview ticket that is not good."""
+    ticket = preview.read(preview_ticket, origin=origin) if preview_ticket is not None else None
+    if preview_ticket is not None and ticket is None:
+        return None
     return store.HandshakeInfo(
         session_id=session_id,
         origin=origin,
@@ -77,6 +88,7 @@ def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, chann
         channel_name=channel_name,
         process=processes.current_id(),
         resume_token_hash=token.secret_hash if token is not None else "",
+        preview_key_id=ticket.key_id if ticket is not None else None,
     )
 
 

@@ -25,6 +25,7 @@ from aitp import live, notify, processes, resume, services, store
 from aitp import protocol as p
 from aitp.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
 from aitp.limits import connection_limits
+from aitp.messages import ResumeOffer
 from aitp.operator_commands import OperatorCommands
 from aitp.row_writer import SessionRowWriter
 from aitp.session import (
@@ -67,7 +68,8 @@ class Socket(Protocol):
 
 
 class ConnectionRunner:
-    def __init__(self, socket: Socket, *, query_api_key: str | None, origin: str) -> None:
+    def __init__(self, socket: Socket, *, query_api_key: str | None, origin: str,
+                 preview_ticket: str | None = None) -> None:
         self.socket: Socket | None = socket
         self.machine = machine = SessionMachine(
             limits=opening.session_limits(),
@@ -76,6 +78,8 @@ class ConnectionRunner:
             query_api_key=query_api_key,
         )
         self.origin = origin
+        # The console's preview of a key's widget (aitp.preview); None: a page's own socket.
+        self.preview_ticket = preview_ticket
         self.session_row = None
         self.teardown_task: asyncio.Task | None = None
         self.feed: WatcherFeed | None = None
@@ -139,17 +143,16 @@ class ConnectionRunner:
         if not allowed:
             return
         info = opening.handshake_info(session_id, event.init, origin=self.origin,
-                                      channel_name=self.socket.channel_name, token=self.next_token)
-        token = resume.parse(offer.token) if offer is not None else None
-        for _ in range(3):  # the session may become held here while this socket waits for it
-            if token is not None and (await holding.continue_held(self, event.api_key, token, offer.lastSeq, info)
-                                      or await relay.relayed(self, event.api_key, token, offer.lastSeq, info)):
-                return
-            opened = await opening.continue_or_open(event.api_key, token, info)
-            if opened is not opening.HELD_HERE:
-                break
-        else:
-            opened = await opening.continue_or_open(event.api_key, None, info)
+                                      channel_name=self.socket.channel_name, token=self.next_token,
+                                      preview_ticket=self.preview_ticket)
+        if info is None:
+            refused = opening.PREVIEW_REFUSAL
+            logger.info("handshake refused: %s (origin %r)", refused.code, self.origin)
+            self.machine.refuse(refused.code, refused.message, refused.reason)
+            return
+        opened = await self._continue_or_open(event.api_key, offer, info)
+        if opened is None:
+            return
         session, refusal, following = opened
         if refusal is not None:
             logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
@@ -178,6 +181,20 @@ class ConnectionRunner:
         await self._accept(session, agent, watched, continued=following is not None)
         if visitor_refused is not None:  # told after the ACK: the session opened, unlinked
             self.machine.error(visitor_refused.code, visitor_refused.message)
+
+    async def _continue_or_open(self, api_key: str, offer: ResumeOffer | None, info: store.HandshakeInfo):
+        """What ``opening.continue_or_open`` gives this socket: the session its
+        token names or a new one; None when the session went on through this
+        socket already (held by this process, or relayed to the one holding it)."""
+        token = resume.parse(offer.token) if offer is not None else None
+        for _ in range(3):  # the session may become held here while this socket waits for it
+            if token is not None and (await holding.continue_held(self, api_key, token, offer.lastSeq, info)
+                                      or await relay.relayed(self, api_key, token, offer.lastSeq, info)):
+                return None
+            opened = await opening.continue_or_open(api_key, token, info)
+            if opened is not opening.HELD_HERE:
+                return opened
+        return await opening.continue_or_open(api_key, None, info)
 
     async def regroup(self, joined: str, continued: str) -> bool | None:
         """The continued session's group in place of the one joined for a new

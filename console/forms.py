@@ -127,6 +127,8 @@ class WidgetAppearanceForm(forms.Form):
                   "first message.")
 
     def __init__(self, *args, read_only: bool = False, **kwargs):
+        # Its own ids: the key's edit page also has the key's form, whose "name" is the key's.
+        kwargs.setdefault("auto_id", "appearance-%s")
         super().__init__(*args, **kwargs)
         for field in self.fields.values():
             field.disabled = read_only

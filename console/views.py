@@ -41,7 +41,8 @@ from console.forms import (
 from console.usage import bar_chart, daily_usage, day_label, day_title
 from runtime.config import config
 from tenants.models import BudgetAlert, Invitation, TenantMembership
-from widget.assets import embed_snippet
+from widget.assets import Preview, embed_snippet
+from widget.assets import preview as widget_preview
 from widget.services import key_set_appearance
 
 logger = logging.getLogger(__name__)
@@ -247,6 +248,16 @@ def _published(key: ApiKey) -> str | None:
     return key.publishable or None
 
 
+def _preview(request: HttpRequest, key: ApiKey) -> Preview | None:
+    """The real widget of this key on this console page, for the member
+    reading it (docs/widget.md, Preview); None for a revoked key or one
+    made before keys were kept."""
+    raw_key = _published(key)
+    if raw_key is None or key.status == ApiKey.Status.REVOKED:
+        return None
+    return widget_preview(request, raw_key, key_id=key.pk, user_id=request.user.pk)
+
+
 @tenant_view(owner_only=True)
 def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
     key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
@@ -290,8 +301,10 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
 
 @tenant_view()
 def key_appearance(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
-    """How the key's widget looks and speaks: owners change it (the key edit
-    page's form posts here), viewers read it; tenant_view refuses a viewer's post."""
+    """How the key's widget looks and speaks, with the real widget drawing
+    it: owners change it (the key edit page's form posts here too), viewers
+    read it; tenant_view refuses a viewer's post. A save from this page
+    comes back to it, one from the edit page goes back there."""
     key = get_object_or_404(ApiKey, tenant=access.tenant, pk=key_id)
     if request.method == "POST" and key.status == ApiKey.Status.REVOKED:
         messages.error(request, "A revoked key cannot be changed.")
@@ -304,10 +317,11 @@ def key_appearance(request: HttpRequest, access: Access, key_id: int) -> HttpRes
                                       "using it show it within a minute.")
         else:
             messages.info(request, "Nothing changed.")
-        return redirect("console:key_edit", slug=access.tenant.slug, key_id=key.pk)
+        back = "console:key_appearance" if request.POST.get("from") == "preview" else "console:key_edit"
+        return redirect(back, slug=access.tenant.slug, key_id=key.pk)
     return render_page(request, access, "console/key_appearance.html",
                        title=f"Appearance of the widget of key {key.prefix}", section="keys", key=key,
-                       appearance_form=form)
+                       appearance_form=form, widget_preview=_preview(request, key))
 
 
 @tenant_view(owner_only=True)

@@ -35,8 +35,8 @@ SECRET_NAMES = frozenset({
     "secret", "clientsecret", "password", "passwd", "pwd", "auth", "authorization",
     "signature", "sig", "sessionid", "credential", "credentials",
 })
-# ... and names that end like one of these (x_api_key, client_secret, ...).
-SECRET_SUFFIXES = ("apikey", "token", "secret", "password")
+# ... and names that end like one of these (x_api_key, client_secret, previewTicket, ...).
+SECRET_SUFFIXES = ("apikey", "token", "secret", "password", "ticket")
 # Values that are secrets whatever they are called: API keys, webhook secrets.
 SECRET_VALUE_PREFIXES = ("pk_live_", "pk_test_", "whsec_")
 _SECRET_VALUE_STARTS = tuple(prefix.replace("_", "") for prefix in SECRET_VALUE_PREFIXES)

@@ -39,6 +39,8 @@ SPELLINGS = [
     ("a key under another name", "x=pk_live_S22", f"x={REDACTED}"),
     ("a webhook secret under another name", "note=whsec_S23", f"note={REDACTED}"),
     ("last of several", "v=1&lang=en&apiKey=S24", f"v=1&lang=en&apiKey={REDACTED}"),
+    ("the console's preview ticket", "previewTicket=S25&apiKey=S26",
+     f"previewTicket={REDACTED}&apiKey={REDACTED}"),
 ]
 
 

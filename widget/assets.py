@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import escape
 
+from aitp import preview as aitp_preview
 from runtime.config import config
 from widget import releases
 
@@ -120,3 +122,23 @@ def embed_snippet(request: HttpRequest, raw_key: str) -> str:
         scheme = "wss" if request.is_secure() else "ws"
         attributes.append(f'data-endpoint="{escape(f"{scheme}://{request.get_host()}{ws_path}")}"')
     return "<script " + "\n        ".join(attributes) + "></script>\n"
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a console page needs to start the real widget with a key: the
+    current release's module, the key and the socket's address with a
+    preview ticket for this page's origin (aitp.preview)."""
+
+    module: str
+    api_key: str
+    endpoint: str
+
+
+def preview(request: HttpRequest, raw_key: str, *, key_id: int, user_id: int) -> Preview:
+    origin = request.build_absolute_uri("/").rstrip("/")
+    ticket = aitp_preview.issue(key_id=key_id, origin=origin, user_id=user_id)
+    scheme = "wss" if request.is_secure() else "ws"
+    endpoint = f"{scheme}://{request.get_host()}{config().protocol.ws_path}?{urlencode({'previewTicket': ticket})}"
+    return Preview(module=reverse("widget:asset", args=[manifest().current, ENTRY]), api_key=raw_key,
+                   endpoint=endpoint)

@@ -35,8 +35,11 @@ TENANT_SESSION_LIMIT_REFUSAL = Refusal(
 KEY_USE_PRECISION = timedelta(seconds=60)
 
 
-def api_key_refusal(key: ApiKey | None, *, origin: str | None, now: datetime) -> Refusal | None:
-    """Why this key, as read, may not be used from this origin now (None: it may)."""
+def api_key_refusal(key: ApiKey | None, *, origin: str | None, now: datetime,
+                    preview_key_id: int | None = None) -> Refusal | None:
+    """Why this key, as read, may not be used from this origin now (None: it
+    may). ``preview_key_id``: the key a good preview ticket names
+    (``aitp.preview``); for that key, the page's origin is not checked."""
     if key is None:
         return Refusal("invalid_api_key", "The API key is not valid.", "invalid api key")
     if key.status == ApiKey.Status.REVOKED:
@@ -45,7 +48,7 @@ def api_key_refusal(key: ApiKey | None, *, origin: str | None, now: datetime) ->
         return Refusal("api_key_disabled", "This API key is disabled.", "api key disabled")
     if key.expires_at is not None and key.expires_at <= now:
         return Refusal("api_key_expired", "This API key has expired.", "api key expired")
-    if key.allowed_origins and (origin or "") not in key.allowed_origins:
+    if key.allowed_origins and (origin or "") not in key.allowed_origins and key.pk != preview_key_id:
         return Refusal(
             "origin_not_allowed",
             "This page's origin is not allowed for this API key.",
@@ -55,7 +58,7 @@ def api_key_refusal(key: ApiKey | None, *, origin: str | None, now: datetime) ->
 
 
 def refusal(key: ApiKey | None, *, origin: str, now: datetime, key_live: Callable[[], int],
-            tenant_live: Callable[[], int]) -> Refusal | None:
+            tenant_live: Callable[[], int], preview_key_id: int | None = None) -> Refusal | None:
     """The admission rule. ``key`` as read under its and its tenant's row
     locks (with its tenant), the open's own row already inserted;
     ``key_live`` and ``tenant_live`` count the live sessions of the key and
@@ -64,7 +67,7 @@ def refusal(key: ApiKey | None, *, origin: str, now: datetime, key_live: Callabl
     ceiling. A count over a limit is made again without the sessions of
     server processes known to be gone, which hold no slot (the sweep closes
     their rows; until it has, they still look live)."""
-    refused = api_key_refusal(key, origin=origin, now=now)
+    refused = api_key_refusal(key, origin=origin, now=now, preview_key_id=preview_key_id)
     if refused is not None:
         return refused
     if quota.token_quota_used_up(key.tenant, now=now):
@@ -79,11 +82,12 @@ def refusal(key: ApiKey | None, *, origin: str, now: datetime, key_live: Callabl
     return None
 
 
-def refusal_counting_rows(key: ApiKey | None, *, origin: str, now: datetime) -> Refusal | None:
+def refusal_counting_rows(key: ApiKey | None, *, origin: str, now: datetime,
+                          preview_key_id: int | None = None) -> Refusal | None:
     """``refusal`` with the live sessions counted by the ORM (the plain
     store's open, and a resume in both stores)."""
     live = Session.objects.filter(**live_sessions_filter(now))
-    return refusal(key, origin=origin, now=now,
+    return refusal(key, origin=origin, now=now, preview_key_id=preview_key_id,
                    key_live=lambda: live.filter(api_key=key).count(),
                    tenant_live=lambda: live.filter(tenant_id=key.tenant_id).count())
 

@@ -60,7 +60,7 @@ class FastStore:
         admitted: in one query on PostgreSQL, in one transaction elsewhere."""
         now = timezone.now()
         key = keys.key_for_open(raw_key)
-        refusal = admission.api_key_refusal(key, origin=info.origin, now=now)
+        refusal = admission.api_key_refusal(key, origin=info.origin, preview_key_id=info.preview_key_id, now=now)
         if refusal is not None:
             return None, refusal
         if statements.one_query_transactions():
@@ -80,7 +80,7 @@ class FastStore:
             seen_since=admission.stale_before(now))
         if not keys.matches(locked, raw_key):
             locked = None
-        refusal = admission.refusal(locked, origin=info.origin, now=now,
+        refusal = admission.refusal(locked, origin=info.origin, preview_key_id=info.preview_key_id, now=now,
                                     key_live=lambda: key_live, tenant_live=lambda: tenant_live)
         if refusal is not None:
             Session.objects.filter(pk=session.pk).delete()
@@ -99,7 +99,7 @@ class FastStore:
             open_statements.session_insert(session)
             locked = keys.api_key_lookup(raw_key, for_update=True)
             refusal = admission.refusal(
-                locked, origin=info.origin, now=now,
+                locked, origin=info.origin, preview_key_id=info.preview_key_id, now=now,
                 key_live=lambda: open_statements.live_session_count(locked.pk, seen_since=seen_since),
                 tenant_live=lambda: open_statements.tenant_live_session_count(
                     locked.tenant_id, seen_since=seen_since))

@@ -48,7 +48,7 @@ class PlainStore:
     def session_open(self, *, raw_key: str, info: HandshakeInfo) -> tuple[Session | None, Refusal | None]:
         now = timezone.now()
         key = keys.api_key_lookup(raw_key, read=_key_read)
-        refusal = admission.api_key_refusal(key, origin=info.origin, now=now)
+        refusal = admission.api_key_refusal(key, origin=info.origin, preview_key_id=info.preview_key_id, now=now)
         if refusal is not None:
             return None, refusal
         with transaction.atomic():
@@ -56,7 +56,8 @@ class PlainStore:
             session = new_session(key, info, now)
             session.save(force_insert=True)
             locked = keys.api_key_lookup(raw_key, for_update=True, read=_key_read)
-            refusal = admission.refusal_counting_rows(locked, origin=info.origin, now=now)
+            refusal = admission.refusal_counting_rows(locked, origin=info.origin, now=now,
+                                                      preview_key_id=info.preview_key_id)
             if refusal is not None:
                 transaction.set_rollback(True)
                 return None, refusal

@@ -44,6 +44,9 @@ class HandshakeInfo:
     process: str = ""
     # The hash of the secret of the resume token the client is given ("": none).
     resume_token_hash: str = ""
+    # The key a good preview ticket names (``aitp.preview``): its allowed
+    # origins are not checked for this page.
+    preview_key_id: int | None = None
 
 
 Outcomes = list[BaseException | None]

@@ -34,7 +34,7 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
                    window: float, held: dict | None = None) -> ResumeOutcome:
     now = timezone.now()
     key = keys.api_key_lookup(raw_key)
-    refusal = admission.api_key_refusal(key, origin=info.origin, now=now)
+    refusal = admission.api_key_refusal(key, origin=info.origin, preview_key_id=info.preview_key_id, now=now)
     if refusal is not None:
         return ResumeOutcome(refusal=refusal)
     named = Session.objects.filter(id=token.session_id, api_key_id=key.pk, origin=info.origin[:500],
@@ -51,7 +51,8 @@ def session_resume(*, raw_key: str, token: ResumeToken, next_hash: str, info: Ha
         if not claimed:
             return ResumeOutcome(still_open=named.filter(ended_at__isnull=True).exists())
         locked = keys.api_key_lookup(raw_key, for_update=True)
-        refusal = admission.refusal_counting_rows(locked, origin=info.origin, now=now)
+        refusal = admission.refusal_counting_rows(locked, origin=info.origin, now=now,
+                                                  preview_key_id=info.preview_key_id)
         if refusal is not None:
             transaction.set_rollback(True)
             return ResumeOutcome(refusal=refusal)

@@ -702,7 +702,9 @@ export class OwlLayerClient {
   }
 
   open() {
-    const url = this.endpoint + "?apiKey=" + encodeURIComponent(this.apiKey);
+    // An endpoint with a query of its own keeps it (the console's preview puts its ticket there).
+    const joiner = this.endpoint.includes("?") ? "&" : "?";
+    const url = this.endpoint + joiner + "apiKey=" + encodeURIComponent(this.apiKey);
     const generation = ++this.generation;
     this.acknowledged = false;
     this.errorShown = false;

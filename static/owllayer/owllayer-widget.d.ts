@@ -33,6 +33,23 @@ export interface StartOptions {
   /** The panel's heading; default: the assistant's name the console set for
    * the key, else "Assistant" (docs/widget.md, appearance). */
   title?: string;
+  /** The page's own appearance instead of the key's (not read from the server then). */
+  appearance?: Appearance;
+}
+
+/** How the widget looks and speaks (docs/widget.md, appearance); a field
+ * missing or not as described is the default's. */
+export interface Appearance {
+  /** The panel's heading, at most 40 characters. */
+  name?: string;
+  /** The agent's first bubble, shown and never sent, at most 300 characters. */
+  greeting?: string;
+  /** "#rrggbb". */
+  accent?: string;
+  position?: "right" | "left";
+  language?: Language;
+  /** Up to 4, at most 80 characters each. */
+  prompts?: string[];
 }
 
 export interface ReadyEvent { sessionId: string; resumed: boolean }
@@ -63,6 +80,8 @@ export interface OwlLayerApi {
   off<K extends keyof EventMap>(event: K, listener: (detail: EventMap[K]) => void): OwlLayerApi;
   /** Starts the widget without data-api-key on the script tag. */
   start(options: StartOptions): OwlLayerApi;
+  /** Look and speak this way from now on, whatever the key's appearance says; the conversation stays. */
+  setAppearance(appearance: Appearance): OwlLayerApi;
 }
 
 export declare const WIDGET_VERSION: "1";
@@ -74,6 +93,7 @@ export declare const send: OwlLayerApi["send"];
 export declare const on: OwlLayerApi["on"];
 export declare const off: OwlLayerApi["off"];
 export declare const start: OwlLayerApi["start"];
+export declare const setAppearance: OwlLayerApi["setAppearance"];
 export declare function labelOf(name: string): string;
 /** The languages of the widget's own sentences, as a key's appearance chooses. */
 export type Language = "en" | "fr";

@@ -25,7 +25,9 @@
  * server (GET /widget/appearance?key=...; the defaults when that fails): the
  * assistant's name, a greeting (shown here, never sent), the accent colour,
  * the corner, the language of the widget's own sentences (English or
- * French) and up to four suggested prompts.
+ * French) and up to four suggested prompts. A page may give its own
+ * instead (start's appearance option, setAppearance; the console's preview
+ * draws its form's unsaved values so).
  *
  * The one global is window.OwlLayer, the same object as this module's
  * exports (docs/widget.md; owllayer-widget.d.ts types it). Options on the
@@ -349,6 +351,11 @@ class Widget {
     this.words = WORDS.en;
     this.greeting = null;
     this.prompts = null;
+    this.promptsUsed = false;
+    this.title = "";
+    this.givenTitle = "";
+    // The page's own appearance (start's option or setAppearance), not the key's.
+    this.ownAppearance = false;
   }
 
   // --- the API ---
@@ -423,19 +430,30 @@ class Widget {
   }
 
   /* Start the widget: the script tag's data-api-key does it; a page's own code may instead.
-   * It draws once it has read the key's appearance (or given up on it). */
+   * It draws once it has read the key's appearance (or given up on it), at
+   * once when the page gives its own (options.appearance, setAppearance). */
   start(options = {}) {
     if (this.started) return this;
     if (!options.apiKey) throw new Error("OwlLayer.start needs an apiKey");
     this.started = true;
-    readAppearance(options.apiKey).then((appearance) => this.begin(options, appearance));
+    if (options.appearance) this.setAppearance(options.appearance);
+    const reading = this.ownAppearance ? Promise.resolve(null) : readAppearance(options.apiKey);
+    reading.then((appearance) => this.begin(options, appearance));
+    return this;
+  }
+
+  /* Look and speak this way from now on, whatever the key's appearance says;
+   * the conversation stays. */
+  setAppearance(look) {
+    this.ownAppearance = true;
+    this.appearance = appearanceOf(look);
+    if (this.root) this.applyAppearance();
     return this;
   }
 
   begin(options, appearance) {
-    this.appearance = appearance;
-    this.words = WORDS[appearance.language];
-    this.title = options.title || appearance.name || this.words.assistant;
+    if (!this.ownAppearance) this.appearance = appearance;
+    this.givenTitle = options.title || "";
     this.mount();
     this.client = new OwlLayerClient({
       apiKey: options.apiKey,
@@ -531,51 +549,30 @@ class Widget {
     const sheet = new CSSStyleSheet();
     sheet.replaceSync(CSS);
     root.adoptedStyleSheets = [sheet];
-    const { accent, position, language } = this.appearance;
-    if (accent) {
-      // The key's colour in light and dark alike, its text white or near-black as reads better.
-      const accentSheet = new CSSStyleSheet();
-      accentSheet.replaceSync(".w{--accent:" + accent + ";--on-accent:" + textColourOn(accent) + "}");
-      root.adoptedStyleSheets = [sheet, accentSheet];
-    }
-    host.setAttribute("data-position", position);
-    host.setAttribute("lang", language);
+    this.sheet = sheet;
     this.host = host;
     this.root = root;
-    const words = this.words;
 
     this.badge = el("span", { class: "badge", "aria-hidden": "true", hidden: true });
     this.launcher = el("button", { type: "button", class: "launcher", "aria-expanded": "false",
-                                   "aria-controls": "owl-panel", "aria-label": words.openChat },
-                       [icon(), this.badge]);
+                                   "aria-controls": "owl-panel" }, [icon(), this.badge]);
     this.status = el("span", { class: "status", role: "status" });
-    const closeButton = el("button", { type: "button", class: "icon", "aria-label": words.closeChat,
-                                       text: "\u00d7" });
-    this.log = el("div", { class: "log", role: "log", "aria-live": "polite", "aria-label": words.conversation,
-                           tabindex: "0" });
-    if (this.appearance.greeting) {
-      // Shown, never sent: the model does not see it.
-      this.greeting = el("div", { class: "msg agent greeting", text: this.appearance.greeting });
-      this.log.append(this.greeting);
-    }
-    this.prompts = el("div", { class: "prompts", role: "group", "aria-label": words.suggestions,
-                               hidden: !this.appearance.prompts.length },
-                      this.appearance.prompts.map((text) => {
-                        const button = el("button", { type: "button", class: "prompt", text });
-                        button.addEventListener("click", () => this.send(text));
-                        return button;
-                      }));
+    const closeButton = el("button", { type: "button", class: "icon", text: "\u00d7" });
+    this.closeButton = closeButton;
+    this.log = el("div", { class: "log", role: "log", "aria-live": "polite", tabindex: "0" });
+    this.prompts = el("div", { class: "prompts", role: "group" });
     this.errorBox = el("p", { class: "error", role: "alert", hidden: true });
-    this.input = el("textarea", { id: "owl-input", rows: "1", maxlength: "8000",
-                                  placeholder: words.placeholder });
-    this.sendButton = el("button", { type: "submit", class: "send", text: words.send, disabled: true });
-    const form = el("form", {}, [el("label", { for: "owl-input", class: "sr", text: words.message }),
-                                 this.input, this.sendButton]);
+    this.input = el("textarea", { id: "owl-input", rows: "1", maxlength: "8000" });
+    this.sendButton = el("button", { type: "submit", class: "send", disabled: true });
+    this.inputLabel = el("label", { for: "owl-input", class: "sr" });
+    const form = el("form", {}, [this.inputLabel, this.input, this.sendButton]);
+    this.heading = el("h2", { id: "owl-title" });
     this.panel = el("section", { id: "owl-panel", class: "panel w", role: "dialog", "aria-modal": "false",
                                  "aria-labelledby": "owl-title", hidden: true }, [
-      el("header", {}, [el("h2", { id: "owl-title", text: this.title }), this.status, closeButton]),
+      el("header", {}, [this.heading, this.status, closeButton]),
       this.log, this.prompts, this.errorBox, form,
     ]);
+    this.applyAppearance();
     this.dialogSlot = el("div", { class: "w" });
     root.append(el("div", { class: "w" }, [this.launcher]), this.panel, this.dialogSlot);
 
@@ -601,6 +598,44 @@ class Widget {
       }
     });
     (document.body || document.documentElement).append(host);
+  }
+
+  /* Draw this.appearance: colours, corner, language, heading, greeting, prompts. */
+  applyAppearance() {
+    const { accent, position, language } = this.appearance;
+    this.words = WORDS[language];
+    const words = this.words;
+    this.root.adoptedStyleSheets = [this.sheet];
+    if (accent) {
+      // The key's colour in light and dark alike, its text white or near-black as reads better.
+      const accentSheet = new CSSStyleSheet();
+      accentSheet.replaceSync(".w{--accent:" + accent + ";--on-accent:" + textColourOn(accent) + "}");
+      this.root.adoptedStyleSheets = [this.sheet, accentSheet];
+    }
+    this.host.setAttribute("data-position", position);
+    this.host.setAttribute("lang", language);
+    this.title = this.givenTitle || this.appearance.name || words.assistant;
+    this.heading.textContent = this.title;
+    this.setUnread(this.unread);
+    this.closeButton.setAttribute("aria-label", words.closeChat);
+    this.log.setAttribute("aria-label", words.conversation);
+    this.prompts.setAttribute("aria-label", words.suggestions);
+    this.input.setAttribute("placeholder", words.placeholder);
+    this.sendButton.textContent = words.send;
+    this.inputLabel.textContent = words.message;
+    if (this.client) this.onState(this.client.state);
+    // The greeting is shown, never sent: the model does not see it.
+    const said = this.appearance.greeting;
+    const greeting = said ? el("div", { class: "msg agent greeting", text: said }) : null;
+    if (this.greeting) this.greeting.remove();
+    if (greeting) this.log.prepend(greeting);
+    this.greeting = greeting;
+    this.prompts.replaceChildren(...this.appearance.prompts.map((text) => {
+      const button = el("button", { type: "button", class: "prompt", text });
+      button.addEventListener("click", () => this.send(text));
+      return button;
+    }));
+    this.prompts.hidden = this.promptsUsed || !this.appearance.prompts.length;
   }
 
   setOpen(open) {
@@ -661,6 +696,7 @@ class Widget {
   }
 
   hidePrompts() {
+    this.promptsUsed = true;
     if (this.prompts) this.prompts.hidden = true;
   }
 
@@ -739,8 +775,11 @@ export const send = (text) => widget.send(text);
 export const on = (event, listener) => widget.on(event, listener) && api;
 export const off = (event, listener) => widget.off(event, listener) && api;
 export const start = (options) => widget.start(options) && api;
+export const setAppearance = (look) => widget.setAppearance(look) && api;
 
-const api = Object.freeze({ version: WIDGET_VERSION, registerTool, setContext, open, close, send, on, off, start });
+const api = Object.freeze({
+  version: WIDGET_VERSION, registerTool, setContext, open, close, send, on, off, start, setAppearance,
+});
 export default api;
 
 if (!window.OwlLayer) window.OwlLayer = api;

@@ -98,6 +98,62 @@ def test_a_wrong_secret_a_revoked_key_and_a_foreign_origin_are_refused(sessions,
     assert not Session.objects.exists()
 
 
+CONSOLE = "https://console.example"
+
+
+def previewing(key: ApiKey, vouched: int | None = None) -> HandshakeInfo:
+    """A console page's open, of an origin the key does not allow, with a
+    good preview ticket naming ``vouched`` (this key by default)."""
+    return replace(handshake(CONSOLE), preview_key_id=key.pk if vouched is None else vouched)
+
+
+def test_a_preview_of_a_key_opens_from_the_consoles_origin_which_the_key_does_not_allow(sessions, key):
+    session, refusal = sessions.session_open(raw_key=key.raw, info=previewing(key))
+    assert refusal is None
+    assert Session.objects.get(pk=session.pk).origin == CONSOLE
+
+
+def test_a_preview_ticket_of_another_key_leaves_this_keys_origins_to_decide(sessions, key):
+    other, _ = tenancy.key_create(tenant=key.tenant, allowed_origins=[ORIGIN])
+    assert sessions.session_open(raw_key=key.raw, info=previewing(key, other.pk))[1].code == \
+        "origin_not_allowed"
+    assert not Session.objects.exists()
+
+
+@pytest.mark.parametrize("change, code", [
+    ({"status": ApiKey.Status.REVOKED}, "api_key_revoked"),
+    ({"status": ApiKey.Status.DISABLED}, "api_key_disabled"),
+    ({"expires_at": timezone.now() - timedelta(minutes=1)}, "api_key_expired"),
+], ids=["revoked", "disabled", "expired"])
+def test_a_preview_of_a_key_that_cannot_be_used_is_refused_with_its_reason(sessions, key, change, code):
+    ApiKey.objects.filter(pk=key.pk).update(**change)
+    assert sessions.session_open(raw_key=key.raw, info=previewing(key))[1].code == code
+    assert not Session.objects.exists()
+
+
+def test_a_preview_takes_a_slot_of_its_keys_cap(sessions, key):
+    opened(sessions, key)
+    assert sessions.session_open(raw_key=key.raw, info=previewing(key))[1] is None  # the cap is 2
+    assert sessions.session_open(raw_key=key.raw, info=previewing(key))[1].code == "session_limit"
+
+
+def test_a_preview_session_whose_socket_dropped_is_continued_from_the_console(sessions, key):
+    first = previewing(key)
+    token = resume.new_token(first.session_id)
+    session, _ = sessions.session_open(raw_key=key.raw, info=replace(first, resume_token_hash=token.secret_hash))
+    sessions.session_close(session_id=session.id, code=1001, reason="client disconnected")
+    following = resume.new_token(token.session_id)
+    info = replace(previewing(key), session_id=token.session_id, resume_token_hash=following.secret_hash)
+
+    outcome = sessions.session_resume(raw_key=key.raw, token=token, next_hash=following.secret_hash,
+                                      info=info, window=600)
+    unvouched = sessions.session_resume(raw_key=key.raw, token=following, next_hash="x" * 64,
+                                        info=replace(info, preview_key_id=None), window=600)
+
+    assert outcome.session.id == session.id and outcome.refusal is None
+    assert unvouched.refusal.code == "origin_not_allowed"
+
+
 def test_a_closed_session_frees_its_slot(sessions, key):
     first = opened(sessions, key)
     opened(sessions, key)

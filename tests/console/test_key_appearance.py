@@ -3,11 +3,16 @@ key's edit page, viewers read it, every change is recorded (docs/widget.md,
 appearance; docs/admin-and-console.md)."""
 from __future__ import annotations
 
+import html
+import re
+from urllib.parse import unquote
+
 import pytest
 from django.urls import reverse
 
-from aitp import tenancy
+from aitp import preview, tenancy
 from aitp.models import ApiKey, OperatorAction
+from widget import releases
 from widget.services import key_set_appearance
 
 pytestmark = pytest.mark.django_db
@@ -160,3 +165,61 @@ def test_the_appearance_starts_as_the_widgets_defaults(owner_client, acme_key):
         "name": "", "greeting": "", "accent": "", "position": "right", "language": "en", "prompts": "",
     }
     assert ApiKey.objects.get(pk=acme_key.pk).widget_appearance == {}
+
+
+# --- the preview: the real widget of the key on its console pages -----------------
+
+
+def previewed(page) -> preview.Ticket | None:
+    """The preview a console page carries, its ticket read as the socket would read it."""
+    found = re.search(r'data-endpoint="ws://testserver/owllayer\?previewTicket=([^"]+)"', page.content.decode())
+    if found is None:
+        return None
+    return preview.read(unquote(html.unescape(found.group(1))), origin="http://testserver")
+
+
+def test_the_appearance_page_carries_the_keys_widget_with_a_ticket_for_its_owner(owner_client, olivia, acme_key):
+    page = owner_client.get(appearance_url(acme_key))
+
+    assert previewed(page) == preview.Ticket(key_id=acme_key.pk, origin="http://testserver", user_id=olivia.pk)
+    assert f'data-api-key="{acme_key.raw}"'.encode() in page.content
+    module = f'data-module="/widget/{releases.load().current}/owllayer-widget.js"'
+    assert module.encode() in page.content
+    assert b"drawn with the values above as they are typed" in page.content
+
+
+def test_the_key_edit_page_opens_no_preview_and_leads_to_it(owner_client, acme_key):
+    page = owner_client.get(reverse("console:key_edit", args=["acme", acme_key.pk]))
+
+    assert previewed(page) is None and b"widget-preview" not in page.content
+    assert f'<a href="{appearance_url(acme_key)}">Try it in a live preview</a>'.encode() in page.content
+
+
+def test_a_save_from_the_preview_comes_back_to_it(owner_client, acme_key):
+    response = save(owner_client, acme_key, **{"from": "preview"})
+
+    assert response.status_code == 302
+    assert response["Location"] == appearance_url(acme_key)
+    acme_key.refresh_from_db()
+    assert acme_key.widget_appearance["name"] == "Chouette"
+
+
+def test_a_viewer_sees_the_preview_on_the_appearance_page_with_a_ticket_of_their_own(viewer_client, victor, acme_key):
+    page = viewer_client.get(appearance_url(acme_key))
+
+    assert previewed(page) == preview.Ticket(key_id=acme_key.pk, origin="http://testserver", user_id=victor.pk)
+    assert b"drawn with these values" in page.content
+
+
+def test_a_revoked_key_has_no_preview(viewer_client, acme_key):
+    tenancy.key_revoke(key=acme_key)
+    page = viewer_client.get(appearance_url(acme_key))
+    assert page.status_code == 200
+    assert previewed(page) is None and b"widget-preview" not in page.content
+
+
+def test_a_key_made_before_keys_were_kept_has_no_preview(viewer_client, acme_key):
+    ApiKey.objects.filter(pk=acme_key.pk).update(publishable="")
+    page = viewer_client.get(appearance_url(acme_key))
+    assert page.status_code == 200
+    assert b"widget-preview" not in page.content
