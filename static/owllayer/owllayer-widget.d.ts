@@ -54,7 +54,7 @@ export interface Appearance {
 
 export interface ReadyEvent { sessionId: string; resumed: boolean }
 export type MessageEvent =
-  | { role: "user"; text: string }
+  | { role: "user"; text: string; voice?: true }
   | { role: "assistant"; text: string }
   | { role: "operator"; text: string; operator: string };
 /** A listener added while an error is on show hears it at once. */

@@ -87,6 +87,12 @@ textarea{flex:1;resize:none;height:42px;padding:9px 10px;border:1px solid var(--
 .send,.approve,.deny{border:1px solid var(--accent);background:var(--accent);color:var(--on-accent);border-radius:10px;
 padding:0 16px;cursor:pointer;min-height:40px}
 .deny{background:var(--bg);color:var(--fg);border-color:var(--line)}
+.mic{border:1px solid var(--line);background:var(--bg);color:var(--fg);border-radius:10px;width:42px;min-height:40px;
+padding:0;cursor:pointer;display:grid;place-items:center}
+.mic svg{width:18px;height:18px;fill:currentColor}
+.mic[aria-pressed=true]{background:var(--danger-bg);color:var(--danger);border-color:var(--danger)}
+.cutoff{display:block;font-size:12px;color:var(--muted);margin-top:2px}
+.tool{align-self:flex-start;font-size:13px;color:var(--muted);margin:0}
 :focus-visible{outline:3px solid var(--accent);outline-offset:2px}
 .sr{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}
 dialog{max-width:420px;width:calc(100vw - 32px);border:1px solid var(--line);border-radius:12px;padding:18px 20px;
@@ -107,6 +113,10 @@ font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 `;
 
 const ICON_PATH = "M4 4h16a2 2 0 0 1 2 2v10a2 2 0 0 1-2 2H9l-5 4v-4H4a2 2 0 0 1-2-2V6a2 2 0 0 1 2-2z";
+const MIC_PATH = "M12 14a3 3 0 0 0 3-3V5a3 3 0 0 0-6 0v6a3 3 0 0 0 3 3zm5-3a5 5 0 0 1-10 0H5a7 7 0 0 0 6 "
+  + "6.92V21h2v-3.08A7 7 0 0 0 19 11h-2z";
+// The client's error for a call the visitor denied: the approval's own note says so already.
+const DENIED_BY_USER = "Action denied by user";
 const NBSP = "\u00a0";
 
 /* Every sentence the widget says itself, in each language a key may choose
@@ -145,6 +155,14 @@ const WORDS = {
     approved: "You approved: ",
     denied: "You denied: ",
     yes: "yes", no: "no", none: "none",
+    speak: "Speak to the assistant",
+    stopListening: "Stop and send what you said",
+    interrupt: "Interrupt and speak",
+    listening: "Listening\u2026 press the microphone again to send.",
+    speaking: "Speaking\u2026 talk or press the microphone to interrupt.",
+    cutOff: "(cut off)",
+    toolDone: (tool) => "Done: " + tool,
+    toolFailed: (tool) => "Failed: " + tool,
     somethingWrong: "Something went wrong.",
     // The error codes a visitor may meet, in words (docs/protocol.md §9).
     errors: {
@@ -157,6 +175,7 @@ const WORDS = {
       tenant_session_limit: "The assistant is busy right now. Please try again in a few minutes.",
       usage_limit_exceeded: "The assistant cannot answer any more this month.",
       turn_in_progress: "Please wait for the answer before sending another message.",
+      microphone: "The microphone is not available: allow it for this site in the browser, or type instead.",
     },
   },
   fr: {
@@ -192,6 +211,14 @@ const WORDS = {
     approved: "Vous avez approuvé" + NBSP + ": ",
     denied: "Vous avez refusé" + NBSP + ": ",
     yes: "oui", no: "non", none: "aucun",
+    speak: "Parler à l\u2019assistant",
+    stopListening: "Arrêter et envoyer ce que vous avez dit",
+    interrupt: "Interrompre et parler",
+    listening: "À l\u2019écoute\u2026 appuyez de nouveau sur le micro pour envoyer.",
+    speaking: "Réponse parlée\u2026 parlez ou appuyez sur le micro pour l\u2019interrompre.",
+    cutOff: "(interrompu)",
+    toolDone: (tool) => "Fait" + NBSP + ": " + tool,
+    toolFailed: (tool) => "Échec" + NBSP + ": " + tool,
     somethingWrong: "Une erreur s\u2019est produite.",
     errors: {
       origin_not_allowed: "L\u2019assistant n\u2019est pas configuré pour ce site.",
@@ -203,6 +230,8 @@ const WORDS = {
       tenant_session_limit: "L\u2019assistant est occupé. Veuillez réessayer dans quelques minutes.",
       usage_limit_exceeded: "L\u2019assistant ne peut plus répondre ce mois-ci.",
       turn_in_progress: "Veuillez attendre la réponse avant d\u2019envoyer un autre message.",
+      microphone: "Le micro n\u2019est pas disponible" + NBSP + ": autorisez-le pour ce site dans le navigateur, "
+        + "ou écrivez plutôt.",
     },
   },
 };
@@ -226,12 +255,12 @@ function el(tag, attributes = {}, children = []) {
   return node;
 }
 
-function icon() {
+function icon(shape = ICON_PATH) {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", "0 0 24 24");
   svg.setAttribute("aria-hidden", "true");
   const path = document.createElementNS("http://www.w3.org/2000/svg", "path");
-  path.setAttribute("d", ICON_PATH);
+  path.setAttribute("d", shape);
   svg.append(path);
   return svg;
 }
@@ -344,6 +373,11 @@ class Widget {
     this.readyDetail = null;
     this.shownError = null;
     this.current = null;
+    // Of the turn's text, what bubbles before a page tool's line hold.
+    this.shownBefore = 0;
+    // The last answer drawn (a barge-in marks it cut off), the utterance heard.
+    this.lastAnswer = null;
+    this.heard = null;
     this.approval = null;
     this.started = false;
     this.wantOpen = false;
@@ -480,6 +514,14 @@ class Widget {
     client.on("unanswered", (event) => {
       this.addNote(this.words.unanswered(event.text));
     });
+    client.on("tool.start", () => this.splitAnswer());
+    client.on("tool", (event) => this.onTool(event));
+    client.on("voice", (state) => this.onVoice(state));
+    client.on("transcript.delta", (event) => this.onTranscript(event));
+    client.on("voice.interrupt", () => this.markCut());
+    client.on("voice.event", (event) => {
+      if (event.event === "interrupted") this.markCut();
+    });
   }
 
   onConnected(event) {
@@ -509,13 +551,89 @@ class Widget {
   }
 
   onAgent({ text, done, operator }) {
-    if (!this.current) this.current = this.addMessage("agent", "");
-    this.drawAgent(this.current, text, operator);
+    this.tellHeard();
+    // The closing frame may carry a text that is not the deltas' (a server that sends only the whole answer).
+    const shown = text.length >= this.shownBefore ? text.slice(this.shownBefore) : text;
+    if (!this.current && shown.trim()) this.current = this.addMessage("agent", "");
+    if (this.current) {
+      this.drawAgent(this.current, shown, operator);
+      this.lastAnswer = this.current;
+    }
     if (!done) return;
-    this.current.setAttribute("aria-busy", "false");
+    if (this.current) this.current.setAttribute("aria-busy", "false");
     this.current = null;
-    if (!this.isOpen) this.setUnread(this.unread + 1);
+    this.shownBefore = 0;
+    if (!this.isOpen && text) this.setUnread(this.unread + 1);
     this.emit("message", operator ? { role: "operator", text, operator } : { role: "assistant", text });
+  }
+
+  /* A page tool runs: the answer so far stays in its bubble, the rest goes below the tool's line. */
+  splitAnswer() {
+    if (!this.current) return;
+    this.current.setAttribute("aria-busy", "false");
+    this.shownBefore += this.current.dataset.text.length;
+    this.current = null;
+  }
+
+  onTool({ name, outcome }) {
+    const error = outcome && outcome.error;
+    if (error === DENIED_BY_USER) return;
+    const words = error ? this.words.toolFailed : this.words.toolDone;
+    this.log.append(el("p", { class: "tool", "data-tool": name, text: words(labelOf(name)) }));
+    this.scrollToEnd();
+  }
+
+  // --- voice ---
+
+  onVoice(state) {
+    if (state === "listening") this.heard = null; // a new utterance gets its own bubble
+    this.drawMic(state);
+    if (this.client) this.onState(this.client.state);
+  }
+
+  drawMic(state) {
+    const words = this.words;
+    const label = state === "listening" ? words.stopListening : state === "speaking" ? words.interrupt : words.speak;
+    this.micButton.hidden = state === "off";
+    this.micButton.dataset.state = state;
+    this.micButton.setAttribute("aria-pressed", String(state === "listening"));
+    this.micButton.setAttribute("aria-label", label);
+    this.micButton.title = label;
+  }
+
+  toggleMicrophone() {
+    if (!this.client) return;
+    if (this.client.voiceState === "listening") this.client.stopListening();
+    else this.client.startListening();
+  }
+
+  /* What the server heard of the visitor's utterance: their bubble. */
+  onTranscript({ role, text }) {
+    if (role !== "user") return; // the answer's words come as its text too
+    const said = String(text || "").trim();
+    if (!said) return;
+    if (!this.heard) {
+      this.hidePrompts();
+      this.heard = this.addMessage("user", "");
+      this.heard.dataset.voice = "true";
+    }
+    this.heard.textContent = this.heard.textContent ? this.heard.textContent + " " + said : said;
+    this.scrollToEnd();
+  }
+
+  /* The heard utterance is a message of the visitor's, told once its answer begins. */
+  tellHeard() {
+    if (!this.heard || this.heard.dataset.told) return;
+    this.heard.dataset.told = "true";
+    this.emit("message", { role: "user", text: this.heard.textContent, voice: true });
+  }
+
+  /* The answer being spoken was cut off: by the visitor talking over it, or by the server. */
+  markCut() {
+    const node = this.current || this.lastAnswer;
+    if (!node || node.dataset.cut) return;
+    node.dataset.cut = "true";
+    node.append(el("span", { class: "cutoff", text: this.words.cutOff }));
   }
 
   onError({ message, data, ended }) {
@@ -531,7 +649,11 @@ class Widget {
   }
 
   onState(state) {
-    this.status.textContent = this.words.states[state] || "";
+    // While the visitor speaks or the answer is spoken, the status line says so.
+    const voice = this.client ? this.client.voiceState : "off";
+    const words = this.words;
+    this.status.textContent = voice === "listening" ? words.listening : voice === "speaking" ? words.speaking
+      : words.states[state] || "";
     this.sendButton.disabled = state !== "connected";
   }
 
@@ -564,8 +686,11 @@ class Widget {
     this.errorBox = el("p", { class: "error", role: "alert", hidden: true });
     this.input = el("textarea", { id: "owl-input", rows: "1", maxlength: "8000" });
     this.sendButton = el("button", { type: "submit", class: "send", disabled: true });
+    this.micButton = el("button", { type: "button", class: "mic", "aria-pressed": "false", hidden: true },
+                        [icon(MIC_PATH)]);
+    this.micButton.addEventListener("click", () => this.toggleMicrophone());
     this.inputLabel = el("label", { for: "owl-input", class: "sr" });
-    const form = el("form", {}, [this.inputLabel, this.input, this.sendButton]);
+    const form = el("form", {}, [this.inputLabel, this.input, this.micButton, this.sendButton]);
     this.heading = el("h2", { id: "owl-title" });
     this.panel = el("section", { id: "owl-panel", class: "panel w", role: "dialog", "aria-modal": "false",
                                  "aria-labelledby": "owl-title", hidden: true }, [
@@ -624,6 +749,7 @@ class Widget {
     this.sendButton.textContent = words.send;
     this.inputLabel.textContent = words.message;
     if (this.client) this.onState(this.client.state);
+    this.drawMic(this.client ? this.client.voiceState : "off");
     // The greeting is shown, never sent: the model does not see it.
     const said = this.appearance.greeting;
     const greeting = said ? el("div", { class: "msg agent greeting", text: said }) : null;
@@ -681,7 +807,9 @@ class Widget {
       node.dataset.operator = operator;
       parts.push(el("span", { class: "who", text: this.words.operator(operator) }));
     }
+    node.dataset.text = text;
     node.replaceChildren(...parts, renderMarkdown(text));
+    if (node.dataset.cut) node.append(el("span", { class: "cutoff", text: this.words.cutOff }));
     this.scrollToEnd();
   }
 

@@ -4,16 +4,16 @@ script (Playwright's WebSocket routing): the server side of voice is tested
 on its own. The microphone is an eSpeak NG recording (voice_support.py)."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
-from playwright.async_api import Page, WebSocketRoute, expect
+from playwright.async_api import Page, expect
 
 from tests.browser.conftest import ack, eventually, frame
 from tests.browser.store_support import status
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: fixtures)
     MIC_MIME,
+    ScriptedAssistant,
     audio_ack,
     browser,
     microphone,
@@ -34,33 +34,6 @@ document.addEventListener("securitypolicyviolation", (event) => {
   window.__cspViolations.push(event.violatedDirective + " " + event.blockedURI);
 });
 """
-
-
-class ScriptedAssistant:
-    """Answers the store's socket: the ACK, then `answer` after each
-    VOICE_INPUT_END and `interrupted` after each VOICE_INTERRUPT."""
-
-    def __init__(self, ack_frame: str, answer: list[str] | None = None) -> None:
-        self.ack_frame = ack_frame
-        self.answer = answer or []
-        self.received: list[dict] = []
-
-    def route(self, ws: WebSocketRoute) -> None:
-        ws.on_message(lambda message: self.receive(ws, message))
-
-    def receive(self, ws: WebSocketRoute, message: str | bytes) -> None:
-        body = json.loads(message)
-        self.received.append(body)
-        if body["type"] == "HANDSHAKE_INIT":
-            ws.send(self.ack_frame)
-        elif body["type"] == "VOICE_INPUT_END":
-            for text in self.answer:
-                ws.send(text)
-        elif body["type"] == "VOICE_INTERRUPT":
-            ws.send(voice_state("interrupted", reason="barge_in"))
-
-    def sent(self, type_: str) -> list[dict]:
-        return [message for message in self.received if message["type"] == type_]
 
 
 async def open_scripted_store(page: Page, store, assistant: ScriptedAssistant) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import base64
+import json
 import math
 import subprocess
 import wave
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser, WebSocketRoute, async_playwright
 
 from tests.browser.conftest import ack, frame
 from tests.conftest import CHROMIUM_ARGS
@@ -138,3 +139,30 @@ def transcript(role: str, text: str) -> str:
 
 def voice_state(event: str, **payload) -> str:
     return frame("VOICE_STATE_EVENT", {"event": event, **payload})
+
+
+class ScriptedAssistant:
+    """Answers the store's socket: the ACK, then `answer` after each
+    VOICE_INPUT_END and `interrupted` after each VOICE_INTERRUPT."""
+
+    def __init__(self, ack_frame: str, answer: list[str] | None = None) -> None:
+        self.ack_frame = ack_frame
+        self.answer = answer or []
+        self.received: list[dict] = []
+
+    def route(self, ws: WebSocketRoute) -> None:
+        ws.on_message(lambda message: self.receive(ws, message))
+
+    def receive(self, ws: WebSocketRoute, message: str | bytes) -> None:
+        body = json.loads(message)
+        self.received.append(body)
+        if body["type"] == "HANDSHAKE_INIT":
+            ws.send(self.ack_frame)
+        elif body["type"] == "VOICE_INPUT_END":
+            for text in self.answer:
+                ws.send(text)
+        elif body["type"] == "VOICE_INTERRUPT":
+            ws.send(voice_state("interrupted", reason="barge_in"))
+
+    def sent(self, type_: str) -> list[dict]:
+        return [message for message in self.received if message["type"] == type_]
