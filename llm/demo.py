@@ -2,8 +2,8 @@
 
 It reads what a model would (the user's latest words, the newest [page] context, the page's
 tools, its own calls' results) and answers a few intents in plain sentences: what it is and
-how to connect Claude; opening a product or the cart, adding to the cart, paying
-(the page asks the user to approve); a polite no to the rest. Tools are found by the words of
+how to connect Claude; opening a product or the cart, adding to the cart, applying a coupon,
+paying (the page asks the user to approve); a polite no to the rest. Tools are found by the words of
 their names and filled from their schemas, so other pages' tools work when named alike.
 Deterministic, no network. llm/offline.py (OWLLAYER_LLM=offline) stays for calling tools by hand.
 """
@@ -22,6 +22,7 @@ CONNECT = ("To talk with Claude instead, set ANTHROPIC_API_KEY in the server's e
 # What the user says for each intent, checked in this order.
 ASKS = {
     "pay": r"\b(pay|payment|checkout|check out|place (?:the|my) order)\b",
+    "coupon": r"\b(coupons?|promo|discount|voucher)\b",
     "add": r"\b(add|buy|put)\b",
     "cart": r"\b(cart|basket)\b",
 }
@@ -33,16 +34,20 @@ NAMES = {
     "product": ({"open", "view", "show", "go"}, {"product", "item"}),
     "add": ({"add", "buy"}, {"cart", "basket", "bag"}),
     "cart": ({"open", "view", "show", "go"}, {"cart", "basket", "bag"}),
+    "coupon": ({"coupon", "promo", "discount", "voucher"},),
     "pay": ({"pay", "payment", "checkout", "purchase"},),
 }
 # Where an intent's tool is found when this page has none: that intent's tool runs first.
-ROUTES = {"pay": "cart", "add": "product"}
+ROUTES = {"pay": "cart", "add": "product", "coupon": "cart"}
 FIRST = {"cart": "Let me open your cart first.", "product": "Let me open that product first."}
 CAN = {"product": "show you a product", "add": "add it to your cart", "cart": "open your cart",
-       "pay": "pay for your order once you approve it"}
+       "pay": "pay for your order once you approve it", "coupon": "apply a coupon"}
 DOING = {"product": "open that product", "add": "add that to your cart", "cart": "open your cart",
-         "pay": "make the payment"}
-DONE = {"product": "Here it is.", "cart": "Here is your cart.", "add": "Done!", "pay": "Your payment went through."}
+         "pay": "make the payment", "coupon": "apply that coupon"}
+DONE = {"product": "Here it is.", "cart": "Here is your cart.", "add": "Done!", "pay": "Your payment went through.",
+        "coupon": "Coupon applied."}
+# A code as people write one: letters and digits, with a digit or in capitals ("OWL10", "WELCOME5").
+_CODE = re.compile(r"\b(?=[A-Za-z0-9]*\d)[A-Za-z][A-Za-z0-9]{2,19}\b|\b[A-Z]{4,20}\b")
 COUNTS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
           "ten": 10, "couple": 2, "dozen": 12}
 _WORD = re.compile(r"[a-z0-9]+")
@@ -134,6 +139,8 @@ def call(tool: dict, intent: str, said: str, context: dict, lead: str = ""):
     args = arguments(tool, said, context)
     if args is None and intent == "product":
         return f"Which product would you like? I can show you {_joined(_spoken(products([tool])), 'or')}."
+    if args is None and intent == "coupon":
+        return "Which coupon? Tell me its code too, and I'll apply it."
     if args is None:
         return f"I can't tell from this page what I need to {DOING[intent]}, sorry."
     if intent == "pay" and 0 in args.values():
@@ -163,6 +170,9 @@ def _value(name: str, param: dict, said: str, context: dict):
     if kind in ("number", "integer"):
         counts = [COUNTS.get(w) or int(w) for w in _WORD.findall(said.lower()) if w in COUNTS or w.isdigit()]
         return next((n for n in counts if 0 < n < 1000), 1)
+    if "code" in key or "coupon" in key:
+        code = _CODE.search(said)
+        return code.group(0).upper() if code else None
     return known if isinstance(known, str) else None
 
 
@@ -233,6 +243,9 @@ def _facts(intent: str, data: dict) -> list[str]:
     facts = []
     if intent == "pay" and _plain(data.get("orderId")):
         facts.append(f"Your order number is {data['orderId']}, for {_money(data.get('amount'), data)}.")
+    if intent == "coupon" and _plain(data.get("label")):
+        code = f" ({data['coupon']})" if _plain(data.get("coupon")) else ""
+        facts.append(f"{data['label']}{code} now applies to your order.")
     if intent == "add" and _plain(data.get("quantity")):
         of = f" of {_spoken([data['productId']])[0]}" if _plain(data.get("productId")) else ""
         facts.append(f"I added {data['quantity']}{of} to your cart.")

@@ -35,13 +35,18 @@ async def test_without_a_model_key_the_demo_assistant_answers_adds_to_the_cart_a
     assert "Your cart now holds 2 items, 178.00 USD in total." in added
     await shot("two-in-the-cart")
 
+    # From the product page: the cart opens first, then the code is applied.
+    applied = await say(page, "apply the coupon owl10")
+    await expect(page.locator("h1")).to_have_text("Your cart")
+    assert "10% off your order (OWL10) now applies to your order." in applied
+
     await send(page, "pay for my order")
     dialog = page.get_by_role("dialog")
-    await expect(dialog.locator(".pay-amount")).to_have_text("$178.00")
+    await expect(dialog.locator(".pay-amount")).to_have_text("$160.20")
     await shot("payment-approval")
     await dialog.get_by_role("button", name="Approve").click()
 
-    await expect(page.locator("#order-confirmation")).to_contain_text("$178.00")
+    await expect(page.locator("#order-confirmation")).to_contain_text("$160.20")
     await expect(answers(page).last).to_contain_text("Your payment went through.")
     await expect(answers(page).last).to_contain_text("Thank you for shopping with us!")
     await expect(page.locator("#cart-count")).to_have_text("0")
@@ -55,7 +60,7 @@ async def test_without_a_model_key_the_demo_assistant_answers_adds_to_the_cart_a
     for text in shown_texts:
         assert "/tool" not in text and "{" not in text, text
         assert not any(name in text for name in TOOL_NAMES), text
-    for name in ["open_product", "add_to_cart", "open_cart", "process_payment"]:
+    for name in ["open_product", "add_to_cart", "open_cart", "apply_coupon", "process_payment"]:
         [call] = await tool_calls(name)
         assert call.status == ToolCall.Status.SUCCESS, name
     await nothing_dropped(page)

@@ -98,7 +98,7 @@ async def test_a_greeting_is_streamed_in_pieces_and_says_it_is_a_demo_and_how_to
 async def test_what_can_you_do_is_answered_with_what_this_page_allows_in_words():
     answer = await said([user("What can you do?", SPEAKER_PAGE)], PRODUCT_PAGE)
 
-    assert "show you a product, add it to your cart, open your cart and pay for your order" in answer
+    assert "show you a product, add it to your cart, open your cart, apply a coupon and pay for your order" in answer
     assert '"add two to my cart"' in answer
     assert not any(name in answer for name in EVERY_NAME)
 
@@ -153,6 +153,45 @@ async def test_paying_from_a_product_page_opens_the_cart_first_then_pays_its_tot
                 result(opened, {"url": "/demo/cart/"}, context=CART)]
     paid = await calls(messages, CART_PAGE)
     assert (paid["name"], paid["input"]) == ("process_payment", {"amount": 178.0})
+
+
+async def test_a_coupon_named_by_its_code_is_applied_on_the_cart_page():
+    tool_use = await calls([user("Please apply the coupon owl10", CART)], CART_PAGE)
+
+    assert (tool_use["name"], tool_use["input"]) == ("apply_coupon", {"code": "OWL10"})
+
+
+async def test_a_coupon_asked_for_from_a_product_page_opens_the_cart_first_then_is_applied():
+    _, first = await run([user("use my coupon WELCOME5", SPEAKER_PAGE)], PRODUCT_PAGE)
+    [opened] = first.tool_uses
+    assert opened["name"] == "open_cart" and first.text == "Let me open your cart first."
+
+    messages = [user("use my coupon WELCOME5", SPEAKER_PAGE), called(opened),
+                result(opened, {"url": "/demo/cart/"}, context=CART)]
+    applied = await calls(messages, CART_PAGE)
+    assert (applied["name"], applied["input"]) == ("apply_coupon", {"code": "WELCOME5"})
+
+
+async def test_a_coupon_without_its_code_is_asked_for():
+    answer = await said([user("I have a discount coupon", CART)], CART_PAGE)
+
+    assert answer == "Which coupon? Tell me its code too, and I'll apply it."
+
+
+async def test_an_applied_coupon_is_told_with_what_it_takes_off():
+    tool_use = await calls([user("apply coupon OWL10", CART)], CART_PAGE)
+    messages = [user("apply coupon OWL10", CART), called(tool_use),
+                result(tool_use, {"applied": True, "coupon": "OWL10", "label": "10% off your order"})]
+
+    assert await said(messages, CART_PAGE) == "Coupon applied. 10% off your order (OWL10) now applies to your order."
+
+
+async def test_an_unknown_coupon_is_told_with_the_stores_reason():
+    tool_use = await calls([user("apply coupon NOPE99", CART)], CART_PAGE)
+    messages = [user("apply coupon NOPE99", CART), called(tool_use),
+                result(tool_use, "There is no coupon called 'NOPE99'.", error=True)]
+
+    assert await said(messages, CART_PAGE) == "I could not apply that coupon. There is no coupon called 'NOPE99'."
 
 
 async def test_an_empty_cart_is_not_paid():
