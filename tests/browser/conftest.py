@@ -337,3 +337,13 @@ async def open_client_page(page: Page, fake: FakeAitpServer, setup: str = "") ->
     # the load event goto() waits for. A failed import then fails here, not
     # in a later wait that looks unrelated.
     await page.wait_for_function("window.client !== undefined")
+
+
+# Every violation the page sees, whatever reports it: the console message and
+# the DOM event (which also catches blocked inline styles and connections).
+WATCH_VIOLATIONS = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (event) => {
+  window.__cspViolations.push(event.violatedDirective + " " + event.blockedURI);
+});
+"""

@@ -7,20 +7,12 @@ import pytest
 from asgiref.sync import sync_to_async
 from playwright.async_api import Page, expect
 
+from tests.browser.conftest import WATCH_VIOLATIONS
 from tests.browser.store_support import open_store, say
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "a long enough password for the browser"
-
-# Every violation the page sees, whatever reports it: the console message and
-# the DOM event (which also catches blocked inline styles and connections).
-WATCH_VIOLATIONS = """
-window.__cspViolations = [];
-document.addEventListener("securitypolicyviolation", (event) => {
-  window.__cspViolations.push(event.violatedDirective + " " + event.blockedURI);
-});
-"""
 
 
 @pytest.fixture

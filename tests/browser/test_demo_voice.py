@@ -9,31 +9,22 @@ import re
 import pytest
 from playwright.async_api import Page, expect
 
-from tests.browser.conftest import ack, eventually, frame
+from tests.browser.conftest import WATCH_VIOLATIONS, ack, eventually
 from tests.browser.store_support import status
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: fixtures)
+    ANSWER,
+    HEARD,
     MIC_MIME,
     ScriptedAssistant,
+    answer_frames,
     audio_ack,
     browser,
     microphone,
     microphone_allowed,
     microphone_loops,
-    tone_chunks,
-    transcript,
-    voice_state,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-HEARD = "please add two pro headphones to my cart"
-ANSWER = "Done: two Pro Headphones are in your cart."
-WATCH_VIOLATIONS = """
-window.__cspViolations = [];
-document.addEventListener("securitypolicyviolation", (event) => {
-  window.__cspViolations.push(event.violatedDirective + " " + event.blockedURI);
-});
-"""
 
 
 async def open_scripted_store(page: Page, store, assistant: ScriptedAssistant) -> None:
@@ -45,18 +36,6 @@ async def open_scripted_store(page: Page, store, assistant: ScriptedAssistant) -
 
 def mic(page: Page):
     return page.locator("#owl-mic")
-
-
-def answer_frames(audio_chunks: int) -> list[str]:
-    """What a voice turn's answer looks like on the wire (protocol.md, voice)."""
-    return [
-        transcript("user", HEARD),
-        frame("AGENT_RESPONSE", {"chunk": "Done: two Pro Headphones", "done": False}),
-        transcript("agent", "Done: two Pro Headphones are in your cart."),
-        *tone_chunks(audio_chunks),
-        frame("AGENT_RESPONSE", {"chunk": ANSWER, "done": True}),
-        voice_state("turn_complete"),
-    ]
 
 
 async def no_violations(page: Page) -> None:

@@ -11,6 +11,7 @@ from playwright.async_api import Page, expect
 from aitp import tenancy
 from aitp.models import ApiKey, Session
 from tenants.models import TenantMembership
+from tests.browser.conftest import WATCH_VIOLATIONS
 from tests.support.fake_anthropic import text_response
 from widget.services import key_set_appearance
 
@@ -18,12 +19,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "a long enough password for the browser"
 SHOP = "https://shop.example"
-WATCH_VIOLATIONS = """
-window.__cspViolations = [];
-document.addEventListener("securitypolicyviolation", (event) => {
-  window.__cspViolations.push(event.violatedDirective + " " + event.blockedURI);
-});
-"""
 
 
 def member_with_a_shop_key(store, role: str) -> ApiKey:

@@ -10,37 +10,22 @@ import pytest
 from asgiref.sync import sync_to_async
 from playwright.async_api import Page, expect
 
-from tests.browser.conftest import ack, eventually, frame
+from tests.browser.conftest import ack, eventually
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: fixtures)
+    ANSWER,
+    HEARD,
     MIC_MIME,
     ScriptedAssistant,
+    answer_frames,
     audio_ack,
     browser,
     microphone,
     microphone_allowed,
     microphone_loops,
-    tone_chunks,
-    transcript,
-    voice_state,
 )
 from tests.browser.widget_support import host_site, publish  # noqa: F401 (host_site: a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-HEARD = "please add two pro headphones to my cart"
-ANSWER = "Done: two Pro Headphones are in your cart."
-
-
-def answer_frames(audio_chunks: int) -> list[str]:
-    """What a voice turn's answer looks like on the wire (protocol.md, voice)."""
-    return [
-        transcript("user", HEARD),
-        frame("AGENT_RESPONSE", {"chunk": "Done: two Pro Headphones", "done": False}),
-        transcript("agent", ANSWER),
-        *tone_chunks(audio_chunks),
-        frame("AGENT_RESPONSE", {"chunk": ANSWER, "done": True}),
-        voice_state("turn_complete"),
-    ]
 
 
 async def open_scripted_widget(page: Page, store, site, assistant: ScriptedAssistant) -> None:

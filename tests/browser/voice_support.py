@@ -166,3 +166,20 @@ class ScriptedAssistant:
 
     def sent(self, type_: str) -> list[dict]:
         return [message for message in self.received if message["type"] == type_]
+
+
+# A voice turn of the scripted assistant: what it heard, and its answer.
+HEARD = "please add two pro headphones to my cart"
+ANSWER = "Done: two Pro Headphones are in your cart."
+
+
+def answer_frames(audio_chunks: int) -> list[str]:
+    """What a voice turn's answer looks like on the wire (protocol.md, voice)."""
+    return [
+        transcript("user", HEARD),
+        frame("AGENT_RESPONSE", {"chunk": "Done: two Pro Headphones", "done": False}),
+        transcript("agent", "Done: two Pro Headphones are in your cart."),
+        *tone_chunks(audio_chunks),
+        frame("AGENT_RESPONSE", {"chunk": ANSWER, "done": True}),
+        voice_state("turn_complete"),
+    ]
