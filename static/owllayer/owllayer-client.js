@@ -479,9 +479,21 @@ export function showApprovalDialog(request, decide) {
   ensureDialogStyle();
   const { dialog, approve, decline } = buildApprovalDialog(request);
   document.body.appendChild(dialog);
+  const dismiss = answerOnce(dialog, approve, decline, decide);
+  dialog.showModal();
+  // dismiss(): the connection that asked is gone, so the answer could reach no one.
+  return { dismiss };
+}
 
+/*
+ * An approval <dialog>'s answer: its two buttons, and Escape, which denies,
+ * call decide(approved) once, the dialog closed and gone first. Returns
+ * dismiss(), which takes the dialog away unanswered (false when it was
+ * answered already). The widget's own dialog answers through it too.
+ */
+export function answerOnce(dialog, approve, deny, decide) {
   let decided = false;
-  const close = () => {
+  const dismiss = () => {
     if (decided) return false;
     decided = true;
     dialog.close();
@@ -489,17 +501,15 @@ export function showApprovalDialog(request, decide) {
     return true;
   };
   const finish = (approved) => {
-    if (close()) decide(approved);
+    if (dismiss()) decide(approved);
   };
   approve.addEventListener("click", () => finish(true));
-  decline.addEventListener("click", () => finish(false));
+  deny.addEventListener("click", () => finish(false));
   dialog.addEventListener("cancel", (event) => {
     event.preventDefault();
     finish(false);
   });
-  dialog.showModal();
-  // dismiss(): the connection that asked is gone, so the answer could reach no one.
-  return { dismiss: close };
+  return dismiss;
 }
 
 // --- the client --------------------------------------------------------------------

@@ -34,7 +34,7 @@
  * script tag: data-api-key (starts the widget), data-endpoint (the AITP
  * WebSocket; default: this file's server at /owllayer), data-title.
  */
-import { OwlLayerClient } from "./owllayer-client.js";
+import { OwlLayerClient, answerOnce } from "./owllayer-client.js";
 import { renderMarkdown } from "./owllayer-markdown.js";
 
 export const WIDGET_VERSION = "1";
@@ -860,24 +860,9 @@ class Widget {
       el("div", { class: "buttons" }, [deny, approve]),
     ]);
     this.dialogSlot.append(dialog);
-    let decided = false;
-    const dismiss = () => {
-      if (decided) return false;
-      decided = true;
-      dialog.close();
-      dialog.remove();
-      return true;
-    };
-    const finish = (approved) => {
-      if (!dismiss()) return;
+    const dismiss = answerOnce(dialog, approve, deny, (approved) => {
       this.addNote((approved ? words.approved : words.denied) + request.toolName);
       decide(approved);
-    };
-    approve.addEventListener("click", () => finish(true));
-    deny.addEventListener("click", () => finish(false));
-    dialog.addEventListener("cancel", (event) => {
-      event.preventDefault();
-      finish(false);
     });
     // Tab and Shift+Tab stay on the dialog's two buttons.
     dialog.addEventListener("keydown", (event) => {

@@ -277,6 +277,33 @@ async def test_a_critical_tool_waits_for_the_dialog_and_a_decline_never_runs_it(
     assert await page.evaluate("window.paid") == 1
 
 
+async def test_a_dialog_whose_connection_drops_goes_away_unanswered_and_its_tool_never_runs(fake_server, page):
+    fake = await fake_server(acknowledge)
+    setup = (
+        "window.paid = 0;"
+        "client.registerTool({name: 'process_payment', description: 'Pay', risk: 'critical',"
+        "  parameters: {type: 'OBJECT', properties: {amount: {type: 'NUMBER'}}, required: ['amount']}},"
+        "  () => { window.paid += 1; return {paid: true}; });"
+    )
+    await open_client_page(page, fake, setup)
+    await eventually(lambda: fake.connections and sent(fake.connections[0], "CONTEXT_UPDATE"),
+                     what="the first context update")
+    first = fake.connections[0]
+    dialog = page.locator("dialog#owl-approval")
+    await first.send(frame("TOOL_CALL", {"callId": "tc_pay1", "name": "process_payment", "args": {"amount": 10}}))
+    await expect(dialog).to_be_visible()
+
+    await first.ws.close(1001, "going away")
+
+    await expect(dialog).to_have_count(0)
+    await eventually(lambda: len(fake.connections) == 2, what="the next connection")
+    second = fake.connections[1]
+    await eventually(lambda: sent(second, "CONTEXT_UPDATE"), what="the next connection's context")
+    assert sent(first, "APPROVAL_RESPONSE") == [] and sent(second, "APPROVAL_RESPONSE") == []
+    assert sent(second, "TOOL_RESULT") == []
+    assert await page.evaluate("window.paid") == 0
+
+
 async def test_a_server_side_approval_is_answered_from_the_dialog(fake_server, page):
     fake = await fake_server(acknowledge)
     await open_client_page(page, fake)

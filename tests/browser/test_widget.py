@@ -14,7 +14,7 @@ from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Page, expect
 
 from aitp.models import ApiKey, Session
-from tests.browser.conftest import eventually
+from tests.browser.conftest import ack, eventually, frame
 from tests.browser.store_support import result_data, tool_results
 from tests.browser.widget_support import (  # noqa: F401 (host_site: a fixture)
     agent_messages,
@@ -242,3 +242,36 @@ async def test_a_key_with_a_french_appearance_shows_its_name_greeting_colour_cor
     assert "Payer mon panier" in first_turn
     assert "Que puis-je" not in json.dumps(model.requests)
     assert await page.evaluate("window.seen.errors") == []
+
+
+async def test_an_approval_whose_connection_drops_goes_away_unanswered_and_its_tool_never_runs(
+        store, host_site, page):
+    # The widget's socket answered by a script, which drops it while the visitor is asked.
+    sockets: list = []
+    received: list[dict] = []
+
+    def scripted(ws) -> None:
+        sockets.append(ws)
+
+        def answer(message) -> None:
+            body = json.loads(message)
+            received.append(body)
+            if body["type"] == "HANDSHAKE_INIT":
+                ws.send(ack())
+        ws.on_message(answer)
+
+    await sync_to_async(publish)(host_site, store, allowed_origins=[host_site.origin])
+    await page.route_web_socket(re.compile(r"/owllayer\?"), scripted)
+    await open_widget(page, host_site)
+    sockets[0].send(frame("TOOL_CALL", {"callId": "tc_pay", "name": "pay", "args": {"amount": 5}}))
+    dialog = page.get_by_role("dialog", name="Approve this action?")
+    await expect(dialog).to_be_visible()
+
+    await sockets[0].close(code=1001, reason="going away")
+
+    await expect(dialog).to_have_count(0)
+    await eventually(lambda: len(sockets) == 2, what="the next socket")
+    await expect(page.locator("owllayer-widget .status")).to_have_text("Online")
+    assert [m for m in received if m["type"] in ("APPROVAL_RESPONSE", "TOOL_RESULT")] == []
+    await expect(page.locator("#paid")).to_have_text("not paid")
+    await expect(page.locator("owllayer-widget .note")).to_have_count(0)  # neither approved nor denied
