@@ -299,6 +299,7 @@ def key_edit(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
                            key.widget_appearance)))
 
 
+@never_cache
 @tenant_view()
 def key_appearance(request: HttpRequest, access: Access, key_id: int) -> HttpResponse:
     """How the key's widget looks and speaks, with the real widget drawing

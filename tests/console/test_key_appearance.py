@@ -223,3 +223,8 @@ def test_a_key_made_before_keys_were_kept_has_no_preview(viewer_client, acme_key
     page = viewer_client.get(appearance_url(acme_key))
     assert page.status_code == 200
     assert b"widget-preview" not in page.content
+
+
+def test_the_appearance_page_with_its_preview_ticket_is_not_kept_by_caches(viewer_client, acme_key):
+    page = viewer_client.get(appearance_url(acme_key))
+    assert "no-store" in page["Cache-Control"]
