@@ -71,6 +71,8 @@ export interface EventMap {
 export interface OwlLayerApi {
   readonly version: "1";
   registerTool(tool: ToolDefinition, handler: ToolHandler): OwlLayerApi;
+  /** Stops offering a page tool (a view that goes away takes its tools with it). */
+  unregisterTool(name: string): OwlLayerApi;
   setContext(context: Record<string, unknown>): OwlLayerApi;
   open(): OwlLayerApi;
   close(): OwlLayerApi;
@@ -86,6 +88,7 @@ export interface OwlLayerApi {
 
 export declare const WIDGET_VERSION: "1";
 export declare const registerTool: OwlLayerApi["registerTool"];
+export declare const unregisterTool: OwlLayerApi["unregisterTool"];
 export declare const setContext: OwlLayerApi["setContext"];
 export declare const open: OwlLayerApi["open"];
 export declare const close: OwlLayerApi["close"];

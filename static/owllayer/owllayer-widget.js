@@ -426,6 +426,12 @@ class Widget {
     return this;
   }
 
+  unregisterTool(name) {
+    this.tools = this.tools.filter(([t]) => t.name !== name);
+    if (this.client) this.client.unregisterTool(name);
+    return this;
+  }
+
   setContext(context) {
     this.context = context;
     if (this.client) this.client.setContext(context);
@@ -881,6 +887,7 @@ const widget = new Widget();
 
 /* The API: window.OwlLayer and this module's exports are the same functions. */
 export const registerTool = (tool, handler) => widget.registerTool(tool, handler) && api;
+export const unregisterTool = (name) => widget.unregisterTool(name) && api;
 export const setContext = (context) => widget.setContext(context) && api;
 export const open = () => widget.open() && api;
 export const close = () => widget.close() && api;
@@ -891,7 +898,8 @@ export const start = (options) => widget.start(options) && api;
 export const setAppearance = (look) => widget.setAppearance(look) && api;
 
 const api = Object.freeze({
-  version: WIDGET_VERSION, registerTool, setContext, open, close, send, on, off, start, setAppearance,
+  version: WIDGET_VERSION, registerTool, unregisterTool, setContext, open, close, send, on, off, start,
+  setAppearance,
 });
 export default api;
 

@@ -244,34 +244,65 @@ async def test_a_key_with_a_french_appearance_shows_its_name_greeting_colour_cor
     assert await page.evaluate("window.seen.errors") == []
 
 
-async def test_an_approval_whose_connection_drops_goes_away_unanswered_and_its_tool_never_runs(
-        store, host_site, page):
-    # The widget's socket answered by a script, which drops it while the visitor is asked.
-    sockets: list = []
-    received: list[dict] = []
+class ScriptedSocket:
+    """Answers the widget's sockets in place of the server (Playwright's
+    WebSocket routing): the ACK, and whatever a test sends; keeps what came."""
 
-    def scripted(ws) -> None:
-        sockets.append(ws)
+    def __init__(self) -> None:
+        self.sockets: list = []
+        self.received: list[dict] = []
+
+    def route(self, ws) -> None:
+        self.sockets.append(ws)
 
         def answer(message) -> None:
             body = json.loads(message)
-            received.append(body)
+            self.received.append(body)
             if body["type"] == "HANDSHAKE_INIT":
                 ws.send(ack())
         ws.on_message(answer)
 
-    await sync_to_async(publish)(host_site, store, allowed_origins=[host_site.origin])
-    await page.route_web_socket(re.compile(r"/owllayer\?"), scripted)
-    await open_widget(page, host_site)
-    sockets[0].send(frame("TOOL_CALL", {"callId": "tc_pay", "name": "pay", "args": {"amount": 5}}))
+    def sent(self, type_: str) -> list[dict]:
+        return [m for m in self.received if m["type"] == type_]
+
+
+async def open_scripted_widget(page: Page, store, site) -> ScriptedSocket:
+    script = ScriptedSocket()
+    await sync_to_async(publish)(site, store, allowed_origins=[site.origin])
+    await page.route_web_socket(re.compile(r"/owllayer\?"), script.route)
+    await open_widget(page, site)
+    return script
+
+
+async def test_an_approval_whose_connection_drops_goes_away_unanswered_and_its_tool_never_runs(
+        store, host_site, page):
+    script = await open_scripted_widget(page, store, host_site)
+    script.sockets[0].send(frame("TOOL_CALL", {"callId": "tc_pay", "name": "pay", "args": {"amount": 5}}))
     dialog = page.get_by_role("dialog", name="Approve this action?")
     await expect(dialog).to_be_visible()
 
-    await sockets[0].close(code=1001, reason="going away")
+    await script.sockets[0].close(code=1001, reason="going away")
 
     await expect(dialog).to_have_count(0)
-    await eventually(lambda: len(sockets) == 2, what="the next socket")
+    await eventually(lambda: len(script.sockets) == 2, what="the next socket")
     await expect(page.locator("owllayer-widget .status")).to_have_text("Online")
-    assert [m for m in received if m["type"] in ("APPROVAL_RESPONSE", "TOOL_RESULT")] == []
+    assert script.sent("APPROVAL_RESPONSE") == [] and script.sent("TOOL_RESULT") == []
     await expect(page.locator("#paid")).to_have_text("not paid")
     await expect(page.locator("owllayer-widget .note")).to_have_count(0)  # neither approved nor denied
+
+
+async def test_a_tool_the_page_takes_away_is_no_longer_offered_and_a_late_call_of_it_fails(store, host_site, page):
+    script = await open_scripted_widget(page, store, host_site)
+    await eventually(lambda: script.sent("CONTEXT_UPDATE"), what="the first context update")
+    offered = [tool["name"] for tool in script.sent("CONTEXT_UPDATE")[-1]["payload"]["activeTools"]]
+    assert offered == ["look_up_order", "pay"]
+
+    await page.evaluate("OwlLayer.unregisterTool('pay')")
+
+    await eventually(lambda: [t["name"] for t in script.sent("CONTEXT_UPDATE")[-1]["payload"]["activeTools"]]
+                     == ["look_up_order"], what="the context update without pay")
+    script.sockets[0].send(frame("TOOL_CALL", {"callId": "tc_late", "name": "pay", "args": {"amount": 5}}))
+    await eventually(lambda: script.sent("TOOL_RESULT"), what="the late call's result")
+    assert script.sent("TOOL_RESULT")[0]["payload"]["error"] == "unknown tool: pay"
+    await expect(page.get_by_role("dialog", name="Approve this action?")).to_have_count(0)
+    await expect(page.locator("#paid")).to_have_text("not paid")
