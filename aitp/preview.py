@@ -4,7 +4,7 @@ allow (docs/widget.md, Preview).
 
 A ticket is signed with the site's secret and names the key, the origin of
 the console page it was made for and the member it was made for. A socket
-that offers one (``?preview=`` on its URL) from that origin, for that key,
+that offers one (``?previewTicket=`` on its URL) from that origin, for that key,
 within ``TICKET_LIFETIME`` of its making, is admitted whatever the key's
 allowed origins; the key's other checks (revoked, disabled, expired, quota,
 session caps) stay. A socket offering a ticket that is forged, expired or
