@@ -10,7 +10,6 @@ import re
 
 import pytest
 from asgiref.sync import sync_to_async
-from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Page, expect
 
 from aitp.models import ApiKey, Session
@@ -20,6 +19,7 @@ from tests.browser.widget_support import (  # noqa: F401 (host_site: a fixture)
     agent_messages,
     ask,
     host_site,
+    no_serious_violations,
     open_widget,
     publish,
 )
@@ -30,13 +30,6 @@ from widget.services import key_set_appearance
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CURRENT = releases.load().current
-
-
-async def no_serious_violations(page: Page) -> None:
-    results = await Axe().run(page, context={"include": [["owllayer-widget"]]})
-    serious = [(v["id"], v["impact"], v["help"]) for v in results.response["violations"]
-               if v["impact"] in ("serious", "critical")]
-    assert serious == []
 
 
 async def test_the_snippet_alone_gives_a_launcher_streamed_answers_page_tools_approvals_and_a_kept_conversation(

@@ -23,7 +23,11 @@ from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: f
     microphone_allowed,
     microphone_loops,
 )
-from tests.browser.widget_support import host_site, publish  # noqa: F401 (host_site: a fixture)
+from tests.browser.widget_support import (  # noqa: F401 (host_site: a fixture)
+    host_site,
+    no_serious_violations,
+    publish,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -64,6 +68,7 @@ async def test_a_spoken_question_shows_what_was_heard_then_the_answer_while_it_i
     await expect(mic(page)).to_have_attribute("aria-pressed", "true")
     await expect(mic(page)).to_have_attribute("aria-label", "Stop and send what you said")
     await expect(widget(page).locator(".status")).to_have_text(re.compile("^Listening"))
+    await no_serious_violations(page)
     await eventually(lambda: len(assistant.sent("AUDIO_STREAM")) >= 4, what="the microphone's chunks")
     await shot("listening")
     await mic(page).click()

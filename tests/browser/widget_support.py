@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from axe_playwright_python.async_playwright import Axe
 from django.test import RequestFactory
 from playwright.async_api import Page, expect
 
@@ -143,3 +144,11 @@ async def open_widget(page: Page, site: HostSite) -> None:
     await expect(launcher).to_be_visible()
     await launcher.click()
     await expect(page.locator("owllayer-widget .status")).to_have_text("Online")
+
+
+async def no_serious_violations(page: Page) -> None:
+    """axe-core finds no serious or critical issue in the widget."""
+    results = await Axe().run(page, context={"include": [["owllayer-widget"]]})
+    serious = [(v["id"], v["impact"], v["help"]) for v in results.response["violations"]
+               if v["impact"] in ("serious", "critical")]
+    assert serious == []
