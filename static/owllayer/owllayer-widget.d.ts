@@ -33,6 +33,9 @@ export interface StartOptions {
   /** The panel's heading; default: the assistant's name the console set for
    * the key, else "Assistant" (docs/widget.md, appearance). */
   title?: string;
+  /** A token the tenant's backend signed for this visitor (docs/protocol.md §3c): their
+   * conversations are linked, and a new tab or device shows the last one. */
+  visitorToken?: string;
   /** The page's own appearance instead of the key's (not read from the server then). */
   appearance?: Appearance;
 }

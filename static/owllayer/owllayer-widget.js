@@ -139,6 +139,8 @@ const WORDS = {
     working: (tool) => "Working: " + tool + "\u2026",
     waiting: "Waiting for your answer",
     unanswered: (text) => "Your message \u201c" + text + "\u201d was not answered. Please send it again.",
+    lastVisit: (when) => "Your last conversation" + (when ? ", " + when : "")
+      + ". The assistant remembers what you asked then.",
     operator: (name) => name + " (support team)",
     approveTitle: "Approve this action?",
     // The client's question when the tool gives none (owllayer-client.js askBeforeRunning).
@@ -196,6 +198,8 @@ const WORDS = {
     waiting: "En attente de votre réponse",
     unanswered: (text) => "Votre message \u00ab" + NBSP + text + NBSP + "\u00bb est resté sans réponse. "
       + "Veuillez le renvoyer.",
+    lastVisit: (when) => "Votre dernière conversation" + (when ? ", " + when : "")
+      + ". L\u2019assistant se souvient de ce que vous aviez demandé.",
     operator: (name) => name + " (équipe d\u2019assistance)",
     approveTitle: "Approuver cette action" + NBSP + "?",
     allow: (tool) => "Autoriser " + tool + NBSP + "?",
@@ -372,6 +376,7 @@ class Widget {
     this.unread = 0;
     this.readyDetail = null;
     this.shownError = null;
+    this.lastVisitAsked = false;
     this.current = null;
     // Of the turn's text, what bubbles before a page tool's line hold.
     this.shownBefore = 0;
@@ -498,6 +503,7 @@ class Widget {
     this.client = new OwlLayerClient({
       apiKey: options.apiKey,
       endpoint: options.endpoint || defaultEndpoint(),
+      visitorToken: options.visitorToken || null,
       showApproval: (request, decide) => this.showApproval(request, decide),
       expose: false,
     });
@@ -533,7 +539,9 @@ class Widget {
   onConnected(event) {
     this.errorBox.hidden = true;
     this.shownError = null;
-    if (event.resumed && !this.log.querySelector(".msg:not(.greeting)")) this.showEarlier();
+    const empty = !this.log.querySelector(".msg:not(.greeting)");
+    if (event.resumed && empty) this.showEarlier();
+    else if (!event.resumed && empty && !this.lastVisitAsked) this.showLastVisit();
     if (!this.readyDetail) {
       this.readyDetail = { sessionId: event.sessionId, resumed: event.resumed };
       this.emit("ready", this.readyDetail);
@@ -546,9 +554,26 @@ class Widget {
     const earlier = await this.client.history();
     if (!earlier) return;
     if (earlier.messages.length) this.hidePrompts();
-    // After the greeting, before whatever was said since.
+    this.drawEarlier(earlier.messages);
+  }
+
+  /* A visitor the page vouches for (visitorToken), in a new tab or on another
+   * device: their last conversation, above the new one, with when it was. */
+  async showLastVisit() {
+    this.lastVisitAsked = true;
+    const last = await this.client.lastConversation();
+    if (!last || !last.messages.length || last.sessionId === this.client.sessionId) return;
+    const when = last.startedAt ? new Date(last.startedAt) : null;
+    const moment = when && !isNaN(when) ? when.toLocaleString(this.appearance.language,
+                                                               { dateStyle: "medium", timeStyle: "short" }) : "";
+    this.drawEarlier(last.messages, this.words.lastVisit(moment));
+  }
+
+  /* Earlier messages after the greeting, before whatever was said since; a note above them. */
+  drawEarlier(messages, note) {
     const first = this.greeting ? this.greeting.nextSibling : this.log.firstChild;
-    for (const message of earlier.messages) {
+    if (note) this.log.insertBefore(el("p", { class: "note earlier", text: note }), first);
+    for (const message of messages) {
       if (message.role !== "user" && message.role !== "assistant") continue;
       const node = this.messageNode(message.role === "user" ? "user" : "agent", message.text, message.operator);
       this.log.insertBefore(node, first);
@@ -907,5 +932,6 @@ if (!window.OwlLayer) window.OwlLayer = api;
 
 const script = ownScript();
 if (script && script.dataset.apiKey) {
-  start({ apiKey: script.dataset.apiKey, endpoint: script.dataset.endpoint, title: script.dataset.title });
+  start({ apiKey: script.dataset.apiKey, endpoint: script.dataset.endpoint, title: script.dataset.title,
+          visitorToken: script.dataset.visitorToken });
 }

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
+import jwt
 import pytest
 from asgiref.sync import sync_to_async
 from playwright.async_api import Page, expect
@@ -299,3 +301,38 @@ async def test_a_tool_the_page_takes_away_is_no_longer_offered_and_a_late_call_o
     assert script.sent("TOOL_RESULT")[0]["payload"]["error"] == "unknown tool: pay"
     await expect(page.get_by_role("dialog", name="Approve this action?")).to_have_count(0)
     await expect(page.locator("#paid")).to_have_text("not paid")
+
+
+def visitor_token(tenant_id: int, visitor: str) -> str:
+    """What the tenant's backend signs for its visitor (docs/protocol.md §3c)."""
+    from tenants.models import Tenant
+
+    secret = Tenant.objects.get(pk=tenant_id).visitor_secret
+    return jwt.encode({"sub": visitor, "exp": int(time.time()) + 600}, secret, algorithm="HS256")
+
+
+async def test_a_visitor_the_page_vouches_for_sees_their_last_conversation_in_a_new_tab(
+        llm_store, model, host_site, page):
+    token = await sync_to_async(visitor_token)(llm_store.key.tenant_id, "visitor-ada")
+    await sync_to_async(publish)(host_site, llm_store, allowed_origins=[host_site.origin], visitor_token=token)
+    model.enqueue(text_response("Nice to meet you, Ada."), text_response("You are Ada."))
+    await open_widget(page, host_site)
+    await ask(page, "My name is Ada.")
+    await expect(agent_messages(page).last).to_have_text("Nice to meet you, Ada.")
+    await page.close()
+
+    # A new tab: a new session, the same visitor.
+    later = await page.context.new_page()
+    await open_widget(later, host_site)
+
+    log = later.locator("owllayer-widget .log > *")
+    await expect(log).to_have_count(3)
+    await expect(log.nth(0)).to_have_text(re.compile(
+        r"^Your last conversation, .+\. The assistant remembers what you asked then\.$"))
+    await expect(log.nth(1)).to_have_text("My name is Ada.")
+    await expect(log.nth(2)).to_have_text("Nice to meet you, Ada.")
+    await ask(later, "What is my name?")
+    await expect(agent_messages(later).last).to_have_text("You are Ada.")
+    assert '"My name is Ada."' in model.requests[-1]["system"][0]["text"]
+    sessions = [s async for s in Session.objects.filter(api_key__name="widget").order_by("started_at")]
+    assert len(sessions) == 2 and sessions[0].visitor_id == sessions[1].visitor_id != ""

@@ -116,12 +116,16 @@ def unpinned(snippet: str) -> str:
 
 
 def publish(site: HostSite, llm_store, *, allowed_origins: list[str], hostile: bool = False,
-            pinned: bool = True) -> str:
-    """Put the snippet of a new key (allowing `allowed_origins`) on the host's page; the key."""
+            pinned: bool = True, visitor_token: str | None = None) -> str:
+    """Put the snippet of a new key (allowing `allowed_origins`) on the host's page; the key.
+    `visitor_token`: the page vouches for its visitor, as a tenant's backend writes it into the tag."""
     key, raw_key = tenancy.key_create(tenant=llm_store.key.tenant, name="widget",
                                       allowed_origins=allowed_origins)
     request = RequestFactory().get("/", HTTP_HOST=f"127.0.0.1:{llm_store.server.port}")
     snippet = embed_snippet(request, raw_key)
+    if visitor_token:
+        snippet = snippet.replace(f'data-api-key="{raw_key}"',
+                                  f'data-api-key="{raw_key}" data-visitor-token="{visitor_token}"')
     site.files["/"] = (host_page(snippet if pinned else unpinned(snippet), hostile=hostile),
                        "text/html; charset=utf-8")
     site.files["/page.js"] = (PAGE_JS, "text/javascript; charset=utf-8")
