@@ -36,7 +36,8 @@ def _session(tenant, key, index: int):
 
     live = index == 0
     return Session.objects.create(
-        id="ses_" + secrets.token_hex(12), tenant=tenant, api_key=key,
+        # What a list shows of the id (its first characters) in its widest hex digits, every run.
+        id="ses_dbdbdbdbdb" + secrets.token_hex(7), tenant=tenant, api_key=key,
         origin="https://shop.example.com", user_agent=USER_AGENT, viewport="1280x800", visitor_id=VISITOR_ID,
         sdk_version="0.4.0", protocol_version="1.0.0", started_at=MOMENT,
         last_seen_at=timezone.now() if live else MOMENT, last_activity_at=MOMENT,
@@ -85,7 +86,8 @@ def admin_rows() -> Rows:
         for index in range(3):
             session = _session(tenant, key, index)
             sessions.append(session)
-            token = secrets.token_urlsafe(16)
+            # The widest letters an id may hold: a list must fit the worst case, every run.
+            token = "WMWMWMWMWMWMWMWM" + secrets.token_hex(3)
             call = ToolCall.objects.create(
                 session=session, call_id="tc_" + token, tool_use_id="toolu_01" + token, turn=1,
                 name="process_payment_with_saved_card", arguments={"amount": 299.98, "currency": "USD"},
