@@ -50,19 +50,14 @@ def source(name: str) -> Path:
 def manifest() -> releases.Manifest:
     """The served releases, read and parsed again only when the manifest file changed."""
     body, digest = _read(releases.RELEASES / releases.MANIFEST_NAME)
-    if _parsed is None or _parsed[0] != digest:
-        _keep_parsed(digest, releases.manifest_of(body))
-    assert _parsed is not None
-    return _parsed[1]
+    if digest not in _parsed:
+        _parsed.clear()
+        _parsed[digest] = releases.manifest_of(body)
+    return _parsed[digest]
 
 
-# The manifest as last parsed, with the hash of the bytes it was parsed from.
-_parsed: tuple[str, releases.Manifest] | None = None
-
-
-def _keep_parsed(digest: str, parsed: releases.Manifest) -> None:
-    global _parsed
-    _parsed = (digest, parsed)
+# The manifest as last parsed, under the hash of the bytes it was parsed from.
+_parsed: dict[str, releases.Manifest] = {}
 
 
 # path -> (the file's modification time and size when read, its bytes, their hash)
@@ -119,9 +114,14 @@ def embed_snippet(request: HttpRequest, raw_key: str) -> str:
                   f'data-api-key="{escape(raw_key)}"']
     ws_path = config().protocol.ws_path
     if ws_path != DEFAULT_WS_PATH:
-        scheme = "wss" if request.is_secure() else "ws"
-        attributes.append(f'data-endpoint="{escape(f"{scheme}://{request.get_host()}{ws_path}")}"')
+        attributes.append(f'data-endpoint="{escape(socket_address(request))}"')
     return "<script " + "\n        ".join(attributes) + "></script>\n"
+
+
+def socket_address(request: HttpRequest) -> str:
+    """This server's AITP WebSocket, as the browser asking reaches it."""
+    scheme = "wss" if request.is_secure() else "ws"
+    return f"{scheme}://{request.get_host()}{config().protocol.ws_path}"
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,6 @@ class Preview:
 def preview(request: HttpRequest, raw_key: str, *, key_id: int, user_id: int) -> Preview:
     origin = request.build_absolute_uri("/").rstrip("/")
     ticket = aitp_preview.issue(key_id=key_id, origin=origin, user_id=user_id)
-    scheme = "wss" if request.is_secure() else "ws"
-    endpoint = f"{scheme}://{request.get_host()}{config().protocol.ws_path}?{urlencode({'previewTicket': ticket})}"
+    endpoint = f"{socket_address(request)}?{urlencode({'previewTicket': ticket})}"
     return Preview(module=reverse("widget:asset", args=[manifest().current, ENTRY]), api_key=raw_key,
                    endpoint=endpoint)
