@@ -1,5 +1,5 @@
 """The demo store: a catalogue, product pages and a cart, each a Django
-template with the chat panel, wired to this server's AITP endpoint.
+template carrying the widget's snippet, as a tenant's site does.
 
 The cart lives in the visitor's Django session. The page's tools change it
 through the small JSON API at the bottom (`/demo/api/cart/<action>`), the
@@ -19,6 +19,7 @@ import jwt
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from aitp import selectors
@@ -26,6 +27,7 @@ from aitp.store import keys
 from demo import catalog, services
 from demo.catalog import Cart, CartError
 from runtime.config import config as current_config
+from widget.assets import embed_snippet
 
 logger = logging.getLogger(__name__)
 
@@ -87,16 +89,13 @@ def product_url(slug: str) -> str:
 
 
 def store_config(request: HttpRequest) -> dict:
-    """What every page's script needs: how to connect, and where things are.
+    """What every page's script needs: the key, and where things are.
     ``demoKey``: the key is the demo's own (.demo-key), which `make run`
     replaces when it is refused, so the page can say so."""
     api_key = page_api_key(request)
     return {
         "apiKey": api_key,
         "demoKey": bool(api_key) and api_key == read_demo_key(DEMO_KEY_FILE),
-        "visitorToken": visitor_token(request, api_key),
-        "wsPath": current_config().protocol.ws_path,
-        "agent": current_config().llm.name,
         "urls": {
             "home": reverse("demo:home"),
             "cart": reverse("demo:cart"),
@@ -111,8 +110,12 @@ def render_page(request: HttpRequest, template: str, *, cart: Cart, title: str, 
                 context: dict, tools: list[str], extra: dict | None = None) -> HttpResponse:
     config = store_config(request)
     page = {"kind": kind, "title": title, "context": context, "tools": tools}
+    # The assistant is the widget a tenant pastes, with the same snippet.
+    api_key = config["apiKey"]
+    snippet = embed_snippet(request, api_key, visitor_token=visitor_token(request, api_key)) if api_key else ""
     return render(request, template, {
         "config": config,
+        "snippet": mark_safe(snippet),  # built by embed_snippet, every value escaped
         "page": page,
         "title": title,
         "has_key": bool(config["apiKey"]),

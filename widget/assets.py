@@ -102,10 +102,11 @@ def asset(name: str, release: str | None = None) -> Asset | None:
     return Asset(body=body, content_type=TYPES if name.endswith(".d.ts") else JS, integrity=integrity)
 
 
-def embed_snippet(request: HttpRequest, raw_key: str) -> str:
+def embed_snippet(request: HttpRequest, raw_key: str, *, visitor_token: str = "") -> str:
     """The one tag a tenant pastes: the widget of the current release from
     this server, its integrity hash and the publishable key (and the socket's
-    address when it is not where the widget looks by default)."""
+    address when it is not where the widget looks by default). A page that
+    vouches for its visitor adds the token its backend signed."""
     served = manifest()
     integrity = served.releases[served.current][ENTRY]
     src = request.build_absolute_uri(reverse("widget:asset", args=[served.current, ENTRY]))
@@ -115,6 +116,8 @@ def embed_snippet(request: HttpRequest, raw_key: str) -> str:
     ws_path = config().protocol.ws_path
     if ws_path != DEFAULT_WS_PATH:
         attributes.append(f'data-endpoint="{escape(socket_address(request))}"')
+    if visitor_token:
+        attributes.append(f'data-visitor-token="{escape(visitor_token)}"')
     return "<script " + "\n        ".join(attributes) + "></script>\n"
 
 

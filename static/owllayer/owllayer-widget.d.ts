@@ -21,6 +21,18 @@ export interface ToolDefinition {
   risk?: Risk;
   /** The sentence the approval dialog asks, from the call's arguments. */
   approvalMessage?: (args: Record<string, unknown>) => string;
+  /** What the approval dialog shows of the call, in the page's own words, instead of its arguments. */
+  approvalDetails?: (args: Record<string, unknown>) => ApprovalDetails;
+}
+
+/** Text only (never HTML); each part missing is the dialog's own. */
+export interface ApprovalDetails {
+  /** Instead of the tool's description. */
+  summary?: string;
+  /** [label, value] rows instead of the arguments, e.g. ["Amount", "$160.20"]. */
+  rows?: Array<[string, string | number | boolean]>;
+  /** Shown in red above the buttons, e.g. an amount that is not the cart's total. */
+  warning?: string;
 }
 
 /** Returns the result (JSON) or throws (the error's message goes back to the agent). */
@@ -87,6 +99,22 @@ export interface OwlLayerApi {
   start(options: StartOptions): OwlLayerApi;
   /** Look and speak this way from now on, whatever the key's appearance says; the conversation stays. */
   setAppearance(appearance: Appearance): OwlLayerApi;
+  /** What this page's connection saw, for support (its shape may grow); null before the widget started. */
+  diagnostics(): Diagnostics | null;
+}
+
+/** The browser client's own record of its connection, kept current. */
+export interface Diagnostics {
+  state: string;
+  sessionId: string | null;
+  /** Frames received and handled, and sent. */
+  frames: unknown[];
+  sent: unknown[];
+  /** Frames received that did not validate, and why. */
+  dropped: number;
+  droppedReasons: unknown[];
+  connects: number;
+  [more: string]: unknown;
 }
 
 export declare const WIDGET_VERSION: "1";
@@ -100,6 +128,7 @@ export declare const on: OwlLayerApi["on"];
 export declare const off: OwlLayerApi["off"];
 export declare const start: OwlLayerApi["start"];
 export declare const setAppearance: OwlLayerApi["setAppearance"];
+export declare const diagnostics: OwlLayerApi["diagnostics"];
 export declare function labelOf(name: string): string;
 /** The languages of the widget's own sentences, as a key's appearance chooses. */
 export type Language = "en" | "fr";

@@ -103,6 +103,7 @@ dialog dl{display:grid;grid-template-columns:auto 1fr;gap:4px 12px;margin:10px 0
 dialog dt{color:var(--muted)}dialog dd{margin:0;font-weight:600;overflow-wrap:anywhere}
 .risk{display:inline-block;padding:1px 8px;border-radius:9px;background:var(--danger-bg);color:var(--danger);
 font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.warning{margin:8px 0;padding:8px 10px;border-radius:8px;background:var(--danger-bg);color:var(--danger);font-weight:600}
 .buttons{display:flex;gap:10px;justify-content:flex-end;margin-top:14px}
 :host([data-position=left]){right:auto!important;left:20px!important}
 :host([data-position=left]) .panel{right:auto;left:0}
@@ -391,7 +392,6 @@ class Widget {
     this.greeting = null;
     this.prompts = null;
     this.promptsUsed = false;
-    this.title = "";
     this.givenTitle = "";
     // The page's own appearance (start's option or setAppearance), not the key's.
     this.ownAppearance = false;
@@ -515,6 +515,13 @@ class Widget {
     else if (remembered(OPEN_KEY) === "open") this.setOpen(true);
   }
 
+  /* What this page's connection saw, for support: the browser client's own
+   * record (state, session, frames in and out, frames dropped and why,
+   * voice counters), live; null before the widget started. */
+  diagnostics() {
+    return this.client ? this.client.wire : null;
+  }
+
   // --- the client's events ---
 
   listen(client) {
@@ -610,7 +617,8 @@ class Widget {
     const error = outcome && outcome.error;
     if (error === DENIED_BY_USER) return;
     const words = error ? this.words.toolFailed : this.words.toolDone;
-    this.log.append(el("p", { class: "tool", "data-tool": name, text: words(labelOf(name)) }));
+    this.log.append(el("p", { class: "tool", "data-tool": name, "data-status": error ? "failed" : "done",
+                              text: words(labelOf(name)) }));
     this.scrollToEnd();
   }
 
@@ -770,8 +778,7 @@ class Widget {
     }
     this.host.setAttribute("data-position", position);
     this.host.setAttribute("lang", language);
-    this.title = this.givenTitle || this.appearance.name || words.assistant;
-    this.heading.textContent = this.title;
+    this.heading.textContent = this.givenTitle || this.appearance.name || words.assistant;
     this.setUnread(this.unread);
     this.closeButton.setAttribute("aria-label", words.closeChat);
     this.log.setAttribute("aria-label", words.conversation);
@@ -870,22 +877,51 @@ class Widget {
     return entry && entry[0].description ? entry[0].description : request.toolName;
   }
 
+  /* What the tool itself says of this call (its approvalDetails: summary,
+   * rows, warning), or {}: then the dialog shows the arguments. */
+  detailsOf(request) {
+    const entry = this.tools.find(([tool]) => tool.name === request.toolName);
+    const own = entry && entry[0].approvalDetails;
+    if (typeof own !== "function") return {};
+    try {
+      const given = own(request.args || {});
+      return given && typeof given === "object" ? given : {};
+    } catch (err) {
+      console.error("OwlLayer: approvalDetails of " + request.toolName + " failed", err);
+      return {};
+    }
+  }
+
+  /* The dialog's rows: the tool's own [label, value] pairs, else the arguments in words. */
+  approvalRows(request, details) {
+    const language = this.appearance.language;
+    const own = Array.isArray(details.rows) ? details.rows.filter((row) => Array.isArray(row) && row.length === 2)
+      : null;
+    const pairs = own || Object.entries(request.args || {}).map(([name, value]) => [labelOf(name), value]);
+    return pairs.flatMap(([label, value]) => [
+      el("dt", { text: String(label) }),
+      el("dd", { text: typeof value === "string" ? value : valueInWords(value, language) }),
+    ]);
+  }
+
   /* One approval as a modal dialog; decide(approved) is called once. Escape denies. */
   showApproval(request, decide) {
     const words = this.words;
-    const rows = Object.entries(request.args || {}).flatMap(([name, value]) => [
-      el("dt", { text: labelOf(name) }), el("dd", { text: valueInWords(value, this.appearance.language) }),
-    ]);
+    const details = this.detailsOf(request);
+    const rows = this.approvalRows(request, details);
+    const warning = typeof details.warning === "string" && details.warning.trim();
     const deny = el("button", { type: "button", class: "deny", text: words.deny });
     const approve = el("button", { type: "button", class: "approve", text: words.approve });
     const dialog = el("dialog", { "aria-labelledby": "owl-approval-title", "aria-describedby": "owl-approval-what",
                                   "data-call-id": request.callId }, [
       el("h2", { id: "owl-approval-title", text: words.approveTitle }),
-      el("p", { id: "owl-approval-what", text: this.describe(request) }),
+      el("p", { id: "owl-approval-what", text: typeof details.summary === "string" && details.summary.trim()
+        ? details.summary : this.describe(request) }),
       // The client's own question is said in the widget's language; a tool's own, as it is.
       el("p", { text: request.message === WORDS.en.allow(request.toolName) ? words.allow(request.toolName)
                                                                            : request.message }),
       rows.length ? el("dl", { "aria-label": words.details }, rows) : "",
+      warning ? el("p", { class: "warning", role: "alert", text: warning }) : "",
       el("p", {}, [words.risk, el("span", { class: "risk", text: words.riskNames[request.risk] || request.risk }),
                    " " + (words.riskWords[request.risk] || "")]),
       el("div", { class: "buttons" }, [deny, approve]),
@@ -921,10 +957,11 @@ export const on = (event, listener) => widget.on(event, listener) && api;
 export const off = (event, listener) => widget.off(event, listener) && api;
 export const start = (options) => widget.start(options) && api;
 export const setAppearance = (look) => widget.setAppearance(look) && api;
+export const diagnostics = () => widget.diagnostics();
 
 const api = Object.freeze({
   version: WIDGET_VERSION, registerTool, unregisterTool, setContext, open, close, send, on, off, start,
-  setAppearance,
+  setAppearance, diagnostics,
 });
 export default api;
 

@@ -303,6 +303,66 @@ async def test_a_tool_the_page_takes_away_is_no_longer_offered_and_a_late_call_o
     await expect(page.locator("#paid")).to_have_text("not paid")
 
 
+async def register_pay_with_details(page: Page, details_js: str) -> None:
+    """Offer "pay_order", whose approvalDetails(args) is `details_js`."""
+    await page.evaluate("""(source) => OwlLayer.registerTool({
+      name: "pay_order", description: "Charge the saved card", risk: "critical",
+      parameters: { type: "OBJECT", properties: { amount: { type: "NUMBER" } }, required: ["amount"] },
+      approvalDetails: new Function("args", source),
+    }, () => ({ paid: true }))""", details_js)
+
+
+async def test_a_tool_with_its_own_approval_details_is_shown_with_them_instead_of_its_arguments(
+        store, host_site, page):
+    script = await open_scripted_widget(page, store, host_site)
+    await register_pay_with_details(page, """
+      return { summary: "Pay for your cart.", warning: "This is not your cart total ($10.00).",
+               rows: [["Amount", "$" + args.amount.toFixed(2)], ["2 × Mug", "$10.00"], ["<b>x</b>", 3]] };""")
+
+    script.sockets[0].send(frame("TOOL_CALL", {"callId": "tc_own", "name": "pay_order", "args": {"amount": 12}}))
+
+    dialog = page.get_by_role("dialog", name="Approve this action?")
+    await expect(dialog.locator("#owl-approval-what")).to_have_text("Pay for your cart.")
+    await expect(dialog.locator("dt")).to_have_text(["Amount", "2 × Mug", "<b>x</b>"])  # text, never HTML
+    await expect(dialog.locator("dd")).to_have_text(["$12.00", "$10.00", "3"])
+    await expect(dialog.get_by_role("alert")).to_have_text("This is not your cart total ($10.00).")
+    await expect(dialog).to_contain_text("critical")
+    await no_serious_violations(page)
+    await dialog.get_by_role("button", name="Deny").click()
+    await eventually(lambda: script.sent("APPROVAL_RESPONSE"), what="the answer")
+    assert script.sent("APPROVAL_RESPONSE")[0]["payload"]["approved"] is False
+
+
+async def test_a_tool_whose_approval_details_fail_is_asked_about_with_its_arguments(store, host_site, page):
+    script = await open_scripted_widget(page, store, host_site)
+    await register_pay_with_details(page, "throw new Error('the cart is gone');")
+
+    script.sockets[0].send(frame("TOOL_CALL", {"callId": "tc_fail", "name": "pay_order", "args": {"amount": 12}}))
+
+    dialog = page.get_by_role("dialog", name="Approve this action?")
+    await expect(dialog.locator("#owl-approval-what")).to_have_text("Charge the saved card")
+    await expect(dialog.locator("dt")).to_have_text(["Amount"])
+    await expect(dialog.locator("dd")).to_have_text(["12"])
+    await expect(dialog.locator(".warning")).to_have_count(0)
+    await dialog.get_by_role("button", name="Approve").click()
+    await eventually(lambda: script.sent("APPROVAL_RESPONSE"), what="the approval with the tool's result")
+    assert script.sent("APPROVAL_RESPONSE")[0]["payload"]["result"] == {"paid": True}
+
+
+async def test_the_widgets_diagnostics_say_what_its_connection_saw_and_dropped(store, host_site, page):
+    script = await open_scripted_widget(page, store, host_site)
+    ready = await page.evaluate("new Promise((resolve) => OwlLayer.on('ready', resolve))")
+    seen = await page.evaluate("OwlLayer.diagnostics()")
+    assert seen["sessionId"] == ready["sessionId"] and seen["state"] == "connected"
+    assert seen["dropped"] == 0 and seen["connects"] == 1
+
+    script.sockets[0].send("{not json")
+
+    await eventually(lambda: page.evaluate("OwlLayer.diagnostics().dropped"), what="the frame counted as dropped")
+    assert (await page.evaluate("OwlLayer.diagnostics().droppedReasons"))[0]["text"] == "{not json"
+    await expect(page.locator("owllayer-widget .error")).to_be_hidden()
+
+
 def visitor_token(tenant_id: int, visitor: str) -> str:
     """What the tenant's backend signs for its visitor (docs/protocol.md §3c)."""
     from tenants.models import Tenant

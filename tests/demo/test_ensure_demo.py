@@ -254,3 +254,31 @@ def test_the_key_in_the_demo_key_file_is_known_as_the_demo_pages_key(tmp_path):
     assert is_the_demo_pages_key(demo_key, key_file)
     assert not is_the_demo_pages_key(other, key_file)
     assert not is_the_demo_pages_key(demo_key, tmp_path / "missing")
+
+
+def test_a_new_demo_key_gives_the_stores_widget_the_shop_assistants_name_greeting_and_prompts(tmp_path):
+    from widget import appearance
+
+    key_file = tmp_path / ".demo-key"
+    run(key_file)
+
+    look = appearance.public(keys.api_key_lookup(key_file.read_text().strip()).widget_appearance)
+    assert look["name"] == "Shop assistant"
+    assert look["greeting"].startswith("Hi! I can find products")
+    assert look["prompts"] == ["Show me the travel speaker", "Add two to my cart", "Pay for my order"]
+
+
+def test_a_replaced_demo_key_keeps_the_look_an_owner_gave_the_old_one(tmp_path):
+    from widget.services import key_set_appearance
+
+    key_file = tmp_path / ".demo-key"
+    run(key_file)
+    old = keys.api_key_lookup(key_file.read_text().strip())
+    key_set_appearance(key=old, look={"name": "Owly", "language": "fr"})
+    tenancy.key_revoke(key=ApiKey.objects.get(pk=old.pk))
+
+    run(key_file)
+
+    new = keys.api_key_lookup(key_file.read_text().strip())
+    assert new.pk != old.pk
+    assert (new.widget_appearance["name"], new.widget_appearance["language"]) == ("Owly", "fr")

@@ -51,7 +51,6 @@ def test_a_key_in_the_url_goes_to_the_page_before_the_demo_key_file(client, no_d
     no_demo_key_file.write_text("pk_live_from_file\n")
     config = page_config(client.get("/demo/?apiKey=pk_live_from_url"))
     assert config["apiKey"] == "pk_live_from_url"
-    assert config["wsPath"] == "/owllayer"
 
 
 def test_a_key_from_the_url_is_kept_for_the_visitors_next_pages(client, no_demo_key_file):
@@ -84,6 +83,41 @@ def test_without_any_key_the_page_says_how_to_run_the_server(client, no_demo_key
     assert page_config(response)["apiKey"] == ""
     assert b'id="owl-no-key"' in response.content
     assert b"make run" in response.content
+    assert b"owllayer-widget.js" not in response.content
+
+
+def widget_tags(response) -> list[str]:
+    return re.findall(r'<script type="module" src="[^"]*/owllayer-widget\.js".*?></script>', response.content.decode(),
+                      re.DOTALL)
+
+
+def test_every_page_carries_the_widget_snippet_a_tenant_pastes_with_the_pages_key(client, no_demo_key_file):
+    from widget.assets import manifest
+
+    served = manifest()
+    for path in ("/demo/?apiKey=pk_live_from_url", "/demo/products/travel-speaker/", "/demo/cart/"):
+        [tag] = widget_tags(client.get(path))
+        assert f'src="http://testserver/widget/{served.current}/owllayer-widget.js"' in tag, path
+        assert f'integrity="{served.releases[served.current]["owllayer-widget.js"]}"' in tag
+        assert 'data-api-key="pk_live_from_url"' in tag
+        # The store's own script comes after it, so window.OwlLayer is ready there.
+        page = client.get(path).content.decode()
+        assert page.index("owllayer-widget.js") < page.index("demo/store.js")
+
+
+def test_a_page_with_a_working_key_vouches_for_its_visitor_in_the_snippet(client):
+    from aitp import tenancy
+
+    tenant = tenancy.tenant_create(slug="shop", name="Shop")
+    _, raw_key = tenancy.key_create(tenant=tenant, name="web", allowed_origins=["http://testserver"])
+    [tag] = widget_tags(client.get("/demo/", {"apiKey": raw_key}))
+    assert re.search(r'data-visitor-token="[\w.-]+"', tag)
+
+
+def test_a_hostile_key_in_the_url_is_escaped_in_the_snippet(client, no_demo_key_file):
+    response = client.get("/demo/", {"apiKey": '"><script>alert(1)</script>'})
+    [tag] = widget_tags(response)
+    assert 'data-api-key="&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"' in tag
 
 
 def test_a_hostile_key_in_the_url_cannot_break_out_of_the_config_script(client, no_demo_key_file):
@@ -186,8 +220,8 @@ def test_the_cart_api_needs_the_pages_csrf_token():
     assert cart_post(browser, "add", body, HTTP_X_CSRFTOKEN=token).status_code == 200
 
 
-def test_the_pages_scripts_and_the_browser_client_are_served_as_static_files(client):
-    for path, fragment in [("/static/demo/store.js", b"from \"../owllayer/owllayer-client.js\""),
+def test_the_pages_script_and_the_browser_client_are_served_as_static_files(client):
+    for path, fragment in [("/static/demo/store.js", b"window.OwlLayer.registerTool"),
                            ("/static/owllayer/owllayer-client.js", b"export class OwlLayerClient")]:
         response = client.get(path)
         assert response.status_code == 200, path

@@ -37,6 +37,7 @@ from aitp.store import keys
 from demo.order_tools import demo_tools_install
 from runtime.config import config
 from tenants.models import Tenant
+from widget.services import key_set_appearance
 
 DEMO_SLUG = "demo"
 DEMO_NAME = "Demo Store"
@@ -49,6 +50,15 @@ AGENT_LINES = {
             "and runs the page's tools; set ANTHROPIC_API_KEY and restart for Claude",
     "offline": "offline (OWLLAYER_LLM=offline): no model answers, but page and server tools run on "
                'request, e.g. /tool add_to_cart {"quantity": 2}',
+}
+
+# How the store's widget looks and speaks with a new demo key (the console
+# changes it like any key's: docs/widget.md, appearance).
+DEMO_APPEARANCE = {
+    "name": "Shop assistant",
+    "greeting": "Hi! I can find products, fill your cart, apply a coupon and pay for you. "
+                "I always ask before paying.",
+    "prompts": ["Show me the travel speaker", "Add two to my cart", "Pay for my order"],
 }
 
 
@@ -86,6 +96,10 @@ def ensure_demo(*, key_file: Path, origins: list[str]) -> DemoKey:
             key, raw_key = tenancy.key_create(
                 tenant=tenant, name=DEMO_KEY_NAME, allowed_origins=_merged(served, origins)
             )
+            # The store's widget keeps the look an owner gave the last demo key.
+            looks = [old_key.widget_appearance for old_key in demo_keys.exclude(pk=key.pk).order_by("-pk")
+                     if old_key.widget_appearance]
+            key_set_appearance(key=key, look=looks[0] if looks else DEMO_APPEARANCE)
         elif not set(origins) <= set(key.allowed_origins):
             key = tenancy.key_update(
                 key=key, changes={"allowed_origins": _merged(key.allowed_origins, origins)}
