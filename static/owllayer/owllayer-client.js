@@ -6,7 +6,8 @@
  *   const client = new OwlLayerClient({ apiKey, endpoint });
  *   client.registerTool({ name, description, parameters, risk }, handler);
  *   client.setContext({ page: "product_detail" });
- *   client.on("agent", ({ text, done, operator }) => ...);  // operator: a person's name, when one answers
+ *   client.on("agent", ({ text, done, operator, cut }) => ...);
+ *     // operator: a person's name, when one answers; cut: a barge-in ended the turn there
  *   client.on("activity", ({ activity, tool, callId }) => ...);
  *   client.connect();
  *
@@ -252,6 +253,12 @@ function keptInput(frame) {
   if (!isObject(frame) || frame.type !== "USER_INPUT" || !check.nonEmptyString(frame.id)) return null;
   if (!isObject(frame.payload) || typeof frame.timestamp !== "number") return null;
   return frame;
+}
+
+/* The text a kept question asked ("" for none, or for one that was not text). */
+function inputText(frame) {
+  const content = frame && frame.payload ? frame.payload.content : null;
+  return typeof content === "string" ? content : "";
 }
 
 /*
@@ -1110,7 +1117,10 @@ export class OwlLayerClient {
     // A turn that goes on is still being answered.
     this.setState(this.turnOpen ? "thinking" : "connected");
     if (this.turnOpen) this.setActivity("thinking");
-    this.emit("connected", { sessionId: payload.sessionId, resumed: this.resumed, continued });
+    // The turn that goes on, as this tab last showed it: its question and its text so far.
+    const connected = { sessionId: payload.sessionId, resumed: this.resumed, continued };
+    if (continued && this.turnOpen) connected.turn = { question: inputText(this.pendingInput), text: this.agentText };
+    this.emit("connected", connected);
     this.contextDirty = true;
     this.flushContext();
     if (continued) this.sendLostInput(meta);
@@ -1133,6 +1143,17 @@ export class OwlLayerClient {
     const taken = meta && typeof meta.lastInput === "string" ? meta.lastInput : null;
     if (taken === question.id) return;  // taken: its answer follows as numbered frames
     if (this.sendFrame(question)) this.wire.resent += 1;
+  }
+
+  /* The turn ends as far as it was said: "agent" tells its text, done and cut. */
+  endCutTurn() {
+    const text = this.agentText;
+    this.turnOpen = false;
+    this.pendingInput = null;
+    this.agentText = "";
+    this.emit("agent", { text, done: true, cut: true });
+    if (this.wire.state === "thinking") this.setState("connected");
+    this.rest();
   }
 
   onAgentResponse(payload) {
@@ -1487,6 +1508,8 @@ export class OwlLayerClient {
     if (payload.event === "interrupted") {
       this.stopPlayback();
       this.muted = false;
+      // A barge-in ends the turn being answered, with no done frame (protocol.md §5a).
+      if (this.turnOpen) this.endCutTurn();
     }
     // The agent's turn is over; after turn_complete what is scheduled still plays to its end.
     this.agentTurnOpen = false;

@@ -41,6 +41,8 @@ export const WIDGET_VERSION = "1";
 const OPEN_KEY = "owllayer-widget-open";
 const EVENTS = ["ready", "message", "open", "close", "error"];
 const NARROW = "(max-width: 599px)";
+// The client's states after which it sends nothing more (until the page is reloaded).
+const ENDED_STATES = ["closed", "error"];
 
 const CSS = `
 :host{all:initial!important;display:block!important;position:fixed!important;z-index:2147483000!important;
@@ -131,6 +133,10 @@ const WORDS = {
     conversation: "Conversation",
     message: "Message",
     placeholder: "Ask a question\u2026",
+    ended: {
+      closed: "This conversation has ended. Reload the page to start another.",
+      error: "The assistant cannot take messages now.",
+    },
     send: "Send",
     suggestions: "Suggested questions",
     states: {
@@ -189,6 +195,10 @@ const WORDS = {
     conversation: "Conversation",
     message: "Message",
     placeholder: "Posez une question\u2026",
+    ended: {
+      closed: "Cette conversation est terminée. Rechargez la page pour en commencer une autre.",
+      error: "L\u2019assistant ne peut pas recevoir de messages pour le moment.",
+    },
     send: "Envoyer",
     suggestions: "Questions suggérées",
     states: {
@@ -366,6 +376,17 @@ function defaultEndpoint() {
   return (server.protocol === "https:" ? "wss://" : "ws://") + server.host + "/owllayer";
 }
 
+/* The messages before the turn that goes on: the server may hold its
+ * question (from the last one asking `question`) and some of its answer. */
+function beforeTurn(messages, question) {
+  for (let at = messages.length - 1; at >= 0; at--) {
+    if (messages[at].role !== "user") continue;
+    if (!question) return messages.slice(0, at + 1); // the question is not known here: it stays
+    return messages[at].text === question ? messages.slice(0, at) : messages;
+  }
+  return messages;
+}
+
 class Widget {
   constructor() {
     this.listeners = {};
@@ -461,7 +482,7 @@ class Widget {
 
   send(text) {
     text = String(text || "").trim();
-    if (!text) return false;
+    if (!text || (this.client && ENDED_STATES.includes(this.client.state))) return false;
     if (!this.client || !this.client.acknowledged) {
       this.pendingSends.push(text);
       this.hidePrompts();
@@ -469,6 +490,7 @@ class Widget {
     }
     if (!this.client.sendText(text)) return false;
     this.hidePrompts();
+    this.lastAnswer = null;
     this.addMessage("user", text);
     this.emit("message", { role: "user", text });
     return true;
@@ -533,6 +555,10 @@ class Widget {
     client.on("unanswered", (event) => {
       this.addNote(this.words.unanswered(event.text));
     });
+    // A person was asked for: the server says how long it may take, or that nobody is free.
+    client.on("system", (event) => {
+      if (event.kind === "waiting" && event.message) this.addNote(event.message);
+    });
     client.on("tool.start", () => this.splitAnswer());
     client.on("tool", (event) => this.onTool(event));
     client.on("voice", (state) => this.onVoice(state));
@@ -547,8 +573,11 @@ class Widget {
     this.errorBox.hidden = true;
     this.shownError = null;
     const empty = !this.log.querySelector(".msg:not(.greeting)");
-    if (event.resumed && empty) this.showEarlier();
-    else if (!event.resumed && empty && !this.lastVisitAsked) this.showLastVisit();
+    if (event.resumed && empty) {
+      // A reload in the middle of a turn: it goes on where this tab left it.
+      if (event.turn) this.takeUpTurn(event.turn);
+      this.showEarlier(event.turn);
+    } else if (!event.resumed && empty && !this.lastVisitAsked) this.showLastVisit();
     if (!this.readyDetail) {
       this.readyDetail = { sessionId: event.sessionId, resumed: event.resumed };
       this.emit("ready", this.readyDetail);
@@ -557,11 +586,27 @@ class Widget {
     for (const text of waiting) this.send(text);
   }
 
-  async showEarlier() {
+  /* The turn this tab was showing when it was left: its question, and its answer so far, which goes on. */
+  takeUpTurn({ question, text }) {
+    this.lastAnswer = null;
+    if (question) {
+      this.hidePrompts();
+      this.addMessage("user", question);
+    }
+    if (text.trim()) {
+      this.current = this.addMessage("agent", "");
+      this.drawAgent(this.current, text);
+    }
+    this.shownBefore = 0;
+  }
+
+  /* The session's earlier messages, read back; of a turn that goes on
+   * (drawn by takeUpTurn and the frames that follow), nothing. */
+  async showEarlier(turn) {
     const earlier = await this.client.history();
     if (!earlier) return;
     if (earlier.messages.length) this.hidePrompts();
-    this.drawEarlier(earlier.messages);
+    this.drawEarlier(turn ? beforeTurn(earlier.messages, turn.question) : earlier.messages);
   }
 
   /* A visitor the page vouches for (visitorToken), in a new tab or on another
@@ -583,6 +628,7 @@ class Widget {
     for (const message of messages) {
       if (message.role !== "user" && message.role !== "assistant") continue;
       const node = this.messageNode(message.role === "user" ? "user" : "agent", message.text, message.operator);
+      if (message.role === "user" && message.voice) node.dataset.voice = "true";
       this.log.insertBefore(node, first);
     }
     this.scrollToEnd();
@@ -653,6 +699,7 @@ class Widget {
     if (!said) return;
     if (!this.heard) {
       this.hidePrompts();
+      this.lastAnswer = null;
       this.heard = this.addMessage("user", "");
       this.heard.dataset.voice = "true";
     }
@@ -694,6 +741,10 @@ class Widget {
     this.status.textContent = voice === "listening" ? words.listening : voice === "speaking" ? words.speaking
       : words.states[state] || "";
     this.sendButton.disabled = state !== "connected";
+    // Over for good (ended, or refused): nothing typed could be sent any more.
+    const ended = ENDED_STATES.includes(state);
+    this.input.disabled = ended;
+    this.input.setAttribute("placeholder", ended ? words.ended[state] : words.placeholder);
   }
 
   onActivity({ activity, tool }) {
@@ -928,7 +979,7 @@ class Widget {
     ]);
     this.dialogSlot.append(dialog);
     const dismiss = answerOnce(dialog, approve, deny, (approved) => {
-      this.addNote((approved ? words.approved : words.denied) + request.toolName);
+      this.addNote((approved ? words.approved : words.denied) + labelOf(request.toolName));
       decide(approved);
     });
     // Tab and Shift+Tab stay on the dialog's two buttons.

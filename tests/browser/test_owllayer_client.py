@@ -504,9 +504,10 @@ async def test_the_next_socket_and_the_one_after_a_reload_offer_the_last_frame_h
         {"text": "Hel", "done": False}, {"text": "Hello", "done": False},
         {"text": "Hello there", "done": False},
     ]
+    # The turn that goes on, as the page last showed it: its question and its text so far.
     assert await page.evaluate("window.connects") == [
         {"sessionId": "ses_fake", "resumed": False, "continued": False},
-        {"sessionId": "ses_fake", "resumed": True, "continued": True},
+        {"sessionId": "ses_fake", "resumed": True, "continued": True, "turn": {"question": "hello", "text": "Hello"}},
     ]
     # The turn the drop cut goes on: still thinking.
     assert await page.evaluate("window.__owl.state") == "thinking"
@@ -523,7 +524,8 @@ async def test_the_next_socket_and_the_one_after_a_reload_offer_the_last_frame_h
     # The reloaded page is told the whole answer, not only what came after the reload.
     assert await page.evaluate("window.agentEvents") == [{"text": "Hello there", "done": True}]
     assert await page.evaluate("window.connects") == [
-        {"sessionId": "ses_fake", "resumed": True, "continued": True},
+        {"sessionId": "ses_fake", "resumed": True, "continued": True,
+         "turn": {"question": "hello", "text": "Hello there"}},
     ]
     assert await page.evaluate("window.states") == ["connecting", "thinking", "connected"]
     assert await stored_resume(page) == {"token": "ses_fake.token3", "lastSeq": 4, "text": "", "busy": False}
@@ -653,7 +655,7 @@ async def test_a_question_the_continuing_ack_does_not_name_is_sent_again_with_it
 
     assert second.offered == {"token": "ses_fake.token1", "lastSeq": 1}
     assert await page.evaluate("window.connects.at(-1)") == {
-        "sessionId": "ses_fake", "resumed": True, "continued": True}
+        "sessionId": "ses_fake", "resumed": True, "continued": True, "turn": {"question": "hello", "text": ""}}
     if last_input == "this":
         # Taken: its answer follows as numbered frames; nothing is sent again.
         assert [q["payload"]["content"] for q in questions(second)] == ["next"]

@@ -84,7 +84,7 @@ async def test_the_snippet_alone_gives_a_launcher_streamed_answers_page_tools_ap
     await page.keyboard.press("Escape")
     # The turn's words before the call and after it, the denial between them (and no line for a call not run).
     await expect(page.locator("owllayer-widget .log > *").nth(-3)).to_have_text("Paying now.")
-    await expect(page.locator("owllayer-widget .log > *").nth(-2)).to_have_text("You denied: pay")
+    await expect(page.locator("owllayer-widget .log > *").nth(-2)).to_have_text("You denied: Pay")
     await expect(agent_messages(page).last).to_have_text("I did not pay.")
     await expect(page.locator("#paid")).to_have_text("not paid")
     assert tool_results(model.requests[4])[0].get("is_error") is True
@@ -229,7 +229,7 @@ async def test_a_key_with_a_french_appearance_shows_its_name_greeting_colour_cor
 
     # The words before the call, the call, the words after it: in that order.
     await expect(widget.locator(".log > :not(.greeting)")).to_have_text([
-        "Payer mon panier", "Je paie votre panier.", re.compile(r"^Vous avez approuvé\s: pay$"),
+        "Payer mon panier", "Je paie votre panier.", re.compile(r"^Vous avez approuvé\s: Pay$"),
         re.compile(r"^Fait\s: Pay$"), "C'est payé."])
     await expect(page.locator("#paid")).to_have_text("paid 249.99")
     # The prompt went to the model as the visitor's words; the greeting never did.
