@@ -16,42 +16,92 @@ expect.set_options(timeout=SOON * 1000)
 # --- acting like a shopper ---------------------------------------------------------
 
 
+WIDGET = "owllayer-widget"
+
+
 def status(page: Page):
-    return page.locator("#owl-status")
+    """The widget's status line ("Online", "Writing…", "Working: add_to_cart…")."""
+    return page.locator(f"{WIDGET} .status")
 
 
 def answers(page: Page):
-    return page.locator(".owl-msg-agent[data-done=true]")
+    """The agent's answers, each once complete."""
+    return page.locator(f"{WIDGET} .msg.agent[aria-busy=false]")
+
+
+def launcher(page: Page):
+    return page.locator(f"{WIDGET} .launcher")
+
+
+def chat_input(page: Page):
+    return page.locator(f"{WIDGET} textarea")
+
+
+def tool_line(page: Page, name: str):
+    """The widget's line for the last call of that page tool ("Done: Add to cart")."""
+    return page.locator(f"{WIDGET} .tool[data-tool={name}]").last
+
+
+def notes(page: Page):
+    return page.locator(f"{WIDGET} .note")
+
+
+def widget_error(page: Page):
+    return page.locator(f"{WIDGET} .error")
+
+
+def approval(page: Page):
+    return page.locator(f"{WIDGET} dialog[open]")
+
+
+async def open_panel(page: Page) -> None:
+    """Open the widget's panel when it is closed."""
+    await expect(launcher(page)).to_be_visible()
+    if await launcher(page).get_attribute("aria-expanded") != "true":
+        await launcher(page).click()
+    await expect(chat_input(page)).to_be_visible()
 
 
 async def open_store(page: Page, store: Store) -> None:
     await page.goto(store.url)
-    await expect(status(page)).to_have_text("connected")
+    await open_panel(page)
+    await expect(status(page)).to_have_text("Online")
 
 
 async def send(page: Page, text: str) -> None:
-    await page.fill("#owl-input", text)
-    await page.press("#owl-input", "Enter")
+    await chat_input(page).fill(text)
+    await chat_input(page).press("Enter")
+
+
+async def idle(page: Page) -> None:
+    """The turn is over: the status line says Online again."""
+    await expect(status(page)).to_have_text("Online")
 
 
 async def say(page: Page, text: str) -> str:
-    """Send a chat message; the agent's complete answer once the turn ended."""
+    """Send a chat message; the agent's answer once the turn ended (its last
+    bubble: words said before a page tool's line are a bubble of their own)."""
     before = await answers(page).count()
     await send(page, text)
-    await expect(answers(page)).to_have_count(before + 1)
-    await expect(page.locator("#owl-activity")).to_have_attribute("data-activity", "idle")
-    return await answers(page).nth(before).inner_text()
+    await expect(answers(page).nth(before)).to_be_attached()
+    await idle(page)
+    return await answers(page).last.inner_text()
+
+
+async def wire(page: Page, path: str = "") -> object:
+    """What the widget's connection saw (OwlLayer.diagnostics()), or one field of it ("sessionId")."""
+    return await page.evaluate(f"OwlLayer.diagnostics(){'.' + path if path else ''}")
 
 
 async def nothing_dropped(page: Page) -> None:
-    owl = await page.evaluate("window.__owl")
+    owl = await wire(page)
     assert owl["dropped"] == 0, owl["droppedReasons"]
 
 
 async def session_when(page: Page, ready: Callable[[Session], bool]) -> Session:
     """The page's session row, once ready(row) holds (the server writes it
     shortly after the frame that changed it)."""
-    session_id = await page.evaluate("window.__owl.sessionId")
+    session_id = await wire(page, "sessionId")
     row = None
 
     async def check() -> bool:

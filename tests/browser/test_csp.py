@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import WATCH_VIOLATIONS
-from tests.browser.store_support import open_store, say
+from tests.browser.store_support import idle, open_panel, say, tool_line
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -46,8 +46,14 @@ async def test_the_demo_store_chats_under_the_csp(store, watched):
     response = await page.goto(store.url)
     assert "script-src" in response.headers["content-security-policy"]
 
-    await open_store(page, store)
+    # The widget (its snippet, its shadow root's styles, its socket) and the
+    # store's own script, which gives it the page's tools.
+    await open_panel(page)
+    await idle(page)
     answer = await say(page, "hello")
+    await say(page, '/tool open_product {"productId": "pro-headphones"}')
+    await expect(page.locator("h1")).to_have_text("Pro Headphones")
+    await expect(tool_line(page, "open_product")).to_have_text("Done: Open product")
 
     assert answer
     assert await violations(page, console) == []

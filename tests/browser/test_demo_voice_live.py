@@ -3,11 +3,12 @@ eSpeak NG recording (Chromium's fake capture device plays the WAV made at test
 time), the store on a real daphne process with the offline speech engines
 (PocketSphinx listening for a small grammar, eSpeak NG speaking), and the
 anthropic agent through the real SDK to the fake Messages API, which plays the
-model. What the test checks is what the page shows and counts, and what the
-server stored."""
+model. What the test checks is what the store's widget shows and counts
+(OwlLayer.diagnostics()), and what the server stored."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from playwright.async_api import Page, expect
 from aitp.models import ConversationMessage, ToolCall
 from aitp_client import AitpClient
 from tests.browser.conftest import MODEL_API_KEY, Store, eventually, print_logs, start_store
-from tests.browser.store_support import answers, nothing_dropped, status, tool_calls
+from tests.browser.store_support import WIDGET, answers, nothing_dropped, open_panel, status, tool_calls, wire
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone_*: fixtures)
     MIC_CHUNK_BYTES,
     browser,
@@ -109,27 +110,38 @@ async def open_product_page(page: Page, store: Store) -> None:
     """The Pro Headphones page (its tools include add_to_cart), with the microphone offered."""
     await offers_voice(store)
     await page.goto(f"{store.server.http_url}{PRODUCT_PATH}?apiKey={quote(store.raw_key, safe='')}")
-    await expect(status(page)).to_have_text("connected")
+    await open_panel(page)
+    await expect(status(page)).to_have_text("Online")
     await expect(mic(page)).to_have_attribute("data-state", "ready")
 
 
 def chat_entries(page: Page):
-    return page.locator("#owl-messages > .owl-msg")
+    """What the widget's conversation shows, entry by entry: messages, notes, tool lines."""
+    return page.locator(f"{WIDGET} .log > *")
 
 
 def mic(page: Page):
-    return page.locator("#owl-mic")
+    return page.locator(f"{WIDGET} button.mic")
+
+
+def heard(page: Page):
+    """The shopper's spoken messages, as the server heard them."""
+    return page.locator(f"{WIDGET} .msg.user[data-voice=true]")
 
 
 async def voice(page: Page) -> dict:
-    """The client's voice counters (window.__owl.voice)."""
-    return await page.evaluate("window.__owl.voice")
+    """The client's voice counters (OwlLayer.diagnostics().voice)."""
+    return await wire(page, "voice")
 
 
 async def received(page: Page, type_: str) -> list[dict]:
     """The payloads of the frames of `type_` the page received, in order."""
-    frames = await page.evaluate("window.__owl.frames")
-    return [frame["payload"] for frame in frames if frame["type"] == type_]
+    return [frame["payload"] for frame in await wire(page, "frames") if frame["type"] == type_]
+
+
+async def sent(page: Page, *types: str) -> list[dict]:
+    """The payloads of the frames of those types the page sent, in order."""
+    return [frame["payload"] for frame in await wire(page, "sent") if frame["type"] in types]
 
 
 def chunks_of(seconds: float) -> int:
@@ -143,7 +155,7 @@ def words_seconds(recording: Path) -> float:
 
 
 async def sent_chunks(page: Page) -> int:
-    return await page.evaluate("window.__owl.voice.sentChunks")
+    return await wire(page, "voice.sentChunks")
 
 
 async def speak_into_the_microphone(page: Page, recording: Path) -> None:
@@ -156,7 +168,7 @@ async def speak_into_the_microphone(page: Page, recording: Path) -> None:
 async def send_once_said(page: Page, recording: Path, seconds: float) -> None:
     """Click the microphone to send once `seconds` more of it went up."""
     wanted = await sent_chunks(page) + chunks_of(seconds + CLICK_AFTER_SECONDS)
-    await eventually(lambda: page.evaluate(f"window.__owl.voice.sentChunks >= {wanted}"),
+    await eventually(lambda: page.evaluate(f"OwlLayer.diagnostics().voice.sentChunks >= {wanted}"),
                      timeout=30, what=f"{wanted} microphone chunks to go up")
     await mic(page).click()
 
@@ -179,15 +191,17 @@ async def test_a_spoken_request_fills_the_cart_and_the_answer_is_shown_and_spoke
     await speak_into_the_microphone(page, microphone)
 
     # What was heard, the words before the call, the call, the answer: in that order.
-    await expect(page.locator(".owl-msg-user[data-voice=true]")).to_have_text(HEARD)
-    await expect(answers(page)).to_have_text([ANSWER])
+    await expect(heard(page)).to_have_text(HEARD)
+    # The words before the call are a bubble of their own, above the call's line.
+    await expect(answers(page)).to_have_text([FIRST_WORDS, ANSWER])
     assert (await chat_entries(page).all_inner_texts())[-4:] == [
-        HEARD, FIRST_WORDS, "✓ add_to_cart (quantity 2) done", ANSWER]
+        HEARD, FIRST_WORDS, "Done: Add to cart", ANSWER]
     await expect(page.locator("#cart-count")).to_have_text("2")
     await shot("answered")
     # The answer was spoken to its end: every chunk played, in order, and
     # the server closed the voice turn.
     await expect(mic(page)).to_have_attribute("data-state", "ready")
+    await expect(status(page)).to_have_text("Online")
     assert await received(page, "VOICE_STATE_EVENT") == [{"event": "turn_complete"}]
     spoken = await voice(page)
     assert spoken["receivedChunks"] == len(await received(page, "AUDIO_STREAM")) > 0
@@ -197,8 +211,7 @@ async def test_a_spoken_request_fills_the_cart_and_the_answer_is_shown_and_spoke
     said = [event["data"] for event in await received(page, "SYSTEM_EVENT") if event["kind"] == "transcript"]
     assert said[0] == {"role": "user", "text": HEARD}
     assert " ".join(event["text"] for event in said[1:]) == f"{FIRST_WORDS} {ANSWER}"
-    assert [frame["payload"] for frame in await page.evaluate("window.__owl.sent")
-            if frame["type"] == "VOICE_INPUT_END"] == [{"reason": "user_stop"}]
+    assert await sent(page, "VOICE_INPUT_END") == [{"reason": "user_stop"}]
     await nothing_dropped(page)
 
     # The server's record: what was heard, the call and its result, the answer.
@@ -207,7 +220,7 @@ async def test_a_spoken_request_fills_the_cart_and_the_answer_is_shown_and_spoke
     assert (call.tool_use_id, call.status, call.arguments) == (
         "toolu_voice_cart", ToolCall.Status.SUCCESS, {"quantity": 2})
     assert call.result["cart"]["itemCount"] == 2
-    messages = await stored(await page.evaluate("window.__owl.sessionId"))
+    messages = await stored(await wire(page, "sessionId"))
     assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[0][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
     assert messages[1][1] == [
@@ -228,31 +241,37 @@ async def test_talking_over_the_spoken_answer_cuts_it_off_and_the_next_request_i
                         hold=writing, hold_after_events=4),
         text_response(SECOND_ANSWER, chunks=1),
     )
-    heard = page.locator(".owl-msg-user[data-voice=true]")
+    cut = page.locator(f"{WIDGET} .msg.agent[data-cut=true]")
     try:
         await open_product_page(page, voice_store)
         await speak_into_the_microphone(page, microphone)
-        await expect(heard).to_have_text([HEARD])
+        await expect(heard(page)).to_have_text([HEARD])
 
         # The recording plays again: the shopper speaks over the answer.
-        await eventually(lambda: page.evaluate("window.__owl.voice.bargeIns > 0"), timeout=40,
+        await eventually(lambda: page.evaluate("OwlLayer.diagnostics().voice.bargeIns > 0"), timeout=40,
                          what="the shopper to speak over the answer")
         await expect(mic(page)).to_have_attribute("data-state", "listening")
-        await expect(page.locator(".owl-msg-agent[data-cut=true]")).to_have_text([LONG_ANSWER])
+        await expect(status(page)).to_have_text(re.compile("^Listening"))
+        await expect(cut).to_have_count(1)
+        await expect(cut.locator("p")).to_have_text(LONG_ANSWER)
+        await expect(cut.locator(".cutoff")).to_have_text("(cut off)")
         await shot("cut-off")
         await send_once_said(page, microphone, words_seconds(microphone))
     finally:
         writing.set()
 
     # The words that set the barge-in off were heard whole.
-    await expect(heard).to_have_text([HEARD, HEARD])
-    await expect(answers(page).last).to_have_text(SECOND_ANSWER)
+    await expect(heard(page)).to_have_text([HEARD, HEARD])
+    # The cut answer keeps its words; the next one has a bubble of its own.
+    await expect(cut.locator("p")).to_have_text(LONG_ANSWER)
+    await expect(answers(page).last.locator("p")).to_have_text(SECOND_ANSWER)
+    await expect(answers(page).last).not_to_have_attribute("data-cut", "true")
     await expect(mic(page)).to_have_attribute("data-state", "ready")
+    await expect(status(page)).to_have_text("Online")
     await shot("answered-again")
     assert await received(page, "VOICE_STATE_EVENT") == [
         {"event": "interrupted", "reason": "barge_in"}, {"event": "turn_complete"}]
-    assert [frame["payload"] for frame in await page.evaluate("window.__owl.sent")
-            if frame["type"] in ("VOICE_INTERRUPT", "VOICE_INPUT_END")] == [
+    assert await sent(page, "VOICE_INTERRUPT", "VOICE_INPUT_END") == [
         {"reason": "user_stop"}, {"reason": "barge_in"}, {"reason": "user_stop"}]
     spoken = await voice(page)
     assert (spoken["bargeIns"], spoken["interrupts"], spoken["utterances"]) == (1, 1, 2)
@@ -264,11 +283,11 @@ async def test_talking_over_the_spoken_answer_cuts_it_off_and_the_next_request_i
     # The server stored the first answer as far as its voice went (sent at
     # the pace it plays: the rest was never sent), marked interrupted, and
     # then the second turn as usual.
-    messages = await stored(await page.evaluate("window.__owl.sessionId"))
+    messages = await stored(await wire(page, "sessionId"))
     assert [role for role, _ in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[0][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
-    [cut] = messages[1][1]
-    assert cut["voice"] == "interrupted"
-    assert cut["text"] and LONG_ANSWER.startswith(cut["text"])
+    [kept] = messages[1][1]
+    assert kept["voice"] == "interrupted"
+    assert kept["text"] and LONG_ANSWER.startswith(kept["text"])
     assert messages[2][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
     assert messages[3][1] == [{"type": "text", "text": SECOND_ANSWER, "voice": "said"}]

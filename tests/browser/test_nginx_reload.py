@@ -36,7 +36,18 @@ from playwright.async_api import Browser, Page, expect
 
 from aitp.models import ServerProcess, Session
 from tests.browser.conftest import MODEL_API_KEY, SOON
-from tests.browser.store_support import answers, nothing_dropped, say, send, session_when, status
+from tests.browser.store_support import (
+    WIDGET,
+    answers,
+    idle,
+    nothing_dropped,
+    open_panel,
+    say,
+    send,
+    session_when,
+    status,
+    wire,
+)
 from tests.support.certificates import CertificateAuthority
 from tests.support.daphne import DaphneFactory, DaphneServer, free_port
 from tests.support.fake_anthropic import (
@@ -68,8 +79,6 @@ BEFORE_THE_RELOAD = "".join(WORD_DELTAS[:DELTAS_BEFORE_THE_RELOAD])
 QUESTION = "Tell me eighty words."
 NEXT_QUESTION = "Which word came last?"
 NEXT_ANSWER = "The last word was word79."
-FINISHES = ("The page was reloaded: the assistant goes on with the conversation above "
-            "and finishes its answer.")
 
 
 # --- nginx in front of two processes ---------------------------------------------------
@@ -273,18 +282,14 @@ def held_answer(model) -> Iterator[threading.Event]:
 # --- what the page and the processes show ----------------------------------------------
 
 
-def notes(page: Page, text: str):
-    """The chat's notes that say exactly ``text``."""
-    return page.locator(".owl-msg-note").filter(has_text=re.compile(f"^{re.escape(text)}$"))
-
-
-def agent_entries(page: Page):
-    return page.locator("#owl-messages > .owl-msg-agent")
+def messages(page: Page):
+    """The widget's messages, the visitor's and the agent's."""
+    return page.locator(f"{WIDGET} .log > .msg")
 
 
 async def entry_texts(page: Page) -> list[str]:
-    """What the chat shows, entry by entry, from the greeting on."""
-    return [text.strip() for text in await page.locator("#owl-messages > .owl-msg").all_inner_texts()]
+    """What the widget's log shows, entry by entry: messages, notes, tool lines."""
+    return [text.strip() for text in await page.locator(f"{WIDGET} .log > *").all_inner_texts()]
 
 
 def spoken(request: dict) -> list[str]:
@@ -298,13 +303,6 @@ def sockets_opened(*servers: DaphneServer) -> list[int]:
     return [len(re.findall(r'"WSCONNECT /owllayer"', server.logs())) for server in servers]
 
 
-def after_the_question(texts: list[str]) -> list[str]:
-    """The chat's entries from the question on (a loaded machine may have
-    shown a handshake timeout and a reconnect before it)."""
-    assert texts.count(QUESTION) == 1, texts
-    return texts[texts.index(QUESTION):]
-
-
 async def both_up(store: ProxiedStore) -> None:
     """Each process is registered and ready, answering on its own address."""
     async with httpx.AsyncClient(trust_env=False) as http:
@@ -316,16 +314,17 @@ async def both_up(store: ProxiedStore) -> None:
 
 
 async def session_row(page: Page) -> Session:
-    return await Session.objects.aget(id=await page.evaluate("window.__owl.sessionId"))
+    return await Session.objects.aget(id=await wire(page, "sessionId"))
 
 
 async def ask_and_hold(page: Page, store: ProxiedStore) -> tuple[Session, DaphneServer]:
     """Open the store through nginx and ask: the answer is held half way.
     The page's session row and the process serving it."""
     await page.goto(store.url)
-    await expect(status(page)).to_have_text("connected")
+    await open_panel(page)
+    await expect(status(page)).to_have_text("Online")
     await send(page, QUESTION)
-    await expect(agent_entries(page).last).to_have_text(BEFORE_THE_RELOAD)
+    await expect(messages(page).last).to_have_text(BEFORE_THE_RELOAD)
     row = await session_row(page)
     assert row.process, "the session row names no process"
     return row, await sync_to_async(store.server_of)(row.process)
@@ -335,19 +334,18 @@ async def ask_and_hold(page: Page, store: ProxiedStore) -> tuple[Session, Daphne
 
 
 async def completed_once(page: Page, first: Session) -> Session:
-    """The reloaded page shows the whole answer once and was sent the rest of
-    it, numbered on from where it left off; its session row, continued once."""
+    """The reloaded page shows the conversation again, the whole answer once,
+    and was sent the rest of it, numbered on from where it left off; its
+    session row, continued once."""
     await expect(answers(page)).to_have_count(1)
     await expect(answers(page)).to_have_text(LONG_ANSWER)
-    await expect(notes(page, FINISHES)).to_have_count(1)
-    await expect(page.locator("#owl-activity")).to_have_attribute("data-activity", "idle")
-    texts = await entry_texts(page)
-    assert after_the_question(texts)[:2] == [QUESTION, LONG_ANSWER]
-    assert sum("word00" in text for text in texts) == 1
-    frames = await page.evaluate("window.__owl.frames")
+    await idle(page)
+    # The question read back from the server, then the answer, once.
+    assert await entry_texts(page) == [QUESTION, LONG_ANSWER]
+    frames = await wire(page, "frames")
     assert frames[0]["type"] == "HANDSHAKE_ACK" and frames[0]["payload"]["resumed"] is True
     assert frames[0]["payload"]["sessionId"] == first.id and frames[0]["meta"]["seq"] > 0
-    assert await page.evaluate("window.__owl.repeated") == 0
+    assert await wire(page, "repeated") == 0
     return await session_when(page, lambda row: row.resumes == 1)
 
 
@@ -357,8 +355,8 @@ async def asked_next_with_the_whole_answer(page: Page, model: FakeAnthropicServe
     assert answer == NEXT_ANSWER
     assert len(model.requests) == 2
     assert spoken(model.requests[-1]) == [QUESTION, LONG_ANSWER, NEXT_QUESTION]
-    assert (await entry_texts(page)).count(LONG_ANSWER) == 1
-    await expect(status(page)).to_have_text("connected")
+    assert await entry_texts(page) == [QUESTION, LONG_ANSWER, NEXT_QUESTION, NEXT_ANSWER]
+    await expect(status(page)).to_have_text("Online")
     await nothing_dropped(page)
 
 

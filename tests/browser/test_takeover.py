@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from playwright.async_api import Browser, Page, expect
 
 from tests.browser.conftest import Store
-from tests.browser.store_support import answers, open_store, send
+from tests.browser.store_support import WIDGET, answers, idle, open_store, send, wire
 from tests.browser.test_admin_widths import superuser_tab
 from tests.support.daphne import DaphneServer
 from tests.support.fake_anthropic import FakeAnthropicServer, text_response, tool_use_response
@@ -27,8 +27,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 ACTIVE = re.compile(r"(^|\s)alert-active(\s|$)")
 
 
-def notes(page):
-    return page.locator(".owl-msg-note")
+def operator_messages(page: Page):
+    """The operator's messages in the widget, each labelled with their name."""
+    return page.locator(f"{WIDGET} .msg.agent[data-operator]")
+
+
+async def system_events(page: Page, kind: str) -> list[dict]:
+    """The SYSTEM_EVENT payloads of `kind` the page received."""
+    frames = await wire(page, "frames")
+    return [f["payload"] for f in frames if f["type"] == "SYSTEM_EVENT" and f["payload"]["kind"] == kind]
 
 
 async def a_person_is_asked_for_takes_over_writes_both_ways_and_hands_back(
@@ -42,9 +49,12 @@ async def a_person_is_asked_for_takes_over_writes_both_ways_and_hands_back(
                   text_response("I have asked a colleague to join; they will answer here."))
     await open_store(page, store)
     await send(page, "Can I talk to a person, please?")
-    await expect(notes(page).last).to_contain_text("An operator has been asked to join this chat")
     await expect(answers(page).last).to_have_text("I have asked a colleague to join; they will answer here.")
-    session_id = await page.evaluate("window.__owl.sessionId")
+    # The page was told an operator is asked, and the widget says so as a note.
+    asked = "An operator has been asked to join this chat and will answer you here as soon as one is free."
+    assert [event["message"] for event in await system_events(page, "waiting")] == [asked]
+    await expect(page.locator(f"{WIDGET} .note", has_text=asked)).to_have_count(1)
+    session_id = await wire(page, "sessionId")
 
     operator = await sync_to_async(make_user)("jane", tenant=store.key.tenant, superuser=True)
     context, tab, errors = await superuser_tab(browser, admin_server, operator)
@@ -69,13 +79,15 @@ async def a_person_is_asked_for_takes_over_writes_both_ways_and_hands_back(
 
         await tab.fill("#operator-text", "Hello, I am Jane. Which order is it?")
         await tab.locator("#operator-say").get_by_role("button", name="Send to the page user").click()
-        await expect(answers(page).last).to_have_text("Hello, I am Jane. Which order is it?")
+        said = operator_messages(page)
+        await expect(said).to_have_count(1)
+        await expect(said.locator("span.who")).to_have_text("jane (support team)")
+        await expect(said.locator("p")).to_have_text("Hello, I am Jane. Which order is it?")
+        await expect(said).to_have_attribute("data-operator", "jane")
         await expect(answers(page).last).to_have_attribute("data-operator", "jane")
-        label = await answers(page).last.evaluate("e => getComputedStyle(e, '::before').content")
-        assert label == '"jane (a person from the store)"'
         await send(page, "Order A1, the headphones.")
         await expect(tab.locator("body")).to_contain_text("Order A1, the headphones.")
-        await expect(page.locator("#owl-status")).to_have_text("connected")
+        await idle(page)
 
         await tab.fill("#hand-back-note", "Refund for A1 issued.")
         await tab.locator("#hand-back").get_by_role("button", name="Hand back").click()

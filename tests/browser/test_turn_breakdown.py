@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from django.urls import reverse
 from playwright.async_api import expect
 
-from tests.browser.store_support import answers
+from tests.browser.store_support import answers, approval, wire
 from tests.browser.test_admin_widths import superuser_tab
 from tests.browser.test_demo_store import ask_to_pay
 from tests.support.fake_anthropic import FakeAnthropicServer
@@ -24,9 +24,9 @@ MILLISECONDS = re.compile(r"^\d+ ms$")
 async def test_a_paid_turn_shows_its_breakdown_on_the_live_page_and_the_session_record(
         llm_store, model, page, browser):
     await ask_to_pay(page, llm_store, model, 299.98)
-    await page.get_by_role("dialog").get_by_role("button", name="Approve").click()
+    await approval(page).get_by_role("button", name="Approve").click()
     await expect(answers(page).last).to_contain_text("Paid $299.98, order A")
-    session_id = await page.evaluate("window.__owl.sessionId")
+    session_id = await wire(page, "sessionId")
     owner = await sync_to_async(make_user)("owl-owner", tenant=llm_store.key.tenant, superuser=True)
     context, tab, errors = await superuser_tab(browser, llm_store.server, owner)
     slug = llm_store.key.tenant.slug

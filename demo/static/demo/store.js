@@ -214,11 +214,14 @@ function describePayment(args) {
   const amount = Number(args.amount);
   const details = {
     summary: "Pay for your cart with your saved card.",
-    rows: [["Amount", money(amount)], ["Paid to", "Owl Store, with your saved card (Visa ending 4242)"]],
+    rows: [["Amount", money(amount)], ["Paid to", "Owl Store"], ["Card", "Your saved Visa ending 4242"]],
   };
   if (page.kind !== "cart") return details;
   for (const item of page.context.items) {
     details.rows.push([item.quantity + " \u00d7 " + item.name, money(item.lineTotal)]);
+  }
+  if (page.context.coupon) {
+    details.rows.push(["Coupon " + page.context.coupon.code, "\u2212" + money(page.context.discount)]);
   }
   if (Math.round(page.context.total * 100) !== Math.round(amount * 100)) {
     details.warning = "This is not your cart total (" + money(page.context.total) + ").";
