@@ -267,6 +267,15 @@ def action_words(code: str) -> str:
 MAX_HISTORY_ENTRIES = 200
 
 
+def _voice_marks(blocks: list[Block]) -> dict:
+    """A spoken message's marks: ``voice``, and ``cut`` for an answer the
+    page user talked over (it ends where its voice stopped)."""
+    marks = {"voice": True} if any(block.voice for block in blocks) else {}
+    if any(block.voice == "interrupted" for block in blocks):
+        marks["cut"] = True
+    return marks
+
+
 def visible_history(messages: Iterable[Any], *, limit: int = MAX_HISTORY_ENTRIES) -> tuple[list[dict], bool]:
     """What a shopper saw of a conversation, for a page drawing it again
     (docs/protocol.md §3b): the user's words and the agent's (an operator's
@@ -281,7 +290,7 @@ def visible_history(messages: Iterable[Any], *, limit: int = MAX_HISTORY_ENTRIES
                              if block.kind == "text" and not block.human and block.text)
         if words:
             entries.append({"role": message.role, "text": words, "turn": message.turn,
-                            **({"voice": True} if any(block.voice for block in blocks) else {})})
+                            **_voice_marks(blocks)})
         for block in blocks:
             if block.human and (entry := _human_entry(block, message.turn)) is not None:
                 entries.append(entry)

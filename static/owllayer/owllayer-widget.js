@@ -629,6 +629,7 @@ class Widget {
       if (message.role !== "user" && message.role !== "assistant") continue;
       const node = this.messageNode(message.role === "user" ? "user" : "agent", message.text, message.operator);
       if (message.role === "user" && message.voice) node.dataset.voice = "true";
+      if (message.role === "assistant" && message.cut) this.markCut(node);
       this.log.insertBefore(node, first);
     }
     this.scrollToEnd();
@@ -715,8 +716,8 @@ class Widget {
   }
 
   /* The answer being spoken was cut off: by the visitor talking over it, or by the server. */
-  markCut() {
-    const node = this.current || this.lastAnswer;
+  markCut(answer = null) {
+    const node = answer || this.current || this.lastAnswer;
     if (!node || node.dataset.cut) return;
     node.dataset.cut = "true";
     node.append(el("span", { class: "cutoff", text: this.words.cutOff }));

@@ -109,3 +109,14 @@ def test_a_page_tool_the_operator_ran_reads_as_such_in_the_record_and_is_not_dra
     assert entries == []
     assert content_block(block).title == "Jane Doe ran a page tool"
     assert content_block(block).text == 'open_product {"id": "p1"}: {"opened":true}'
+
+
+def test_a_reloaded_page_is_told_which_words_were_spoken_and_which_answer_was_talked_over():
+    messages = stored([{"type": "text", "text": "add two", "voice": "heard"}],
+                      [{"type": "text", "text": "Adding two of", "voice": "interrupted"}],
+                      [{"type": "text", "text": "Done.", "voice": "said"}])
+
+    entries, _ = visible_history(messages)
+
+    assert [(entry["text"], entry.get("voice"), entry.get("cut")) for entry in entries] == [
+        ("add two", True, None), ("Adding two of", True, True), ("Done.", True, None)]

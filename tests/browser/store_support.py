@@ -42,6 +42,15 @@ def tool_line(page: Page, name: str):
     return page.locator(f"{WIDGET} .tool[data-tool={name}]").last
 
 
+def mic(page: Page):
+    return page.locator(f"{WIDGET} button.mic")
+
+
+def heard(page: Page):
+    """The shopper's spoken messages, as the server heard them."""
+    return page.locator(f"{WIDGET} .msg.user[data-voice=true]")
+
+
 def notes(page: Page):
     return page.locator(f"{WIDGET} .note")
 

@@ -12,7 +12,17 @@ import pytest
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import WATCH_VIOLATIONS, ack, eventually, frame
-from tests.browser.store_support import WIDGET, answers, chat_input, open_panel, status, widget_error, wire
+from tests.browser.store_support import (
+    WIDGET,
+    answers,
+    chat_input,
+    heard,
+    mic,
+    open_panel,
+    status,
+    widget_error,
+    wire,
+)
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone*: fixtures)
     ANSWER,
     HEARD,
@@ -52,15 +62,6 @@ async def open_scripted_store(page: Page, store, assistant: ScriptedAssistant) -
     await page.goto(store.url)
     await open_panel(page)
     await expect(status(page)).to_have_text("Online")
-
-
-def mic(page: Page):
-    return page.locator(f"{WIDGET} button.mic")
-
-
-def heard(page: Page):
-    """The shopper's spoken messages, as the server heard them."""
-    return page.locator(f"{WIDGET} .msg.user[data-voice=true]")
 
 
 def cut_answers(page: Page):

@@ -20,7 +20,17 @@ from playwright.async_api import Page, expect
 from aitp.models import ConversationMessage, ToolCall
 from aitp_client import AitpClient
 from tests.browser.conftest import MODEL_API_KEY, Store, eventually, print_logs, start_store
-from tests.browser.store_support import WIDGET, answers, nothing_dropped, open_panel, status, tool_calls, wire
+from tests.browser.store_support import (
+    WIDGET,
+    answers,
+    heard,
+    mic,
+    nothing_dropped,
+    open_panel,
+    status,
+    tool_calls,
+    wire,
+)
 from tests.browser.voice_support import (  # noqa: F401 (browser, microphone_*: fixtures)
     MIC_CHUNK_BYTES,
     browser,
@@ -118,15 +128,6 @@ async def open_product_page(page: Page, store: Store) -> None:
 def chat_entries(page: Page):
     """What the widget's conversation shows, entry by entry: messages, notes, tool lines."""
     return page.locator(f"{WIDGET} .log > *")
-
-
-def mic(page: Page):
-    return page.locator(f"{WIDGET} button.mic")
-
-
-def heard(page: Page):
-    """The shopper's spoken messages, as the server heard them."""
-    return page.locator(f"{WIDGET} .msg.user[data-voice=true]")
 
 
 async def voice(page: Page) -> dict:
@@ -291,3 +292,12 @@ async def test_talking_over_the_spoken_answer_cuts_it_off_and_the_next_request_i
     assert kept["text"] and LONG_ANSWER.startswith(kept["text"])
     assert messages[2][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
     assert messages[3][1] == [{"type": "text", "text": SECOND_ANSWER, "voice": "said"}]
+
+    # A reload reads the conversation back with its marks: what was heard, and the answer cut off.
+    await page.reload()
+    await open_panel(page)
+    await expect(heard(page)).to_have_text([HEARD, HEARD])
+    await expect(cut).to_have_count(1)
+    await expect(cut.locator("p")).to_have_text(kept["text"])
+    await expect(cut.locator(".cutoff")).to_have_text("(cut off)")
+    await shot("read-back-after-a-reload")
