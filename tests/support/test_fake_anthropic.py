@@ -143,6 +143,8 @@ def test_names_a_529_an_overloaded_error(fake):
 def test_records_every_body_with_its_headers_and_outcome(fake):
     post(fake.port, MESSAGE, {"x-api-key": "sk-one"})
     post(fake.port, {**MESSAGE, "model": "other"}, {"authorization": "Bearer sk-two"})
+    # The outcome is recorded once the answer has left, which the client may read first.
+    assert fake.wait_for(lambda seen: len(seen) == 2 and seen[0].outcome != "pending")
 
     first, second = fake.requests
     assert (first["model"], first.api_key, first.outcome) == ("claude-test", "sk-one", "complete")
