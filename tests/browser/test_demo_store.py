@@ -284,6 +284,24 @@ async def test_what_the_shopper_does_by_hand_reaches_the_agents_context(store, p
         "apply_coupon", "open_product", "process_payment", "set_quantity"]
 
 
+async def test_what_the_store_refuses_a_shopper_by_hand_is_said_on_the_page_and_goes_when_the_next_step_works(
+        store, page):
+    await open_store(page, store)
+    await fill_cart_by_hand(page, "Travel Speaker", 1)
+
+    await page.fill("#coupon-code", "NOPE")
+    await page.click("form.coupon button")
+
+    refusal = page.locator("#store-message")
+    await expect(refusal).to_have_text("There is no coupon called 'NOPE'.")
+    await expect(refusal).to_have_attribute("role", "alert")
+    await expect(page.locator("#cart-total")).to_have_text("$89.00")
+    await page.fill("#coupon-code", "WELCOME5")
+    await page.click("form.coupon button")
+    await expect(page.locator("#cart-total")).to_have_text("$84.00")
+    await expect(refusal).to_be_hidden()
+
+
 async def test_the_cart_survives_a_reload_and_the_reloaded_page_connects_on_its_own(store, page):
     await open_store(page, store)
     await fill_cart_by_hand(page, "Pro Headphones", 2)
