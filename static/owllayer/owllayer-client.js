@@ -1145,30 +1145,25 @@ export class OwlLayerClient {
     if (this.sendFrame(question)) this.wire.resent += 1;
   }
 
-  /* The turn ends as far as it was said: "agent" tells its text, done and cut. */
-  endCutTurn() {
+  /* The turn is over: "agent" tells its whole text, done, and what ended it
+   * (operator: a person answered; cut: a barge-in stopped it there). */
+  endTurn(marks) {
     const text = this.agentText;
     this.turnOpen = false;
     this.pendingInput = null;
     this.agentText = "";
-    this.emit("agent", { text, done: true, cut: true });
+    this.emit("agent", { text, done: true, ...marks });
     if (this.wire.state === "thinking") this.setState("connected");
     this.rest();
   }
 
   onAgentResponse(payload) {
     if (payload.done) {
-      this.turnOpen = false;
-      this.pendingInput = null;
       // The closing frame carries the complete text; an empty one ends the
       // turn and keeps what the deltas built.
       if (payload.chunk) this.agentText = payload.chunk;
-      const text = this.agentText;
-      this.agentText = "";
       // A person answering in the agent's place says who (protocol.md §5b).
-      this.emit("agent", payload.operator ? { text, done: true, operator: payload.operator } : { text, done: true });
-      if (this.wire.state === "thinking") this.setState("connected");
-      this.rest();
+      this.endTurn(payload.operator ? { operator: payload.operator } : {});
       return;
     }
     if (!payload.chunk) return;
@@ -1509,7 +1504,7 @@ export class OwlLayerClient {
       this.stopPlayback();
       this.muted = false;
       // A barge-in ends the turn being answered, with no done frame (protocol.md §5a).
-      if (this.turnOpen) this.endCutTurn();
+      if (this.turnOpen) this.endTurn({ cut: true });
     }
     // The agent's turn is over; after turn_complete what is scheduled still plays to its end.
     this.agentTurnOpen = false;

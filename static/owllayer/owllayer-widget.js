@@ -376,6 +376,11 @@ function defaultEndpoint() {
   return (server.protocol === "https:" ? "wss://" : "ws://") + server.host + "/owllayer";
 }
 
+/* A page's own sentence, trimmed; "" when it gave none. */
+function ownWords(value) {
+  return typeof value === "string" ? value.trim() : "";
+}
+
 /* The messages before the turn that goes on: the server may hold its
  * question (from the last one asking `question`) and some of its answer. */
 function beforeTurn(messages, question) {
@@ -924,16 +929,22 @@ class Widget {
 
   // --- approvals ---
 
+  /* The page's declaration of a tool, or null. */
+  toolNamed(name) {
+    const entry = this.tools.find(([tool]) => tool.name === name);
+    return entry ? entry[0] : null;
+  }
+
   describe(request) {
-    const entry = this.tools.find(([tool]) => tool.name === request.toolName);
-    return entry && entry[0].description ? entry[0].description : request.toolName;
+    const tool = this.toolNamed(request.toolName);
+    return tool && tool.description ? tool.description : request.toolName;
   }
 
   /* What the tool itself says of this call (its approvalDetails: summary,
    * rows, warning), or {}: then the dialog shows the arguments. */
   detailsOf(request) {
-    const entry = this.tools.find(([tool]) => tool.name === request.toolName);
-    const own = entry && entry[0].approvalDetails;
+    const tool = this.toolNamed(request.toolName);
+    const own = tool && tool.approvalDetails;
     if (typeof own !== "function") return {};
     try {
       const given = own(request.args || {});
@@ -961,14 +972,13 @@ class Widget {
     const words = this.words;
     const details = this.detailsOf(request);
     const rows = this.approvalRows(request, details);
-    const warning = typeof details.warning === "string" && details.warning.trim();
+    const warning = ownWords(details.warning);
     const deny = el("button", { type: "button", class: "deny", text: words.deny });
     const approve = el("button", { type: "button", class: "approve", text: words.approve });
     const dialog = el("dialog", { "aria-labelledby": "owl-approval-title", "aria-describedby": "owl-approval-what",
                                   "data-call-id": request.callId }, [
       el("h2", { id: "owl-approval-title", text: words.approveTitle }),
-      el("p", { id: "owl-approval-what", text: typeof details.summary === "string" && details.summary.trim()
-        ? details.summary : this.describe(request) }),
+      el("p", { id: "owl-approval-what", text: ownWords(details.summary) || this.describe(request) }),
       // The client's own question is said in the widget's language; a tool's own, as it is.
       el("p", { text: request.message === WORDS.en.allow(request.toolName) ? words.allow(request.toolName)
                                                                            : request.message }),

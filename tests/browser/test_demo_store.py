@@ -607,12 +607,18 @@ def demo_key_store(daphne_factory, tmp_path):
     print_logs(started)
 
 
-def stop_the_key(key, how: str) -> None:
+def stop_the_key(store, how: str) -> None:
+    """The demo key stops working: revoked, disabled, expired, or unknown (the key
+    file names a key this server's database never had)."""
     from datetime import timedelta
+    from pathlib import Path
 
     from django.utils import timezone
 
-    if how == "expired":
+    key = store.key
+    if how == "unknown":
+        Path(store.env["OWLLAYER_DEMO_KEY_FILE"]).write_text("pk_live_" + "0" * 32 + "\n")
+    elif how == "expired":
         tenancy.key_update(key=key, changes={"expires_at": timezone.now() - timedelta(minutes=1)})
     else:
         tenancy.key_update(key=key, changes={"status": how})
@@ -622,10 +628,12 @@ def stop_the_key(key, how: str) -> None:
     ("revoked", "This demo's key was revoked", "The assistant is no longer available on this site."),
     ("disabled", "This demo's key is disabled", "The assistant is switched off for now."),
     ("expired", "This demo's key has expired", "The assistant is no longer available on this site."),
+    ("unknown", "This demo's key is not in this server's database",
+     "The assistant is not set up correctly on this site."),
 ])
 async def test_a_demo_key_that_no_longer_works_is_explained_with_how_to_get_a_new_one(
         demo_key_store, page, shot, how, said, widget_said):
-    await sync_to_async(stop_the_key)(demo_key_store.key, how)
+    await sync_to_async(stop_the_key)(demo_key_store, how)
 
     await page.goto(f"{demo_key_store.server.http_url}/demo/")
     await open_panel(page)
