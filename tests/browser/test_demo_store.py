@@ -302,6 +302,33 @@ async def test_what_the_store_refuses_a_shopper_by_hand_is_said_on_the_page_and_
     await expect(refusal).to_be_hidden()
 
 
+async def test_the_store_says_what_it_refused_only_once_the_page_under_it_is_redrawn(store, page):
+    # The page is redrawn after every step; a refusal said before that would
+    # invite the shopper to type into a form the redraw then replaces.
+    await open_store(page, store)
+    await fill_cart_by_hand(page, "Travel Speaker", 1)
+    redraw_asked, redraw_may_go = asyncio.Event(), asyncio.Event()
+
+    async def hold_redraw(route: Route) -> None:
+        redraw_asked.set()
+        await redraw_may_go.wait()
+        await route.continue_()
+
+    await page.route("**/demo/cart/", hold_redraw)
+    await page.fill("#coupon-code", "NOPE")
+    await page.click("form.coupon button")
+    await asyncio.wait_for(redraw_asked.wait(), timeout=15)
+
+    refusal = page.locator("#store-message")
+    assert not await refusal.is_visible()
+    redraw_may_go.set()
+    await expect(refusal).to_have_text("There is no coupon called 'NOPE'.")
+    await page.unroute("**/demo/cart/")
+    await page.fill("#coupon-code", "WELCOME5")
+    await page.click("form.coupon button")
+    await expect(page.locator("#cart-total")).to_have_text("$84.00")
+
+
 async def test_the_cart_survives_a_reload_and_the_reloaded_page_connects_on_its_own(store, page):
     await open_store(page, store)
     await fill_cart_by_hand(page, "Pro Headphones", 2)

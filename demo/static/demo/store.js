@@ -123,15 +123,24 @@ document.addEventListener("click", (event) => {
 
 const storeMessage = document.getElementById("store-message");
 
+/* Do what the shopper asked, redraw the page, then say what the store refused: the sentence
+   appears once the page under it is the one the shopper goes on with. */
 async function act(change) {
   storeMessage.hidden = true;
+  let refusal = null;
   try {
     await change();
   } catch (err) {
-    storeMessage.textContent = err.message;
-    storeMessage.hidden = false;
+    refusal = err.message;
   }
-  await refresh();
+  try {
+    await refresh();
+  } finally {
+    if (refusal !== null) {
+      storeMessage.textContent = refusal;
+      storeMessage.hidden = false;
+    }
+  }
 }
 
 // --- the page's tools ---------------------------------------------------------------
