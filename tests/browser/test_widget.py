@@ -239,6 +239,33 @@ async def test_a_key_with_a_french_appearance_shows_its_name_greeting_colour_cor
     assert await page.evaluate("window.seen.errors") == []
 
 
+@pytest.mark.parametrize("ending, words", [
+    ("closed", "Cette conversation est terminée. Rechargez la page pour en commencer une autre."),
+    ("error", "L\u2019assistant ne peut pas recevoir de messages pour le moment."),
+])
+async def test_a_french_widget_says_in_french_why_its_message_box_takes_no_more_words(
+        ending, words, store, host_site, page):
+    script = ScriptedSocket()
+    raw_key = await sync_to_async(publish)(host_site, store, allowed_origins=[host_site.origin])
+    await sync_to_async(set_appearance)(raw_key, FRENCH_LOOK)
+    await page.route_web_socket(re.compile(r"/owllayer\?"), script.route)
+    await page.goto(host_site.origin + "/")
+    await page.get_by_role("button", name="Ouvrir la discussion").click()
+    widget = page.locator("owllayer-widget")
+    await expect(widget.locator(".status")).to_have_text("En ligne")
+
+    if ending == "closed":  # an operator ended the session
+        script.sockets[0].send(frame("SYSTEM_EVENT", {"kind": "disconnect", "message": "Ended."}))
+        await script.sockets[0].close(code=1000, reason="ended")
+    else:  # the key was refused for good
+        await script.sockets[0].close(code=1008, reason="no entry")
+
+    message_box = widget.locator("textarea")
+    await expect(message_box).to_be_disabled()
+    await expect(message_box).to_have_attribute("placeholder", words)
+    assert await page.evaluate("window.OwlLayer.send('Encore une question')") is False
+
+
 class ScriptedSocket:
     """Answers the widget's sockets in place of the server (Playwright's
     WebSocket routing): the ACK, and whatever a test sends; keeps what came."""
