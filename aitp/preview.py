@@ -7,8 +7,10 @@ the console page it was made for and the member it was made for. A socket
 that offers one (``?previewTicket=`` on its URL) from that origin, for that key,
 within ``TICKET_LIFETIME`` of its making, is admitted whatever the key's
 allowed origins; the key's other checks (revoked, disabled, expired, quota,
-session caps) stay. A socket offering a ticket that is forged, expired or
-made for another origin is refused (``preview_ticket_invalid``); a good one
+session caps) stay, and the member must still be an active member of the
+key's tenant when the socket opens (``connection.opening.good_preview_ticket``).
+A socket offering a ticket that is forged, expired, made for another origin
+or no longer its member's is refused (``preview_ticket_invalid``); a good one
 made for another key vouches for nothing (that key's allowed origins decide).
 """
 from __future__ import annotations

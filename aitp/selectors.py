@@ -8,7 +8,7 @@ from aitp import visitors
 from aitp.models import ApiKey, ConversationMessage, Session
 from aitp.store import keys
 from runtime.config import config
-from tenants.models import Tenant
+from tenants.models import Tenant, TenantMembership
 
 
 def session_conversation(session: Session):
@@ -50,3 +50,10 @@ def visitor_last_conversation(tenant_id: int, visitor_id: str) -> Session | None
     """The visitor's latest session that holds a message."""
     return (Session.objects.filter(tenant_id=tenant_id, visitor_id=visitor_id, messages__isnull=False)
             .order_by("-started_at").distinct().first())
+
+
+def is_member_of_keys_tenant(user_id: int, key_id: int) -> bool:
+    """Whether this user, still active, is still a member of the tenant of
+    this key: what a preview ticket made for them vouches for (aitp.preview)."""
+    return TenantMembership.objects.filter(user_id=user_id, user__is_active=True,
+                                           tenant__api_keys__pk=key_id).exists()

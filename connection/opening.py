@@ -67,17 +67,28 @@ def new_session_id() -> str:
 
 # A socket offering a preview ticket that is not good (aitp.preview).
 PREVIEW_REFUSAL = Refusal("preview_ticket_invalid",
-                          "This preview has expired or is not for this page: reload the console's preview.",
+                          "This preview has expired, is not for this page or is no longer yours: "
+                          "reload the console's preview.",
                           "preview ticket invalid")
 
 
-def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, channel_name: str,
-                   token: resume.ResumeToken | None, preview_ticket: str | None = None) -> store.HandshakeInfo | None:
-    """What the store is told of this open; None when the socket offered a
-    preview ticket that is not good."""
-    ticket = preview.read(preview_ticket, origin=origin) if preview_ticket is not None else None
-    if preview_ticket is not None and ticket is None:
+async def good_preview_ticket(text: str, *, origin: str) -> preview.Ticket | None:
+    """The ticket a socket offered, when this server made it lately for a
+    page of this origin and the member it names is still an active member of
+    the key's tenant (a member removed, or a user deactivated, since the
+    console page was drawn holds a ticket that vouches for nothing); None
+    otherwise."""
+    ticket = preview.read(text, origin=origin)
+    if ticket is None or not await db_call(selectors.is_member_of_keys_tenant, ticket.user_id, ticket.key_id):
         return None
+    return ticket
+
+
+def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, channel_name: str,
+                   token: resume.ResumeToken | None, preview_ticket: preview.Ticket | None = None,
+                   ) -> store.HandshakeInfo:
+    """What the store is told of this open; ``preview_ticket``: a good one
+    the socket offered (``good_preview_ticket``)."""
     return store.HandshakeInfo(
         session_id=session_id,
         origin=origin,
@@ -88,7 +99,7 @@ def handshake_info(session_id: str, init: p.HandshakeInit, *, origin: str, chann
         channel_name=channel_name,
         process=processes.current_id(),
         resume_token_hash=token.secret_hash if token is not None else "",
-        preview_key_id=ticket.key_id if ticket is not None else None,
+        preview_key_id=preview_ticket.key_id if preview_ticket is not None else None,
     )
 
 

@@ -142,14 +142,17 @@ class ConnectionRunner:
             watched = await joining
         if not allowed:
             return
+        ticket = None
+        if self.preview_ticket is not None:
+            ticket = await opening.good_preview_ticket(self.preview_ticket, origin=self.origin)
+            if ticket is None:
+                refused = opening.PREVIEW_REFUSAL
+                logger.info("handshake refused: %s (origin %r)", refused.code, self.origin)
+                self.machine.refuse(refused.code, refused.message, refused.reason)
+                return
         info = opening.handshake_info(session_id, event.init, origin=self.origin,
                                       channel_name=self.socket.channel_name, token=self.next_token,
-                                      preview_ticket=self.preview_ticket)
-        if info is None:
-            refused = opening.PREVIEW_REFUSAL
-            logger.info("handshake refused: %s (origin %r)", refused.code, self.origin)
-            self.machine.refuse(refused.code, refused.message, refused.reason)
-            return
+                                      preview_ticket=ticket)
         opened = await self._continue_or_open(event.api_key, offer, info)
         if opened is None:
             return

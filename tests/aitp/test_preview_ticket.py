@@ -67,13 +67,25 @@ def connect(connect):
     return patient(connect)
 
 
+@pytest.fixture
+def member(tenant):
+    """A viewer of the key's tenant: any member sees the console's preview."""
+    from django.contrib.auth import get_user_model
+
+    from tenants.models import TenantMembership
+
+    user = get_user_model().objects.create_user("vera", password="pw-vera-123")
+    TenantMembership.objects.create(tenant=tenant, user=user, role=TenantMembership.Role.VIEWER)
+    return user
+
+
 def preview_query(key: ApiKey, ticket_text: str) -> str:
     return urlencode({"apiKey": key.raw, "previewTicket": ticket_text})
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_socket_from_the_console_with_a_good_ticket_opens_a_session_of_the_key(connect, api_key):
-    page = await connect(query=preview_query(api_key, ticket(api_key.pk)), origin=CONSOLE)
+async def test_a_socket_from_the_console_with_a_good_ticket_opens_a_session_of_the_key(connect, api_key, member):
+    page = await connect(query=preview_query(api_key, ticket(api_key.pk, user_id=member.pk)), origin=CONSOLE)
 
     ack = await page.handshake(api_key.raw)
 
@@ -111,9 +123,10 @@ async def test_a_socket_offering_a_ticket_that_is_not_good_is_refused_even_from_
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_good_ticket_of_another_key_does_not_open_this_one_from_the_console(connect, api_key, tenant):
+async def test_a_good_ticket_of_another_key_does_not_open_this_one_from_the_console(
+        connect, api_key, tenant, member):
     other, _ = await in_db(tenancy.key_create)(tenant=tenant, allowed_origins=["https://shop.example"])
-    page = await connect(query=preview_query(api_key, ticket(other.pk)), origin=CONSOLE)
+    page = await connect(query=preview_query(api_key, ticket(other.pk, user_id=member.pk)), origin=CONSOLE)
 
     error = await page.handshake(api_key.raw)
 
@@ -121,10 +134,48 @@ async def test_a_good_ticket_of_another_key_does_not_open_this_one_from_the_cons
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_good_ticket_of_a_disabled_key_is_refused_as_the_key_is(connect, api_key):
+async def test_a_good_ticket_of_a_disabled_key_is_refused_as_the_key_is(connect, api_key, member):
     await ApiKey.objects.filter(pk=api_key.pk).aupdate(status=ApiKey.Status.DISABLED)
-    page = await connect(query=preview_query(api_key, ticket(api_key.pk)), origin=CONSOLE)
+    page = await connect(query=preview_query(api_key, ticket(api_key.pk, user_id=member.pk)), origin=CONSOLE)
 
     error = await page.handshake(api_key.raw)
 
     assert error["payload"]["data"]["code"] == "api_key_disabled"
+
+
+def _removed(member, tenant) -> None:
+    member.tenant_memberships.filter(tenant=tenant).delete()
+
+
+def _deactivated(member, tenant) -> None:
+    member.is_active = False
+    member.save(update_fields=["is_active"])
+
+
+def _moved_to_another_tenant(member, tenant) -> None:
+    from aitp import tenancy as tenants
+
+    other = tenants.tenant_create(slug="other", name="Other Store")
+    member.tenant_memberships.filter(tenant=tenant).update(tenant=other)
+
+
+def _deleted(member, tenant) -> None:
+    member.delete()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("since", [_removed, _deactivated, _moved_to_another_tenant, _deleted],
+                         ids=["removed from the tenant", "deactivated", "a member of another tenant only",
+                              "deleted"])
+async def test_a_ticket_whose_member_may_no_longer_see_the_key_is_refused_with_preview_ticket_invalid(
+        connect, api_key, tenant, member, since):
+    made = ticket(api_key.pk, user_id=member.pk)
+    await in_db(since)(member, tenant)
+    page = await connect(query=preview_query(api_key, made), origin=CONSOLE)
+
+    error = await page.handshake(api_key.raw)
+
+    assert error["payload"]["data"]["code"] == "preview_ticket_invalid"
+    assert "no longer yours" in error["payload"]["message"]
+    assert (await page.recv())["code"] == 1008
+    assert not await Session.objects.aexists()
