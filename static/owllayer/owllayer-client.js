@@ -275,7 +275,7 @@ function readResume(key) {
   } catch (err) {
     // A plain token: tokens are never JSON objects.
   }
-  if (!isObject(kept)) return { token: stored, lastSeq: null, text: "", busy: false, input: null };
+  if (!isObject(kept)) return { token: stored, lastSeq: null, text: "", busy: false, input: null, heard: "" };
   if (!check.nonEmptyString(kept.token)) return null;
   return {
     token: kept.token,
@@ -283,6 +283,7 @@ function readResume(key) {
     text: typeof kept.text === "string" ? kept.text : "",
     busy: kept.busy === true,
     input: keptInput(kept.input),
+    heard: typeof kept.heard === "string" ? kept.heard : "",
   };
 }
 
@@ -548,6 +549,8 @@ export class OwlLayerClient {
     // The USER_INPUT frame sent (or sent again) whose turn has not had its
     // done frame: sent again when a drop lost it (protocol.md §3a).
     this.pendingInput = null;
+    // What the server heard of the utterance whose turn has not had its done frame.
+    this.heardText = "";
     this.tools = {};
     this.toolOrder = [];
     this.context = {};
@@ -877,6 +880,7 @@ export class OwlLayerClient {
       return false;
     }
     this.agentText = "";
+    this.heardText = "";
     const sent = this.send("USER_INPUT", { modality: "text", content: text });
     if (!sent) return false;
     this.turnOpen = true;
@@ -1003,6 +1007,12 @@ export class OwlLayerClient {
 
   // --- continuing the session on the next socket (protocol.md §3a) ---
 
+  /* What the server heard the visitor say, kept with the turn it asks. */
+  hear({ role, text }) {
+    const said = role === "user" && typeof text === "string" ? text.trim() : "";
+    if (said) this.heardText = this.heardText ? this.heardText + " " + said : said;
+  }
+
   handled(seq) {
     this.lastSeq = seq;
     this.wire.lastSeq = seq;
@@ -1056,6 +1066,7 @@ export class OwlLayerClient {
       kept.text = this.agentText;
       kept.busy = this.turnOpen;
       if (this.pendingInput) kept.input = this.pendingInput;
+      if (this.heardText) kept.heard = this.heardText;
     }
     tabStorage("set", this.resumeKey, JSON.stringify(kept));
   }
@@ -1094,6 +1105,7 @@ export class OwlLayerClient {
     if (continued) {
       // After a reload this page's memory is empty: the tab kept the turn.
       this.agentText = this.offered.text;
+      this.heardText = this.offered.heard;
       this.turnOpen = this.offered.busy || question !== null;
       this.pendingInput = question;
     } else {
@@ -1101,6 +1113,7 @@ export class OwlLayerClient {
       // question may have been taken and its turn cut: it is not sent again.
       partial = this.agentText || (this.offered && this.offered.text) || "";
       this.agentText = "";
+      this.heardText = "";
       this.turnOpen = false;
       this.pendingInput = null;
       unanswered = question;
@@ -1117,9 +1130,9 @@ export class OwlLayerClient {
     // A turn that goes on is still being answered.
     this.setState(this.turnOpen ? "thinking" : "connected");
     if (this.turnOpen) this.setActivity("thinking");
-    // The turn that goes on, as this tab last showed it: its question and its text so far.
+    // The turn that goes on, as this tab last showed it: its question (typed, or as heard) and its text so far.
     const connected = { sessionId: payload.sessionId, resumed: this.resumed, continued };
-    if (continued && this.turnOpen) connected.turn = { question: inputText(this.pendingInput), text: this.agentText };
+    if (continued && this.turnOpen) connected.turn = this.openTurn();
     this.emit("connected", connected);
     this.contextDirty = true;
     this.flushContext();
@@ -1145,6 +1158,14 @@ export class OwlLayerClient {
     if (this.sendFrame(question)) this.wire.resent += 1;
   }
 
+  /* The open turn as this tab shows it: {question, text}, and voice: true
+   * when the question is the utterance the server heard. */
+  openTurn() {
+    const typed = inputText(this.pendingInput);
+    if (typed || !this.heardText) return { question: typed, text: this.agentText };
+    return { question: this.heardText, text: this.agentText, voice: true };
+  }
+
   /* The turn is over: "agent" tells its whole text, done, and what ended it
    * (operator: a person answered; cut: a barge-in stopped it there). */
   endTurn(marks) {
@@ -1152,6 +1173,7 @@ export class OwlLayerClient {
     this.turnOpen = false;
     this.pendingInput = null;
     this.agentText = "";
+    this.heardText = "";
     this.emit("agent", { text, done: true, ...marks });
     if (this.wire.state === "thinking") this.setState("connected");
     this.rest();
@@ -1187,6 +1209,7 @@ export class OwlLayerClient {
         this.emit("tools", data);
         return;
       case "transcript":
+        this.hear(data);
         this.emit("transcript.delta", data);
         return;
       case "reload":

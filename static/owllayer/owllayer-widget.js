@@ -592,11 +592,12 @@ class Widget {
   }
 
   /* The turn this tab was showing when it was left: its question, and its answer so far, which goes on. */
-  takeUpTurn({ question, text }) {
+  takeUpTurn({ question, text, voice }) {
     this.lastAnswer = null;
     if (question) {
       this.hidePrompts();
-      this.addMessage("user", question);
+      const asked = this.addMessage("user", question);
+      if (voice) asked.dataset.voice = "true";
     }
     if (text.trim()) {
       this.current = this.addMessage("agent", "");

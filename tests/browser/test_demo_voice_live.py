@@ -301,3 +301,44 @@ async def test_talking_over_the_spoken_answer_cuts_it_off_and_the_next_request_i
     await expect(cut.locator("p")).to_have_text(kept["text"])
     await expect(cut.locator(".cutoff")).to_have_text("(cut off)")
     await shot("read-back-after-a-reload")
+
+
+# An answer the model writes in two parts, waiting between them.
+WRITTEN_FIRST = "The Pro Headphones are closed-back and wireless. "
+WRITTEN_AFTER = "They fold flat into their case."
+
+
+@pytest.mark.parametrize("microphone_loops", [False])
+async def test_a_reload_in_the_middle_of_a_spoken_answer_shows_what_was_heard_and_the_answer_once(
+        voice_store, model, page, microphone, shot):
+    writing = threading.Event()
+    model.enqueue(StreamedMessage(blocks=[TextBlock([WRITTEN_FIRST, WRITTEN_AFTER])],
+                                  hold=writing, hold_after_events=4))
+    being_written = page.locator(f"{WIDGET} .msg.agent[aria-busy=true]")
+    try:
+        await open_product_page(page, voice_store)
+        await speak_into_the_microphone(page, microphone)
+        await expect(heard(page)).to_have_text([HEARD])
+        await expect(being_written).to_have_text([WRITTEN_FIRST.strip()])
+
+        # The answer is still being written: the reloaded page draws the
+        # turn as the tab showed it, the utterance heard included.
+        await page.reload()
+        await open_panel(page)
+        await expect(heard(page)).to_have_text([HEARD])
+        await expect(being_written).to_have_text([WRITTEN_FIRST.strip()])
+        await shot("reloaded-mid-answer")
+    finally:
+        writing.set()
+
+    await expect(answers(page)).to_have_text([WRITTEN_FIRST + WRITTEN_AFTER])
+    await expect(status(page)).to_have_text("Online")
+    await expect(heard(page)).to_have_text([HEARD])
+    assert (await chat_entries(page).all_inner_texts())[-2:] == [HEARD, WRITTEN_FIRST + WRITTEN_AFTER]
+    frames = await wire(page, "frames")
+    assert frames[0]["type"] == "HANDSHAKE_ACK" and frames[0]["payload"]["resumed"] is True
+    await nothing_dropped(page)
+    # The server kept the turn once: what was heard, the whole answer.
+    messages = await stored(await wire(page, "sessionId"))
+    assert [role for role, _ in messages] == ["user", "assistant"]
+    assert messages[0][1][0] == {"type": "text", "text": HEARD, "voice": "heard"}
