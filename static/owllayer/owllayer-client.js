@@ -1311,6 +1311,8 @@ export class OwlLayerClient {
     if (this.listening || !this.mic) return;
     this.listening = true;
     this.ending = false;
+    // A new utterance asks a turn of its own.
+    this.heardText = "";
     this.wire.voice.utterances += 1;
     this.mic.node.port.postMessage({ type: "start", preroll });
     clearTimeout(this.utteranceTimer);
