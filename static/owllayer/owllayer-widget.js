@@ -86,6 +86,7 @@ cursor:pointer;font-size:14px;text-align:left}
 .error{margin:0 14px 8px;padding:8px 10px;border-radius:8px;background:var(--danger-bg);color:var(--danger);font-size:14px}
 form{display:flex;gap:8px;padding:10px 14px;border-top:1px solid var(--line)}
 textarea{flex:1;resize:none;height:42px;padding:9px 10px;border:1px solid var(--line);border-radius:10px;background:var(--bg)}
+.ended{flex:1;margin:0;padding:4px 2px;color:var(--muted);font-size:14px}
 .send,.approve,.deny{border:1px solid var(--accent);background:var(--accent);color:var(--on-accent);border-radius:10px;
 padding:0 16px;cursor:pointer;min-height:40px}
 .deny{background:var(--bg);color:var(--fg);border-color:var(--line)}
@@ -752,6 +753,11 @@ class Widget {
     const ended = ENDED_STATES.includes(state);
     this.input.disabled = ended;
     this.input.setAttribute("placeholder", ended ? words.ended[state] : words.placeholder);
+    // A sentence that long does not fit a one-line box: it takes the box's place.
+    this.input.hidden = ended;
+    this.sendButton.hidden = ended;
+    this.endedLine.hidden = !ended;
+    this.endedLine.textContent = ended ? words.ended[state] : "";
   }
 
   onActivity({ activity, tool }) {
@@ -782,12 +788,14 @@ class Widget {
     this.prompts = el("div", { class: "prompts", role: "group" });
     this.errorBox = el("p", { class: "error", role: "alert", hidden: true });
     this.input = el("textarea", { id: "owl-input", rows: "1", maxlength: "8000" });
+    // In the message box's place once nothing could be sent any more: why, in full.
+    this.endedLine = el("p", { class: "ended", hidden: true });
     this.sendButton = el("button", { type: "submit", class: "send", disabled: true });
     this.micButton = el("button", { type: "button", class: "mic", "aria-pressed": "false", hidden: true },
                         [icon(MIC_PATH)]);
     this.micButton.addEventListener("click", () => this.toggleMicrophone());
     this.inputLabel = el("label", { for: "owl-input", class: "sr" });
-    const form = el("form", {}, [this.inputLabel, this.input, this.micButton, this.sendButton]);
+    const form = el("form", {}, [this.inputLabel, this.input, this.endedLine, this.micButton, this.sendButton]);
     this.heading = el("h2", { id: "owl-title" });
     this.panel = el("section", { id: "owl-panel", class: "panel w", role: "dialog", "aria-modal": "false",
                                  "aria-labelledby": "owl-title", hidden: true }, [

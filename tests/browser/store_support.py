@@ -37,6 +37,11 @@ def chat_input(page: Page):
     return page.locator(f"{WIDGET} textarea")
 
 
+def ended_line(page: Page):
+    """Why nothing can be sent any more, in the message box's place."""
+    return page.locator(f"{WIDGET} form .ended")
+
+
 def tool_line(page: Page, name: str):
     """The widget's line for the last call of that page tool ("Done: Add to cart")."""
     return page.locator(f"{WIDGET} .tool[data-tool={name}]").last
@@ -68,7 +73,7 @@ async def open_panel(page: Page) -> None:
     await expect(launcher(page)).to_be_visible()
     if await launcher(page).get_attribute("aria-expanded") != "true":
         await launcher(page).click()
-    await expect(chat_input(page)).to_be_visible()
+    await expect(page.locator(f"{WIDGET} section.panel")).to_be_visible()
 
 
 async def open_store(page: Page, store: Store) -> None:

@@ -21,6 +21,7 @@ from tests.browser.store_support import (
     answers,
     approval,
     chat_input,
+    ended_line,
     idle,
     launcher,
     notes,
@@ -64,6 +65,15 @@ def send_button(page: Page) -> Locator:
 def demo_notice(page: Page) -> Locator:
     """The store page's own word when the demo's key is refused (beside the widget's)."""
     return page.locator("#assistant-notice")
+
+
+async def clear_of_the_panel(page: Page, what: Locator) -> None:
+    """``what`` is on show beside the widget's open panel, not under it."""
+    box, over = await what.bounding_box(), await panel(page).bounding_box()
+    assert box is not None and over is not None
+    apart = (box["x"] + box["width"] <= over["x"] or over["x"] + over["width"] <= box["x"]
+             or box["y"] + box["height"] <= over["y"] or over["y"] + over["height"] <= box["y"])
+    assert apart, (box, over)
 
 
 async def expect_rows(dialog: Locator, rows: list[tuple[str, str]]) -> None:
@@ -379,6 +389,10 @@ async def test_an_origin_the_key_does_not_allow_is_explained_and_not_retried(sto
     await expect(send_button(page)).to_be_disabled()
     await expect(chat_input(page)).to_be_disabled()
     await expect(chat_input(page)).to_have_attribute("placeholder", "The assistant cannot take messages now.")
+    # The sentence takes the one-line box's place, whole.
+    await expect(chat_input(page)).to_be_hidden()
+    await expect(ended_line(page)).to_have_text("The assistant cannot take messages now.")
+    await expect(ended_line(page)).to_be_visible()
     # Not the demo's own key: the page adds nothing about make run.
     await expect(demo_notice(page)).to_be_hidden()
 
@@ -669,6 +683,7 @@ async def test_a_demo_key_that_no_longer_works_is_explained_with_how_to_get_a_ne
     await expect(widget_error(page)).to_have_text(widget_said)
     await expect(demo_notice(page)).to_have_text(said + NEW_DEMO_KEY)
     await expect(demo_notice(page)).to_be_visible()
+    await clear_of_the_panel(page, demo_notice(page))
     await shot(f"demo-key-{how}")
 
 
@@ -712,6 +727,8 @@ async def test_revoking_the_demo_key_in_the_console_warns_first_and_the_open_sto
 
     await expect(demo_notice(page)).to_have_text("This demo's key was revoked" + NEW_DEMO_KEY)
     await expect(demo_notice(page)).to_be_visible()
+    await clear_of_the_panel(page, demo_notice(page))
     await expect(chat_input(page)).to_be_disabled()
     await expect(send_button(page)).to_be_disabled()
+    await expect(ended_line(page)).to_have_text("The assistant cannot take messages now.")
     await shot("store-after-the-revoke")

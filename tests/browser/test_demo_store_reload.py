@@ -22,6 +22,7 @@ from tests.browser.store_support import (
     WIDGET,
     answers,
     chat_input,
+    ended_line,
     idle,
     notes,
     nothing_dropped,
@@ -453,6 +454,9 @@ async def test_when_an_operator_ends_the_session_the_goodbye_is_a_notice_and_typ
     await expect(chat_input(page)).to_be_disabled()
     await expect(chat_input(page)).to_have_attribute(
         "placeholder", "This conversation has ended. Reload the page to start another.")
+    await expect(chat_input(page)).to_be_hidden()
+    await expect(ended_line(page)).to_have_text("This conversation has ended. Reload the page to start another.")
+    await expect(ended_line(page)).to_be_visible()
     await shot("ended-by-an-operator")
     assert await page.evaluate("OwlLayer.send('Are you there?')") is False
     await expect(messages(page)).to_have_count(0)

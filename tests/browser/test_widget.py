@@ -263,6 +263,8 @@ async def test_a_french_widget_says_in_french_why_its_message_box_takes_no_more_
     message_box = widget.locator("textarea")
     await expect(message_box).to_be_disabled()
     await expect(message_box).to_have_attribute("placeholder", words)
+    await expect(widget.locator("form .ended")).to_have_text(words)
+    await expect(widget.locator("form .ended")).to_be_visible()
     assert await page.evaluate("window.OwlLayer.send('Encore une question')") is False
 
 
