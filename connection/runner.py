@@ -35,6 +35,7 @@ from aitp.session import (
     SessionMachine,
     State,
 )
+from aitp.store.admission import Refusal
 from aitp.watch_feed import WatcherFeed
 from connection import handoff, holding, opening, relay
 from connection.turns import TurnOwner
@@ -146,9 +147,7 @@ class ConnectionRunner:
         if self.preview_ticket is not None:
             ticket = await opening.good_preview_ticket(self.preview_ticket, origin=self.origin)
             if ticket is None:
-                refused = opening.PREVIEW_REFUSAL
-                logger.info("handshake refused: %s (origin %r)", refused.code, self.origin)
-                self.machine.refuse(refused.code, refused.message, refused.reason)
+                self._refuse_handshake(opening.PREVIEW_REFUSAL)
                 return
         info = opening.handshake_info(session_id, event.init, origin=self.origin,
                                       channel_name=self.socket.channel_name, token=self.next_token,
@@ -158,8 +157,7 @@ class ConnectionRunner:
             return
         session, refusal, following = opened
         if refusal is not None:
-            logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
-            self.machine.refuse(refusal.code, refusal.message, refusal.reason)
+            self._refuse_handshake(refusal)
             return
         # Held from now on, so that whatever happens next the teardown ends it.
         self.session_row = session
@@ -184,6 +182,10 @@ class ConnectionRunner:
         await self._accept(session, agent, watched, continued=following is not None)
         if visitor_refused is not None:  # told after the ACK: the session opened, unlinked
             self.machine.error(visitor_refused.code, visitor_refused.message)
+
+    def _refuse_handshake(self, refusal: Refusal) -> None:
+        logger.info("handshake refused: %s (origin %r)", refusal.code, self.origin)
+        self.machine.refuse(refusal.code, refusal.message, refusal.reason)
 
     async def _continue_or_open(self, api_key: str, offer: ResumeOffer | None, info: store.HandshakeInfo):
         """What ``opening.continue_or_open`` gives this socket: the session its
